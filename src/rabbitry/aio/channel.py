@@ -1,0 +1,695 @@
+"""AsyncChannel: the spec's channel methods for asyncio code.
+
+Method and argument names are the AMQP 0-9-1 names in snake case. Synchronous methods
+(declare, bind, qos, consume, get...) are coroutines that return the broker's reply;
+they accept ``timeout=`` in seconds and raise :class:`rabbitry.Timeout` past it (the
+reply, if it comes later, is matched and dropped). Acks, nacks and rejects are plain
+methods: they only queue a frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..exceptions import (
+    AMQPError,
+    ChannelClosedByClient,
+    ConsumerCancelled,
+    Nacked,
+    PublishOutcomeUnknown,
+    Timeout,
+)
+from ..message import Message
+from ..protocol import spec
+from ..protocol.channel import ChannelProtocol, ChannelState
+from ..protocol.frames import Method
+
+if TYPE_CHECKING:
+    from .connection import AsyncConnection
+
+__all__ = ["AsyncChannel", "ConsumerCallback"]
+
+logger = logging.getLogger("rabbitry.channel")
+
+#: A consumer callback: a plain function or a coroutine function taking the message.
+ConsumerCallback = Callable[[Message], Awaitable[None] | None]
+ReturnCallback = Callable[[Message], Any]
+CancelCallback = Callable[[str], Any]
+
+M = TypeVar("M", bound=Method)
+_END = object()
+
+
+class _Consumer:
+    """A registered consumer: where its deliveries go."""
+
+    __slots__ = ("callback", "is_async", "on_cancel", "on_close", "queue", "task")
+
+    def __init__(self, callback: ConsumerCallback, on_cancel: CancelCallback | None) -> None:
+        self.callback = callback
+        self.on_cancel = on_cancel
+        # Told when the channel ends under the consumer (the iterator form uses it).
+        self.on_close: Callable[[AMQPError], None] | None = None
+        self.is_async = inspect.iscoroutinefunction(callback)
+        # Async callbacks run one at a time, in delivery order, on a worker task.
+        self.queue: asyncio.Queue[Message | object] | None = None
+        self.task: asyncio.Task[None] | None = None
+
+
+class AsyncChannel:
+    """An open AMQP channel. Get one with ``await connection.channel()``.
+
+    Usable as ``async with`` (closes on exit). Callbacks run on the event loop; their
+    exceptions are logged, never raised into the connection.
+    """
+
+    def __init__(self, connection: AsyncConnection, protocol: ChannelProtocol) -> None:
+        self._conn = connection
+        self._proto = protocol
+        self.channel_id = protocol.channel_id
+        loop = connection._loop
+        assert loop is not None
+        self._loop = loop
+        # One future per request sent, answered in order; the hook runs when the reply
+        # is handled (before later deliveries), e.g. to register a consumer.
+        self._rpcs: deque[tuple[asyncio.Future[Any], Callable[[Any], None] | None]] = deque()
+        self._consumers: dict[str, _Consumer] = {}
+        self._confirms: dict[int, asyncio.Future[None]] = {}
+        self._confirm_order: deque[int] = deque()
+        self._return_callbacks: list[ReturnCallback] = []
+        self._closed: asyncio.Future[AMQPError] = loop.create_future()
+        self.close_exc: AMQPError | None = None
+        self._register_rpc(None)  # channel.open, already queued by the protocol
+
+    def __repr__(self) -> str:
+        return f"<AsyncChannel {self.channel_id} {self._proto.state.value}>"
+
+    async def __aenter__(self) -> AsyncChannel:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def is_open(self) -> bool:
+        """The channel is open (or opening) and usable."""
+        return self._proto.state is ChannelState.OPEN
+
+    @property
+    def is_closed(self) -> bool:
+        """The channel is closed, by us or by the broker (see :attr:`close_exc`)."""
+        return self._closed.done()
+
+    @property
+    def confirm_mode(self) -> bool:
+        """confirm.select was requested on this channel."""
+        return self._proto.confirm_mode
+
+    @property
+    def flow_active(self) -> bool:
+        """The broker's channel.flow allows publishing."""
+        return self._proto.flow_active
+
+    @property
+    def connection(self) -> AsyncConnection:
+        """The connection this channel belongs to."""
+        return self._conn
+
+    def add_return_callback(self, callback: ReturnCallback) -> None:
+        """Call ``callback(message)`` for every basic.return (unroutable mandatory publish)."""
+        self._return_callbacks.append(callback)
+
+    async def wait_closed(self) -> AMQPError:
+        """Wait until the channel closes; returns the reason."""
+        return await asyncio.shield(self._closed)
+
+    # ------------------------------------------------------------------ requests
+
+    def _register_rpc(self, hook: Callable[[Any], None] | None) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._rpcs.append((future, hook))
+        return future
+
+    async def _await_rpc(self, name: str, timeout: float | None) -> Any:
+        future = self._rpcs[-1][0]
+        self._conn._kick()
+        if timeout is None:
+            return await future
+        try:
+            async with asyncio.timeout(timeout):
+                return await future
+        except TimeoutError:
+            raise Timeout(f"{name} got no answer within {timeout} s") from None
+
+    async def _rpc(
+        self,
+        method: Method,
+        timeout: float | None,
+        hook: Callable[[Any], None] | None = None,
+    ) -> Any:
+        self._proto.send_method(method)
+        self._register_rpc(hook)
+        return await self._await_rpc(method.NAME, timeout)
+
+    def _send(self, method: Method) -> None:
+        self._proto.send_method(method)
+        self._conn._kick()
+
+    # -- exchange
+
+    async def exchange_declare(
+        self,
+        exchange: str,
+        type: str = "direct",
+        *,
+        passive: bool = False,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> spec.ExchangeDeclareOk:
+        """Declare an exchange (``passive``: only check that it exists)."""
+        method = spec.ExchangeDeclare(
+            exchange=exchange,
+            type=type,
+            passive=passive,
+            durable=durable,
+            auto_delete=auto_delete,
+            internal=internal,
+            arguments=arguments,
+        )
+        result: spec.ExchangeDeclareOk = await self._rpc(method, timeout)
+        return result
+
+    async def exchange_delete(
+        self, exchange: str, *, if_unused: bool = False, timeout: float | None = None
+    ) -> spec.ExchangeDeleteOk:
+        """Delete an exchange."""
+        method = spec.ExchangeDelete(exchange=exchange, if_unused=if_unused)
+        result: spec.ExchangeDeleteOk = await self._rpc(method, timeout)
+        return result
+
+    async def exchange_bind(
+        self,
+        destination: str,
+        source: str,
+        routing_key: str = "",
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> spec.ExchangeBindOk:
+        """Bind exchange ``destination`` to exchange ``source`` (RabbitMQ extension)."""
+        method = spec.ExchangeBind(
+            destination=destination, source=source, routing_key=routing_key, arguments=arguments
+        )
+        result: spec.ExchangeBindOk = await self._rpc(method, timeout)
+        return result
+
+    async def exchange_unbind(
+        self,
+        destination: str,
+        source: str,
+        routing_key: str = "",
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> spec.ExchangeUnbindOk:
+        """Remove an exchange-to-exchange binding."""
+        method = spec.ExchangeUnbind(
+            destination=destination, source=source, routing_key=routing_key, arguments=arguments
+        )
+        result: spec.ExchangeUnbindOk = await self._rpc(method, timeout)
+        return result
+
+    # -- queue
+
+    async def queue_declare(
+        self,
+        queue: str = "",
+        *,
+        passive: bool = False,
+        durable: bool = False,
+        exclusive: bool = False,
+        auto_delete: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> spec.QueueDeclareOk:
+        """Declare a queue; ``queue=""`` asks the broker for a name.
+
+        Returns:
+            The reply, with ``queue``, ``message_count`` and ``consumer_count``.
+        """
+        method = spec.QueueDeclare(
+            queue=queue,
+            passive=passive,
+            durable=durable,
+            exclusive=exclusive,
+            auto_delete=auto_delete,
+            arguments=arguments,
+        )
+        result: spec.QueueDeclareOk = await self._rpc(method, timeout)
+        return result
+
+    async def queue_bind(
+        self,
+        queue: str,
+        exchange: str,
+        routing_key: str = "",
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> spec.QueueBindOk:
+        """Bind a queue to an exchange."""
+        method = spec.QueueBind(
+            queue=queue, exchange=exchange, routing_key=routing_key, arguments=arguments
+        )
+        result: spec.QueueBindOk = await self._rpc(method, timeout)
+        return result
+
+    async def queue_unbind(
+        self,
+        queue: str,
+        exchange: str,
+        routing_key: str = "",
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> spec.QueueUnbindOk:
+        """Remove a queue binding."""
+        method = spec.QueueUnbind(
+            queue=queue, exchange=exchange, routing_key=routing_key, arguments=arguments
+        )
+        result: spec.QueueUnbindOk = await self._rpc(method, timeout)
+        return result
+
+    async def queue_purge(self, queue: str, *, timeout: float | None = None) -> spec.QueuePurgeOk:
+        """Remove all ready messages from a queue; the reply has ``message_count``."""
+        result: spec.QueuePurgeOk = await self._rpc(spec.QueuePurge(queue=queue), timeout)
+        return result
+
+    async def queue_delete(
+        self,
+        queue: str,
+        *,
+        if_unused: bool = False,
+        if_empty: bool = False,
+        timeout: float | None = None,
+    ) -> spec.QueueDeleteOk:
+        """Delete a queue; the reply has the ``message_count`` it held."""
+        method = spec.QueueDelete(queue=queue, if_unused=if_unused, if_empty=if_empty)
+        result: spec.QueueDeleteOk = await self._rpc(method, timeout)
+        return result
+
+    # -- basic
+
+    async def basic_qos(
+        self,
+        prefetch_count: int = 0,
+        *,
+        prefetch_size: int = 0,
+        global_: bool = False,
+        timeout: float | None = None,
+    ) -> spec.BasicQosOk:
+        """Limit unacknowledged deliveries (per consumer; ``global_`` per channel)."""
+        method = spec.BasicQos(
+            prefetch_size=prefetch_size, prefetch_count=prefetch_count, global_=global_
+        )
+        result: spec.BasicQosOk = await self._rpc(method, timeout)
+        return result
+
+    async def basic_publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes | bytearray | memoryview | str,
+        *,
+        properties: spec.BasicProperties | None = None,
+        mandatory: bool = False,
+    ) -> asyncio.Future[None] | None:
+        """Publish a message.
+
+        Waits only while the socket's write buffer is full. In confirm mode returns a
+        future that resolves when the broker acks the message and fails with
+        :class:`Nacked` or :class:`PublishOutcomeUnknown`; otherwise returns ``None``.
+        A ``str`` body is sent as UTF-8. Returned (unroutable mandatory) messages go to
+        the return callbacks.
+
+        Raises:
+            LocalProtocolError: a field, a property or the body is invalid; nothing sent.
+            InvalidStateError: the channel is closed.
+        """
+        conn = self._conn
+        if conn._write_paused:
+            await conn._wait_writable()
+        seq = self._proto.publish(exchange, routing_key, body, properties, mandatory)  # type: ignore[arg-type]
+        conn._kick()
+        if not seq:
+            return None
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._confirms[seq] = future
+        self._confirm_order.append(seq)
+        return future
+
+    async def basic_consume(
+        self,
+        queue: str,
+        callback: ConsumerCallback,
+        *,
+        consumer_tag: str = "",
+        no_local: bool = False,
+        no_ack: bool = False,
+        exclusive: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+        on_cancel: CancelCallback | None = None,
+        timeout: float | None = None,
+    ) -> str:
+        """Start a consumer; returns its consumer tag.
+
+        Args:
+            queue: the queue to consume from.
+            callback: called with each :class:`Message`, in order. A coroutine function
+                is awaited one message at a time on a worker task; a plain function runs
+                on the event loop and must not block.
+            consumer_tag: our tag for it ("" lets the broker choose).
+            no_local: not supported by RabbitMQ; sent as given.
+            no_ack: automatic acknowledgement (at-most-once).
+            exclusive: no other consumer may use the queue.
+            arguments: e.g. ``{"x-priority": 10}``.
+            on_cancel: called with the tag if the broker cancels the consumer.
+            timeout: seconds to wait for consume-ok.
+        """
+        consumer = _Consumer(callback, on_cancel)
+
+        def register(reply: spec.BasicConsumeOk) -> None:
+            self._consumers[reply.consumer_tag] = consumer
+            if consumer.is_async:
+                consumer.queue = asyncio.Queue()
+                consumer.task = self._loop.create_task(self._run_async_consumer(consumer))
+
+        method = spec.BasicConsume(
+            queue=queue,
+            consumer_tag=consumer_tag,
+            no_local=no_local,
+            no_ack=no_ack,
+            exclusive=exclusive,
+            arguments=arguments,
+        )
+        reply: spec.BasicConsumeOk = await self._rpc(method, timeout, register)
+        return reply.consumer_tag
+
+    async def basic_cancel(
+        self, consumer_tag: str, *, timeout: float | None = None
+    ) -> spec.BasicCancelOk:
+        """Stop a consumer. Deliveries already sent still reach its callback."""
+
+        def unregister(reply: spec.BasicCancelOk) -> None:
+            self._drop_consumer(reply.consumer_tag)
+
+        result: spec.BasicCancelOk = await self._rpc(
+            spec.BasicCancel(consumer_tag=consumer_tag), timeout, unregister
+        )
+        return result
+
+    async def consume(
+        self,
+        queue: str,
+        *,
+        prefetch: int | None = None,
+        timeout: float | None = None,
+        no_ack: bool = False,
+        exclusive: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> AsyncIterator[Message]:
+        """Iterate over deliveries: ``async for message in channel.consume("q"): ...``.
+
+        Args:
+            queue: the queue.
+            prefetch: if given, ``basic_qos(prefetch)`` first.
+            timeout: the iteration ends when no message arrives within this many
+                seconds (``None``: wait forever).
+            no_ack: automatic acknowledgement.
+            exclusive: exclusive consumer.
+            arguments: consumer arguments.
+
+        The consumer is cancelled when the iteration ends; to end it early and at once,
+        wrap the iterator in ``contextlib.aclosing``.
+
+        Raises:
+            ConsumerCancelled: the broker cancelled the consumer.
+            ChannelClosed / AMQPConnectionError: the channel or connection ended.
+        """
+        if prefetch is not None:
+            await self.basic_qos(prefetch)
+        inbox: asyncio.Queue[Message | BaseException] = asyncio.Queue()
+
+        def deliver(message: Message) -> None:
+            inbox.put_nowait(message)
+
+        def cancelled(tag: str) -> None:
+            inbox.put_nowait(ConsumerCancelled(tag))
+
+        tag = await self.basic_consume(
+            queue,
+            deliver,
+            no_ack=no_ack,
+            exclusive=exclusive,
+            arguments=arguments,
+            on_cancel=cancelled,
+        )
+        consumer = self._consumers.get(tag)
+        if consumer is not None:
+            consumer.on_close = inbox.put_nowait
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(timeout):
+                        item = await inbox.get()
+                except TimeoutError:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            if tag in self._consumers and self.is_open:
+                try:
+                    await self.basic_cancel(tag)
+                except AMQPError:
+                    pass
+
+    async def basic_get(
+        self, queue: str, *, no_ack: bool = False, timeout: float | None = None
+    ) -> Message | None:
+        """Fetch one message, or ``None`` when the queue is empty."""
+        reply = await self._rpc(spec.BasicGet(queue=queue, no_ack=no_ack), timeout)
+        if isinstance(reply, Message):
+            reply.channel = self
+            return reply
+        return None
+
+    def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
+        """Acknowledge a delivery (``multiple``: and every earlier one)."""
+        self._send(spec.BasicAck(delivery_tag=delivery_tag, multiple=multiple))
+
+    def basic_nack(
+        self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
+    ) -> None:
+        """Reject one or (``multiple``) many deliveries; requeue or dead-letter them."""
+        self._send(spec.BasicNack(delivery_tag=delivery_tag, multiple=multiple, requeue=requeue))
+
+    def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
+        """Reject one delivery; requeue or dead-letter it."""
+        self._send(spec.BasicReject(delivery_tag=delivery_tag, requeue=requeue))
+
+    async def basic_recover(
+        self, requeue: bool = True, *, timeout: float | None = None
+    ) -> spec.BasicRecoverOk:
+        """Redeliver all unacknowledged messages of this channel."""
+        result: spec.BasicRecoverOk = await self._rpc(spec.BasicRecover(requeue=requeue), timeout)
+        return result
+
+    # -- confirm, tx, flow
+
+    async def confirm_select(self, *, timeout: float | None = None) -> spec.ConfirmSelectOk:
+        """Turn on publisher confirms: from now on ``basic_publish`` returns a future."""
+        result: spec.ConfirmSelectOk = await self._rpc(spec.ConfirmSelect(), timeout)
+        return result
+
+    async def tx_select(self, *, timeout: float | None = None) -> spec.TxSelectOk:
+        """Make the channel transactional."""
+        result: spec.TxSelectOk = await self._rpc(spec.TxSelect(), timeout)
+        return result
+
+    async def tx_commit(self, *, timeout: float | None = None) -> spec.TxCommitOk:
+        """Commit the current transaction."""
+        result: spec.TxCommitOk = await self._rpc(spec.TxCommit(), timeout)
+        return result
+
+    async def tx_rollback(self, *, timeout: float | None = None) -> spec.TxRollbackOk:
+        """Abandon the current transaction."""
+        result: spec.TxRollbackOk = await self._rpc(spec.TxRollback(), timeout)
+        return result
+
+    async def flow(self, active: bool, *, timeout: float | None = None) -> bool:
+        """Ask the broker to pause (``False``) or resume deliveries; returns its answer."""
+        reply: spec.ChannelFlowOk = await self._rpc(spec.ChannelFlow(active=active), timeout)
+        return reply.active
+
+    async def close(
+        self,
+        reply_code: int = 200,
+        reply_text: str = "Normal shutdown",
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        """Close the channel and wait for close-ok. Idempotent."""
+        if self._closed.done():
+            return
+        self._proto.close(reply_code, reply_text)
+        self._conn._kick()
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(self._closed)
+        except TimeoutError:
+            raise Timeout(f"channel.close got no answer within {timeout} s") from None
+
+    # ------------------------------------------------------------------ events (loop)
+
+    def _on_rpc_reply(self, method: Method, message: Message | None) -> None:
+        if not self._rpcs:
+            logger.warning("channel %s: reply %s with no request", self.channel_id, method.NAME)
+            return
+        future, hook = self._rpcs.popleft()
+        if hook is not None:
+            try:
+                hook(method)
+            except Exception:
+                logger.exception("channel %s: handling %s failed", self.channel_id, method.NAME)
+        if not future.done():
+            future.set_result(message if message is not None else method)
+
+    def _on_delivery(self, message: Message) -> None:
+        message.channel = self
+        consumer = self._consumers.get(message.consumer_tag)
+        if consumer is None:
+            logger.warning(
+                "channel %s: delivery for unknown consumer %r; requeueing it",
+                self.channel_id,
+                message.consumer_tag,
+            )
+            self.basic_reject(message.delivery_tag, requeue=True)
+            return
+        if consumer.is_async:
+            assert consumer.queue is not None
+            consumer.queue.put_nowait(message)
+            return
+        try:
+            consumer.callback(message)
+        except Exception:
+            logger.exception("consumer callback %r failed", consumer.callback)
+
+    async def _run_async_consumer(self, consumer: _Consumer) -> None:
+        assert consumer.queue is not None
+        while True:
+            item = await consumer.queue.get()
+            if item is _END:
+                return
+            assert isinstance(item, Message)
+            try:
+                result = consumer.callback(item)
+                if result is not None:
+                    await result
+            except Exception:
+                logger.exception("consumer callback %r failed", consumer.callback)
+
+    def _drop_consumer(self, tag: str) -> _Consumer | None:
+        consumer = self._consumers.pop(tag, None)
+        if consumer is not None and consumer.is_async and consumer.queue is not None:
+            consumer.queue.put_nowait(_END)
+        return consumer
+
+    def _on_consumer_cancelled(self, tag: str) -> None:
+        consumer = self._drop_consumer(tag)
+        logger.warning("channel %s: the broker cancelled consumer %r", self.channel_id, tag)
+        if consumer is not None and consumer.on_cancel is not None:
+            try:
+                consumer.on_cancel(tag)
+            except Exception:
+                logger.exception("cancel callback %r failed", consumer.on_cancel)
+
+    def _on_confirm(self, tag: int, multiple: bool, ack: bool) -> None:
+        confirms = self._confirms
+        order = self._confirm_order
+        if multiple:
+            # O(confirmed): pop from the left while the sequence is covered.
+            while order and order[0] <= tag:
+                future = confirms.pop(order.popleft(), None)
+                if future is not None and not future.done():
+                    _settle(future, tag, ack)
+        else:
+            future = confirms.pop(tag, None)
+            if future is not None and not future.done():
+                _settle(future, tag, ack)
+            while order and order[0] not in confirms:
+                order.popleft()
+
+    def _on_return(self, message: Message) -> None:
+        if not self._return_callbacks:
+            logger.warning(
+                "channel %s: message returned (%s %s) and no return callback: exchange=%r "
+                "routing_key=%r",
+                self.channel_id,
+                message.reply_code,
+                message.reply_text,
+                message.exchange,
+                message.routing_key,
+            )
+        for callback in list(self._return_callbacks):
+            try:
+                callback(message)
+            except Exception:
+                logger.exception("return callback %r failed", callback)
+
+    def _on_flow(self, active: bool) -> None:
+        logger.info("channel %s: broker flow %s", self.channel_id, "on" if active else "off")
+
+    def _on_closed(self, exc: AMQPError) -> None:
+        if self._closed.done():
+            return
+        self.close_exc = exc
+        self._closed.set_result(exc)
+        self._conn._channels.pop(self.channel_id, None)
+        rpcs, self._rpcs = self._rpcs, deque()
+        for future, _ in rpcs:
+            if not future.done():
+                # A fresh instance per waiter: one exception object raised in several
+                # tasks would collect all their tracebacks.
+                future.set_exception(copy.copy(exc))
+        confirms, self._confirms = self._confirms, {}
+        self._confirm_order.clear()
+        for seq, future in confirms.items():
+            if not future.done():
+                unknown = PublishOutcomeUnknown(seq)
+                unknown.__cause__ = exc
+                future.set_exception(unknown)
+        for tag in list(self._consumers):
+            consumer = self._drop_consumer(tag)
+            if consumer is not None and consumer.on_close is not None:
+                consumer.on_close(exc)
+        if not isinstance(exc, ChannelClosedByClient):
+            logger.debug("channel %s closed: %r", self.channel_id, exc)
+
+
+def _settle(future: asyncio.Future[None], tag: int, ack: bool) -> None:
+    if ack:
+        future.set_result(None)
+    else:
+        future.set_exception(Nacked(tag))

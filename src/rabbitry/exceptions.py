@@ -1,0 +1,427 @@
+"""Every exception rabbitry raises.
+
+The tree::
+
+    AMQPError
+    ├── ProtocolError                      a frame or method broke AMQP 0-9-1
+    │   ├── LocalProtocolError (ValueError)  we were asked to send something invalid;
+    │   │                                     raised before anything reaches the wire
+    │   └── RemoteProtocolError               the broker sent something invalid; the
+    │                                         connection is closed with reply_code
+    ├── ConfigurationError (ValueError)    a bad URL or connection option
+    ├── InvalidStateError (RuntimeError)   the object cannot do that now (closed channel…)
+    ├── AMQPConnectionError (ConnectionError)
+    │   ├── ConnectError                   no configured address accepted us
+    │   ├── AuthenticationError            the broker refused our credentials
+    │   ├── HeartbeatTimeout               the peer went silent for 2 × heartbeat
+    │   ├── ConnectionLost                 the socket failed or reached EOF
+    │   └── ConnectionClosed(reply_code, reply_text, class_id, method_id)
+    │       ├── ConnectionClosedByClient
+    │       └── ConnectionClosedByBroker
+    │           ├── ConnectionForced 320, InvalidPath 402, ConnectionAccessRefused 403
+    │           ├── FrameError 501, AMQPSyntaxError 502, CommandInvalid 503
+    │           ├── ChannelError 504, UnexpectedFrame 505, ResourceError 506
+    │           └── NotAllowed 530, AMQPNotImplemented 540, InternalError 541
+    ├── ChannelClosed(reply_code, reply_text, class_id, method_id)
+    │   ├── ChannelClosedByClient
+    │   └── ChannelClosedByBroker
+    │       ├── ContentTooLarge 311, NoRoute 312, NoConsumers 313
+    │       └── AccessRefused 403, NotFound 404, ResourceLocked 405, PreconditionFailed 406
+    ├── ConsumerCancelled                  the broker cancelled a consumer (basic.cancel)
+    ├── PublishError
+    │   ├── Nacked                         the broker nacked a confirmed publish
+    │   ├── Unroutable                     a mandatory publish came back (basic.return)
+    │   └── PublishOutcomeUnknown          the channel or connection died before the confirm
+    └── Timeout (TimeoutError)             a deadline passed
+
+Broker reply codes map to classes through one registry per level (connection, channel);
+registering a code twice is a programming error and fails at import time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .protocol.message import Message
+
+__all__ = [
+    "AMQPConnectionError",
+    "AMQPError",
+    "AMQPNotImplemented",
+    "AMQPSyntaxError",
+    "AccessRefused",
+    "AuthenticationError",
+    "ChannelClosed",
+    "ChannelClosedByBroker",
+    "ChannelClosedByClient",
+    "ChannelError",
+    "CommandInvalid",
+    "ConfigurationError",
+    "ConnectError",
+    "ConnectionAccessRefused",
+    "ConnectionClosed",
+    "ConnectionClosedByBroker",
+    "ConnectionClosedByClient",
+    "ConnectionForced",
+    "ConnectionLost",
+    "ConsumerCancelled",
+    "ContentTooLarge",
+    "FrameError",
+    "HeartbeatTimeout",
+    "InternalError",
+    "InvalidPath",
+    "InvalidStateError",
+    "LocalProtocolError",
+    "Nacked",
+    "NoConsumers",
+    "NoRoute",
+    "NotAllowed",
+    "NotFound",
+    "PreconditionFailed",
+    "ProtocolError",
+    "PublishError",
+    "PublishOutcomeUnknown",
+    "RemoteProtocolError",
+    "ResourceError",
+    "ResourceLocked",
+    "Timeout",
+    "UnexpectedFrame",
+    "Unroutable",
+    "channel_error_for",
+    "connection_error_for",
+]
+
+
+class AMQPError(Exception):
+    """Base class of every rabbitry exception."""
+
+
+# --------------------------------------------------------------------------- protocol
+
+
+class ProtocolError(AMQPError):
+    """A violation of AMQP 0-9-1, by either side.
+
+    Attributes:
+        reply_code: the AMQP reply code that describes the violation (501 frame error,
+            502 syntax error, 503 command invalid, 504 channel error, 505 unexpected
+            frame, 540 not implemented).
+    """
+
+    def __init__(self, message: str, reply_code: int = 502) -> None:
+        super().__init__(message)
+        self.reply_code = reply_code
+
+
+class LocalProtocolError(ProtocolError, ValueError):
+    """We were asked to send something AMQP or RabbitMQ does not allow.
+
+    Raised before anything is written, so the connection stays usable. The message names
+    the field and the rule, e.g. ``queue.declare.queue: shortstr longer than 255 bytes``.
+    """
+
+
+class RemoteProtocolError(ProtocolError):
+    """The broker (or whatever speaks for it) sent bytes that break the protocol.
+
+    The connection is closed with :attr:`reply_code` and this exception is what every
+    waiter on that connection receives.
+    """
+
+
+# --------------------------------------------------------------------------- state
+
+
+class ConfigurationError(AMQPError, ValueError):
+    """A connection URL or option is invalid; the message names the field and the rule."""
+
+
+class InvalidStateError(AMQPError, RuntimeError):
+    """The operation is not possible in the object's current state (e.g. closed)."""
+
+
+# --------------------------------------------------------------------------- closes
+
+
+class _Close(AMQPError):
+    """Shared shape of connection.close and channel.close reasons."""
+
+    def __init__(
+        self,
+        reply_code: int = 0,
+        reply_text: str = "",
+        class_id: int = 0,
+        method_id: int = 0,
+    ) -> None:
+        super().__init__(reply_code, reply_text, class_id, method_id)
+        self.reply_code = reply_code
+        self.reply_text = reply_text
+        self.class_id = class_id
+        self.method_id = method_id
+
+    def __str__(self) -> str:
+        text = f"({self.reply_code}) {self.reply_text}".rstrip()
+        if self.class_id or self.method_id:
+            from .protocol.spec import method_name
+
+            text += f" [in {method_name(self.class_id, self.method_id)}]"
+        return text
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reply_code, self.reply_text, self.class_id, self.method_id))
+
+
+class AMQPConnectionError(AMQPError, ConnectionError):
+    """The connection is gone or could not be made."""
+
+
+class ConnectError(AMQPConnectionError):
+    """No configured broker address accepted the connection.
+
+    Attributes:
+        errors: one ``(address, exception)`` pair per address tried, in order.
+    """
+
+    def __init__(self, message: str, errors: list[tuple[str, BaseException]] | None = None) -> None:
+        super().__init__(message)
+        self.errors = list(errors or [])
+
+
+class AuthenticationError(AMQPConnectionError):
+    """The broker refused our credentials or our SASL mechanism."""
+
+
+class HeartbeatTimeout(AMQPConnectionError):
+    """Nothing arrived from the broker for more than twice the negotiated heartbeat."""
+
+
+class ConnectionLost(AMQPConnectionError):
+    """The socket failed, or the broker closed it without connection.close."""
+
+
+class ConnectionClosed(_Close, AMQPConnectionError):
+    """The connection was closed with connection.close (by either side)."""
+
+
+class ConnectionClosedByClient(ConnectionClosed):
+    """This client closed the connection (``close()``, or after a protocol error)."""
+
+
+class ConnectionClosedByBroker(ConnectionClosed):
+    """The broker closed the connection; subclasses name the reply code."""
+
+
+class ChannelClosed(_Close):
+    """The channel was closed with channel.close (by either side)."""
+
+
+class ChannelClosedByClient(ChannelClosed):
+    """This client closed the channel."""
+
+
+class ChannelClosedByBroker(ChannelClosed):
+    """The broker closed the channel; subclasses name the reply code."""
+
+
+_CONNECTION_CODES: dict[int, type[ConnectionClosedByBroker]] = {}
+_CHANNEL_CODES: dict[int, type[ChannelClosedByBroker]] = {}
+
+
+def _connection_code(code: int) -> Any:
+    def register(cls: type[ConnectionClosedByBroker]) -> type[ConnectionClosedByBroker]:
+        if code in _CONNECTION_CODES:
+            raise RuntimeError(f"connection reply code {code} registered twice")
+        _CONNECTION_CODES[code] = cls
+        return cls
+
+    return register
+
+
+def _channel_code(code: int) -> Any:
+    def register(cls: type[ChannelClosedByBroker]) -> type[ChannelClosedByBroker]:
+        if code in _CHANNEL_CODES:
+            raise RuntimeError(f"channel reply code {code} registered twice")
+        _CHANNEL_CODES[code] = cls
+        return cls
+
+    return register
+
+
+@_connection_code(320)
+class ConnectionForced(ConnectionClosedByBroker):
+    """320 CONNECTION_FORCED: an operator or the broker's shutdown closed us."""
+
+
+@_connection_code(402)
+class InvalidPath(ConnectionClosedByBroker):
+    """402 INVALID_PATH: the virtual host does not exist."""
+
+
+@_connection_code(403)
+class ConnectionAccessRefused(ConnectionClosedByBroker):
+    """403 ACCESS_REFUSED at connection level (e.g. no access to the virtual host)."""
+
+
+@_connection_code(501)
+class FrameError(ConnectionClosedByBroker):
+    """501 FRAME_ERROR: the broker received a malformed frame from us."""
+
+
+@_connection_code(502)
+class AMQPSyntaxError(ConnectionClosedByBroker):
+    """502 SYNTAX_ERROR: the broker could not parse a method we sent."""
+
+
+@_connection_code(503)
+class CommandInvalid(ConnectionClosedByBroker):
+    """503 COMMAND_INVALID: we sent a method that is invalid in the current state."""
+
+
+@_connection_code(504)
+class ChannelError(ConnectionClosedByBroker):
+    """504 CHANNEL_ERROR: we used a channel that is not open."""
+
+
+@_connection_code(505)
+class UnexpectedFrame(ConnectionClosedByBroker):
+    """505 UNEXPECTED_FRAME: we sent a frame the broker did not expect."""
+
+
+@_connection_code(506)
+class ResourceError(ConnectionClosedByBroker):
+    """506 RESOURCE_ERROR: the broker ran out of a resource for this connection."""
+
+
+@_connection_code(530)
+class NotAllowed(ConnectionClosedByBroker):
+    """530 NOT_ALLOWED: the operation is not allowed (e.g. an unsupported feature)."""
+
+
+@_connection_code(540)
+class AMQPNotImplemented(ConnectionClosedByBroker):
+    """540 NOT_IMPLEMENTED: the broker does not implement what we asked for."""
+
+
+@_connection_code(541)
+class InternalError(ConnectionClosedByBroker):
+    """541 INTERNAL_ERROR: the broker failed internally."""
+
+
+@_channel_code(311)
+class ContentTooLarge(ChannelClosedByBroker):
+    """311 CONTENT_TOO_LARGE: the message body exceeds what the broker accepts."""
+
+
+@_channel_code(312)
+class NoRoute(ChannelClosedByBroker):
+    """312 NO_ROUTE (as a channel close; returns use :class:`Unroutable`)."""
+
+
+@_channel_code(313)
+class NoConsumers(ChannelClosedByBroker):
+    """313 NO_CONSUMERS."""
+
+
+@_channel_code(403)
+class AccessRefused(ChannelClosedByBroker):
+    """403 ACCESS_REFUSED: no permission for this resource."""
+
+
+@_channel_code(404)
+class NotFound(ChannelClosedByBroker):
+    """404 NOT_FOUND: the exchange or queue does not exist."""
+
+
+@_channel_code(405)
+class ResourceLocked(ChannelClosedByBroker):
+    """405 RESOURCE_LOCKED: e.g. an exclusive queue owned by another connection."""
+
+
+@_channel_code(406)
+class PreconditionFailed(ChannelClosedByBroker):
+    """406 PRECONDITION_FAILED: e.g. a re-declare with different arguments."""
+
+
+def connection_error_for(
+    reply_code: int, reply_text: str = "", class_id: int = 0, method_id: int = 0
+) -> ConnectionClosedByBroker:
+    """Build the exception for a connection.close received from the broker."""
+    cls = _CONNECTION_CODES.get(reply_code, ConnectionClosedByBroker)
+    return cls(reply_code, reply_text, class_id, method_id)
+
+
+def channel_error_for(
+    reply_code: int, reply_text: str = "", class_id: int = 0, method_id: int = 0
+) -> ChannelClosedByBroker:
+    """Build the exception for a channel.close received from the broker."""
+    cls = _CHANNEL_CODES.get(reply_code, ChannelClosedByBroker)
+    return cls(reply_code, reply_text, class_id, method_id)
+
+
+# --------------------------------------------------------------------------- publish
+
+
+class PublishError(AMQPError):
+    """A published message was not accepted by the broker."""
+
+
+class Nacked(PublishError):
+    """The broker answered basic.nack for this publish (confirm mode).
+
+    Attributes:
+        delivery_tag: the publish sequence number the broker nacked.
+    """
+
+    def __init__(self, delivery_tag: int, message: str = "") -> None:
+        super().__init__(message or f"the broker nacked publish #{delivery_tag}")
+        self.delivery_tag = delivery_tag
+
+
+class Unroutable(PublishError):
+    """A mandatory publish was returned by the broker (basic.return).
+
+    Attributes:
+        message: the returned message, with ``reply_code`` and ``reply_text``.
+    """
+
+    def __init__(self, message: Message) -> None:
+        super().__init__(
+            f"({message.reply_code}) {message.reply_text}: exchange={message.exchange!r} "
+            f"routing_key={message.routing_key!r}"
+        )
+        self.message = message
+
+
+class PublishOutcomeUnknown(PublishError):
+    """The channel or connection ended before the broker confirmed this publish.
+
+    The message may or may not have been routed: resend it (with the same message_id)
+    if at-least-once is wanted. ``__cause__`` is why the channel ended.
+
+    Attributes:
+        delivery_tag: the publish sequence number on the channel that ended.
+    """
+
+    def __init__(self, delivery_tag: int, message: str = "") -> None:
+        super().__init__(message or f"publish #{delivery_tag}: outcome unknown, channel ended")
+        self.delivery_tag = delivery_tag
+
+
+class ConsumerCancelled(AMQPError):
+    """The broker cancelled the consumer (basic.cancel), e.g. because its queue was deleted.
+
+    Attributes:
+        consumer_tag: the cancelled consumer's tag.
+    """
+
+    def __init__(self, consumer_tag: str) -> None:
+        super().__init__(f"the broker cancelled consumer {consumer_tag!r}")
+        self.consumer_tag = consumer_tag
+
+
+# --------------------------------------------------------------------------- time
+
+
+class Timeout(AMQPError, TimeoutError):
+    """A deadline passed before the operation completed."""

@@ -1,0 +1,442 @@
+"""ChannelProtocol: one AMQP channel, without I/O.
+
+Theory of operation
+-------------------
+States::
+
+    OPENING --channel.open-ok--> OPEN --close()--> CLOSING --close-ok--> CLOSED
+       \\________________ channel.close from the broker ______________/
+
+Synchronous requests (every method with ``SYNCHRONOUS``) are sent one at a time
+(AMQP 0-9-1 §2.3.5.2: a peer may not send a new synchronous request before the answer to
+the previous one). Later requests wait in ``_pending``; so do asynchronous frames
+(publishes, acks) issued after a waiting request, so that frames leave in exactly the
+order the application asked for them — ``confirm_select(); publish()`` must never reach
+the broker as publish-then-select. Replies are matched by order, which is what makes a
+FIFO of futures in the engine correct.
+
+Content arrives as method → header → body frames (§4.2.6). While a message is being
+assembled no other frame may arrive on the channel; one that does is
+505 UNEXPECTED_FRAME.
+
+Every decision is here; the engine only turns events into futures and callbacks.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections import deque
+from typing import TYPE_CHECKING
+
+from ..exceptions import (
+    AMQPError,
+    ChannelClosedByClient,
+    InvalidStateError,
+    LocalProtocolError,
+    RemoteProtocolError,
+    channel_error_for,
+)
+from . import spec
+from .events import (
+    ChannelClosedEvent,
+    ConsumerCancelled,
+    Delivery,
+    FlowChanged,
+    PublishConfirmed,
+    Returned,
+    RpcReply,
+)
+from .frames import FRAME_BODY, FRAME_HEADER, FRAME_METHOD, Method, content_frames, method_frame
+from .message import Message
+
+if TYPE_CHECKING:
+    from .connection import ConnectionProtocol
+
+__all__ = ["ChannelProtocol", "ChannelState"]
+
+
+class ChannelState(enum.Enum):
+    """Lifecycle of a channel."""
+
+    OPENING = "opening"
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+OPENING = ChannelState.OPENING
+OPEN = ChannelState.OPEN
+CLOSING = ChannelState.CLOSING
+CLOSED = ChannelState.CLOSED
+
+_EMPTY_PROPERTIES = b"\x00\x00"
+_PUBLISH_CACHE_LIMIT = 512
+
+# Content-bearing methods we can receive, and what to make of them when complete.
+_DELIVER = spec.BasicDeliver.INDEX
+_RETURN = spec.BasicReturn.INDEX
+_GET_OK = spec.BasicGetOk.INDEX
+
+
+class ChannelProtocol:
+    """The state of one channel.
+
+    Created by :meth:`ConnectionProtocol.open_channel`; do not construct directly.
+
+    Attributes:
+        channel_id: the channel number.
+        state: a :class:`ChannelState`.
+        confirm_mode: confirm.select was requested; publishes are numbered from 1.
+        next_publish_seq: the sequence number the next publish will get in confirm mode.
+        transactional: tx.select was requested.
+        flow_active: the broker's channel.flow says publishing may go on.
+        close_exc: why the channel closed, once it has.
+    """
+
+    def __init__(self, connection: ConnectionProtocol, channel_id: int) -> None:
+        self._conn = connection
+        self.channel_id = channel_id
+        self.state = OPENING
+        self.confirm_mode = False
+        self.next_publish_seq = 1
+        self.transactional = False
+        self.flow_active = True
+        self.close_exc: AMQPError | None = None
+        self._rpc_outstanding = False
+        self._rpc_responses: tuple[type[Method], ...] = ()
+        # Items waiting behind an outstanding request: a request (its answers and its
+        # encoded frame) to send when its turn comes, or a list of encoded frames.
+        self._pending: deque[tuple[tuple[type[Method], ...], bytes] | list[bytes]] = deque()
+        self._publish_cache: dict[tuple[str, str, bool], bytes] = {}
+        # Content assembly.
+        self._content_method: Method | None = None
+        self._content_props: spec.BasicProperties | None = None
+        self._content_size = 0
+        self._content_parts: list[bytes] = []
+        self._content_received = 0
+
+    # ------------------------------------------------------------------ sending
+
+    def send_method(self, method: Method) -> None:
+        """Queue a method: requests wait their turn, other methods keep their order.
+
+        Raises:
+            InvalidStateError: the channel is closing or closed.
+            LocalProtocolError: an argument cannot be encoded (nothing was queued).
+        """
+        self._check_usable(method.NAME)
+        if method.SYNCHRONOUS and method.RESPONSES:
+            request = (method.RESPONSES, method_frame(self.channel_id, method))
+            if not self._rpc_outstanding and not self._pending:
+                self._start_rpc(request)
+            else:
+                self._pending.append(request)
+            if type(method) is spec.ConfirmSelect:
+                self.confirm_mode = True
+            elif type(method) is spec.TxSelect:
+                self.transactional = True
+            return
+        self._send_frames([method_frame(self.channel_id, method)])
+
+    def publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: spec.BasicProperties | None = None,
+        mandatory: bool = False,
+    ) -> int:
+        """Queue basic.publish with its content.
+
+        Returns:
+            The publish sequence number in confirm mode, else 0.
+
+        Raises:
+            InvalidStateError: the channel is closing or closed.
+            LocalProtocolError: the exchange, routing key, properties or body cannot be
+                sent; nothing was queued.
+        """
+        if self.state is not OPEN and self.state is not OPENING:
+            self._check_usable("basic.publish")
+        key = (exchange, routing_key, mandatory)
+        head = self._publish_cache.get(key)
+        if head is None:
+            head = method_frame(
+                self.channel_id,
+                spec.BasicPublish(exchange=exchange, routing_key=routing_key, mandatory=mandatory),
+            )
+            if len(self._publish_cache) >= _PUBLISH_CACHE_LIMIT:
+                self._publish_cache.clear()
+            self._publish_cache[key] = head
+        if type(body) is not bytes:
+            body = _as_body(body)
+        max_size = self._conn.max_message_size
+        if max_size and len(body) > max_size:
+            raise LocalProtocolError(
+                f"basic.publish.body: {len(body)} bytes exceeds max_message_size {max_size}"
+            )
+        props = _EMPTY_PROPERTIES if properties is None else properties.encode()
+        frames = content_frames(self.channel_id, 60, props, body, self._conn.frame_max)
+        frames.insert(0, head)
+        self._send_frames(frames)
+        if self.confirm_mode:
+            seq = self.next_publish_seq
+            self.next_publish_seq = seq + 1
+            return seq
+        return 0
+
+    def close(self, reply_code: int = 200, reply_text: str = "Normal shutdown") -> None:
+        """Start closing the channel (channel.close goes out at once).
+
+        Requests still waiting to be sent are dropped: the engine fails their futures
+        when the channel-closed event arrives.
+        """
+        if self.state is CLOSING or self.state is CLOSED:
+            return
+        frame = method_frame(
+            self.channel_id,
+            spec.ChannelClose(
+                reply_code=reply_code, reply_text=reply_text, class_id=0, method_id=0
+            ),
+        )
+        self.state = CLOSING
+        self.close_exc = ChannelClosedByClient(reply_code, reply_text)
+        self._pending.clear()
+        self._conn._write(frame)
+
+    def _check_usable(self, what: str) -> None:
+        if self.state is CLOSING or self.state is CLOSED:
+            exc = InvalidStateError(f"cannot send {what}: channel {self.channel_id} is closed")
+            raise exc from self.close_exc
+
+    def _start_rpc(self, request: tuple[tuple[type[Method], ...], bytes]) -> None:
+        self._rpc_responses, frame = request
+        self._rpc_outstanding = True
+        self._conn._write(frame)
+
+    def _send_frames(self, frames: list[bytes]) -> None:
+        if not self._rpc_outstanding and not self._pending:
+            self._conn._write_many(frames)
+        else:
+            self._pending.append(frames)
+
+    def _rpc_done(self) -> None:
+        self._rpc_outstanding = False
+        self._rpc_responses = ()
+        pending = self._pending
+        while pending:
+            item = pending.popleft()
+            if isinstance(item, list):
+                self._conn._write_many(item)
+            else:
+                self._start_rpc(item)
+                return
+
+    # ------------------------------------------------------------------ receiving
+
+    def receive_frame(self, kind: int, payload: bytes) -> None:
+        """Handle one frame for this channel (called by the connection).
+
+        Raises:
+            RemoteProtocolError: the frame breaks the protocol; the connection fails.
+        """
+        if kind == FRAME_METHOD:
+            if self._content_method is not None:
+                raise RemoteProtocolError(
+                    f"method frame on channel {self.channel_id} while content was expected", 505
+                )
+            self._receive_method(spec.decode_method(payload))
+        elif kind == FRAME_HEADER:
+            self._receive_header(payload)
+        elif kind == FRAME_BODY:
+            self._receive_body(payload)
+        else:
+            raise RemoteProtocolError(f"unknown frame type {kind}", 501)
+
+    def _receive_method(self, method: Method) -> None:
+        if self.state is CLOSING:
+            # §2.3.5.2 / channel.close: after sending close, discard everything but
+            # close and close-ok.
+            if type(method) is spec.ChannelCloseOk:
+                self._finish(self.close_exc or ChannelClosedByClient(200, "Normal shutdown"))
+            elif type(method) is spec.ChannelClose:
+                self._conn._write(method_frame(self.channel_id, spec.ChannelCloseOk()))
+                self._finish(self.close_exc or ChannelClosedByClient(200, "Normal shutdown"))
+            return
+        if method.CONTENT:
+            self._content_method = method
+            return
+        cls = type(method)
+        if cls in self._rpc_responses:
+            if cls is spec.ChannelOpenOk:
+                self.state = OPEN
+            self._conn._events.append(RpcReply(self.channel_id, method))
+            self._rpc_done()
+        elif cls is spec.BasicAck:
+            assert isinstance(method, spec.BasicAck)
+            self._conn._events.append(
+                PublishConfirmed(self.channel_id, method.delivery_tag, method.multiple, True)
+            )
+        elif cls is spec.BasicNack:
+            assert isinstance(method, spec.BasicNack)
+            self._conn._events.append(
+                PublishConfirmed(self.channel_id, method.delivery_tag, method.multiple, False)
+            )
+        elif cls is spec.ChannelClose:
+            assert isinstance(method, spec.ChannelClose)
+            self._conn._write(method_frame(self.channel_id, spec.ChannelCloseOk()))
+            self._finish(
+                channel_error_for(
+                    method.reply_code, method.reply_text, method.class_id, method.method_id
+                )
+            )
+        elif cls is spec.BasicCancel:
+            assert isinstance(method, spec.BasicCancel)
+            if not method.nowait:
+                self._conn._write(
+                    method_frame(
+                        self.channel_id, spec.BasicCancelOk(consumer_tag=method.consumer_tag)
+                    )
+                )
+            self._conn._events.append(ConsumerCancelled(self.channel_id, method.consumer_tag))
+        elif cls is spec.ChannelFlow:
+            assert isinstance(method, spec.ChannelFlow)
+            self.flow_active = method.active
+            self._conn._write(
+                method_frame(self.channel_id, spec.ChannelFlowOk(active=method.active))
+            )
+            self._conn._events.append(FlowChanged(self.channel_id, method.active))
+        else:
+            expected = (
+                " or ".join(r.NAME for r in self._rpc_responses)
+                if self._rpc_responses
+                else "nothing"
+            )
+            raise RemoteProtocolError(
+                f"unexpected {method.NAME} on channel {self.channel_id} (expected {expected})", 503
+            )
+
+    def _receive_header(self, payload: bytes) -> None:
+        method = self._content_method
+        if method is None or self._content_props is not None:
+            raise RemoteProtocolError(
+                f"content header on channel {self.channel_id} without a content method", 505
+            )
+        if len(payload) < 14:
+            raise RemoteProtocolError("content header shorter than 14 bytes", 502)
+        class_id = (payload[0] << 8) | payload[1]
+        if class_id != 60:
+            raise RemoteProtocolError(f"content header for class {class_id}, expected 60", 505)
+        size = int.from_bytes(payload[4:12], "big")
+        max_size = self._conn.max_message_size
+        if max_size and size > max_size:
+            raise RemoteProtocolError(
+                f"message body of {size} bytes exceeds max_message_size {max_size}", 501
+            )
+        try:
+            props, end = spec.BasicProperties.decode(payload, 12)
+        except RemoteProtocolError:
+            raise
+        except (struct.error, IndexError, ValueError, OverflowError, RecursionError) as exc:
+            raise RemoteProtocolError(f"malformed content header: {exc}", 502) from None
+        if end != len(payload):
+            raise RemoteProtocolError("malformed content header: trailing bytes", 502)
+        self._content_props = props
+        self._content_size = size
+        if size == 0:
+            self._complete(b"")
+
+    def _receive_body(self, payload: bytes) -> None:
+        if self._content_props is None:
+            raise RemoteProtocolError(
+                f"content body on channel {self.channel_id} without a content header", 505
+            )
+        received = self._content_received + len(payload)
+        if received > self._content_size:
+            raise RemoteProtocolError(
+                f"content body longer than the {self._content_size} bytes its header announced",
+                501,
+            )
+        if received == self._content_size and not self._content_parts:
+            self._complete(payload)
+            return
+        self._content_parts.append(payload)
+        self._content_received = received
+        if received == self._content_size:
+            self._complete(b"".join(self._content_parts))
+
+    def _complete(self, body: bytes) -> None:
+        method = self._content_method
+        props = self._content_props
+        assert method is not None and props is not None
+        self._content_method = None
+        self._content_props = None
+        self._content_parts = []
+        self._content_received = 0
+        self._content_size = 0
+        index = method.INDEX
+        events = self._conn._events
+        if index == _DELIVER:
+            assert isinstance(method, spec.BasicDeliver)
+            message = Message(
+                body,
+                props,
+                delivery_tag=method.delivery_tag,
+                redelivered=method.redelivered,
+                exchange=method.exchange,
+                routing_key=method.routing_key,
+                consumer_tag=method.consumer_tag,
+            )
+            events.append(Delivery(self.channel_id, message))
+        elif index == _GET_OK:
+            assert isinstance(method, spec.BasicGetOk)
+            if spec.BasicGetOk not in self._rpc_responses:
+                raise RemoteProtocolError("basic.get-ok without a basic.get", 503)
+            message = Message(
+                body,
+                props,
+                delivery_tag=method.delivery_tag,
+                redelivered=method.redelivered,
+                exchange=method.exchange,
+                routing_key=method.routing_key,
+                message_count=method.message_count,
+            )
+            events.append(RpcReply(self.channel_id, method, message))
+            self._rpc_done()
+        elif index == _RETURN:
+            assert isinstance(method, spec.BasicReturn)
+            message = Message(
+                body,
+                props,
+                exchange=method.exchange,
+                routing_key=method.routing_key,
+                reply_code=method.reply_code,
+                reply_text=method.reply_text,
+            )
+            events.append(Returned(self.channel_id, message))
+        else:  # basic.publish from the broker: not a thing a client accepts
+            raise RemoteProtocolError(f"unexpected {method.NAME} from the broker", 503)
+
+    def _finish(self, exc: AMQPError) -> None:
+        """Mark the channel closed and tell the engine (once)."""
+        if self.state is CLOSED:
+            return
+        self.state = CLOSED
+        self.close_exc = exc
+        self._pending.clear()
+        self._rpc_outstanding = False
+        self._rpc_responses = ()
+        self._conn._channel_finished(self.channel_id)
+        self._conn._events.append(ChannelClosedEvent(self.channel_id, exc))
+
+
+def _as_body(body: object) -> bytes:
+    if isinstance(body, (bytearray, memoryview)):
+        return bytes(body)
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    raise LocalProtocolError(
+        f"basic.publish.body: must be bytes, bytearray, memoryview or str, "
+        f"got {type(body).__name__}"
+    )

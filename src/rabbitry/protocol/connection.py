@@ -1,0 +1,545 @@
+"""ConnectionProtocol: an AMQP 0-9-1 client connection, without I/O.
+
+Contract (the engine's side)::
+
+    proto = ConnectionProtocol(...)          # queues the protocol header
+    transport.write(proto.data_to_send())
+    ...on bytes:   proto.receive_data(data); write data_to_send(); handle events_received()
+    ...on EOF:     proto.receive_eof();       handle events_received()
+    ...on a timer: proto.tick(now);           write data_to_send(); handle events_received()
+
+The receive path never raises. Bytes that break the protocol make the connection send
+connection.close with the matching reply code (501 frame error, 502 syntax error, 503
+command invalid, 504 channel error, 505 unexpected frame, 540 not implemented), move to
+CLOSING and keep the exception in :attr:`close_exc`; :class:`ConnectionTerminated`
+follows when the broker answers close-ok or the engine gives up on it.
+
+Theory of operation
+-------------------
+States::
+
+    AWAIT_START --start/start-ok--> AWAIT_TUNE --tune/tune-ok, open--> AWAIT_OPEN_OK
+        --open-ok--> OPEN --close()/protocol error--> CLOSING --close-ok--> CLOSED
+    (connection.close from the broker, EOF or a heartbeat timeout: straight to CLOSED)
+
+Heartbeats (§4.2.7): the protocol has no clock. The engine calls :meth:`tick` with a
+monotonic ``now`` at least every ``tick_interval`` seconds. A heartbeat frame is queued
+when nothing was sent for half the interval, and the peer is declared dead when nothing
+arrived for twice the interval; with ticks every ``min(heartbeat / 4, 1)`` seconds that
+detects a dead peer within 2 × heartbeat + 1 s.
+"""
+
+from __future__ import annotations
+
+import enum
+import platform
+from typing import TYPE_CHECKING, Any
+
+from ..exceptions import (
+    AMQPError,
+    AuthenticationError,
+    ConnectionClosedByClient,
+    ConnectionLost,
+    HeartbeatTimeout,
+    InvalidStateError,
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+    connection_error_for,
+)
+from . import spec
+from .channel import ChannelProtocol
+from .events import (
+    ConnectionBlocked,
+    ConnectionOpened,
+    ConnectionTerminated,
+    ConnectionUnblocked,
+    Event,
+    RpcReply,
+)
+from .frames import (
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    FRAME_MIN_SIZE,
+    HEARTBEAT_FRAME,
+    PROTOCOL_HEADER,
+    FrameReader,
+    Method,
+    encode_table_body,
+    method_frame,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+__all__ = ["CLIENT_CAPABILITIES", "ConnectionProtocol", "ConnectionState"]
+
+VERSION = "0.1.0"
+
+#: Sent in client-properties so that RabbitMQ enables its extensions for us.
+CLIENT_CAPABILITIES = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+}
+
+SUPPORTED_MECHANISMS = ("PLAIN", "AMQPLAIN", "EXTERNAL")
+
+
+class ConnectionState(enum.Enum):
+    """Lifecycle of a connection."""
+
+    AWAIT_START = "await-start"
+    AWAIT_TUNE = "await-tune"
+    AWAIT_OPEN_OK = "await-open-ok"
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+AWAIT_START = ConnectionState.AWAIT_START
+AWAIT_TUNE = ConnectionState.AWAIT_TUNE
+AWAIT_OPEN_OK = ConnectionState.AWAIT_OPEN_OK
+OPEN = ConnectionState.OPEN
+CLOSING = ConnectionState.CLOSING
+CLOSED = ConnectionState.CLOSED
+
+_HANDSHAKE = (AWAIT_START, AWAIT_TUNE, AWAIT_OPEN_OK)
+
+
+def _negotiate(client: int, server: int) -> int:
+    """The lower of two values where 0 means "no limit" (or "no preference")."""
+    if client == 0 or server == 0:
+        return max(client, server)
+    return min(client, server)
+
+
+class ConnectionProtocol:
+    """The client side of one AMQP 0-9-1 connection.
+
+    Args:
+        username: SASL user name (PLAIN, AMQPLAIN).
+        password: SASL password; never put into a repr or an exception.
+        virtual_host: the vhost to open.
+        heartbeat: the interval we ask for, in seconds; negotiated as the lower
+            non-zero of ours and the broker's (0 takes the broker's).
+        channel_max: highest channel number we want (negotiated the same way).
+        frame_max: largest frame we want (negotiated the same way; >= 4096).
+        auth_mechanism: PLAIN, AMQPLAIN or EXTERNAL.
+        connection_name: shown in the management UI (client property).
+        locale: the locale we ask for.
+        client_properties: extra client-properties entries.
+        max_message_size: refuse messages with larger bodies (both directions; 0 = no limit).
+    """
+
+    def __init__(
+        self,
+        *,
+        username: str = "guest",
+        password: str = "guest",
+        virtual_host: str = "/",
+        heartbeat: int = 60,
+        channel_max: int = 2047,
+        frame_max: int = 131072,
+        auth_mechanism: str = "PLAIN",
+        connection_name: str | None = None,
+        locale: str = "en_US",
+        client_properties: Mapping[str, Any] | None = None,
+        max_message_size: int = 128 * 1024 * 1024,
+    ) -> None:
+        mechanism = auth_mechanism.upper()
+        if mechanism not in SUPPORTED_MECHANISMS:
+            raise LocalProtocolError(
+                f"auth_mechanism: must be one of {', '.join(SUPPORTED_MECHANISMS)}, "
+                f"got {auth_mechanism!r}"
+            )
+        self._username = username
+        self._password = password
+        self.virtual_host = virtual_host
+        self._want_heartbeat = heartbeat
+        self._want_channel_max = channel_max
+        self._want_frame_max = frame_max
+        self.auth_mechanism = mechanism
+        self.locale = locale
+        self.max_message_size = max_message_size
+        props: dict[str, Any] = {
+            "product": "rabbitry",
+            "version": VERSION,
+            "platform": f"Python {platform.python_version()}",
+            "information": "https://pypi.org/project/rabbitry/",
+            "copyright": "rabbitry contributors",
+            "capabilities": dict(CLIENT_CAPABILITIES),
+        }
+        if connection_name:
+            props["connection_name"] = connection_name
+        if client_properties:
+            props.update(client_properties)
+        self.client_properties = props
+
+        self.state = AWAIT_START
+        self.close_exc: AMQPError | None = None
+        self.server_properties: dict[str, Any] = {}
+        self.channel_max = channel_max
+        self.frame_max = FRAME_MIN_SIZE
+        self.heartbeat = 0
+        self.blocked_reason: str | None = None
+
+        self._reader = FrameReader(FRAME_MIN_SIZE)
+        self._out: list[bytes] = [PROTOCOL_HEADER]
+        self._events: list[Event] = []
+        self.channels: dict[int, ChannelProtocol] = {}
+        self._next_channel = 1
+        self._connection_rpc = False
+        self._terminated = False
+        # Heartbeat bookkeeping: flags set by traffic, turned into times by tick().
+        self._rx_since_tick = False
+        self._tx_since_tick = False
+        self._last_rx: float | None = None
+        self._last_tx: float | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<ConnectionProtocol {self.state.value} vhost={self.virtual_host!r} "
+            f"user={self._username!r} channels={len(self.channels)}>"
+        )
+
+    # ------------------------------------------------------------------ engine side
+
+    def data_to_send(self) -> bytes:
+        """Everything queued for the socket since the last call (may be empty)."""
+        out = self._out
+        if not out:
+            return b""
+        self._out = []
+        self._tx_since_tick = True
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def events_received(self) -> list[Event]:
+        """Events since the last call, oldest first."""
+        events = self._events
+        if events:
+            self._events = []
+        return events
+
+    @property
+    def is_open(self) -> bool:
+        """The handshake finished and no close has started."""
+        return self.state is OPEN
+
+    @property
+    def tick_interval(self) -> float | None:
+        """How often the engine must call :meth:`tick`, or ``None`` when not needed."""
+        if not self.heartbeat:
+            return None
+        return min(self.heartbeat / 4, 1.0)
+
+    def receive_data(self, data: bytes) -> None:
+        """Feed bytes from the socket. Never raises."""
+        if self.state is CLOSED:
+            return
+        self._rx_since_tick = True
+        try:
+            frames = self._reader.feed(data)
+        except ProtocolError as exc:
+            self._fail(exc)
+            return
+        for kind, channel, payload in frames:
+            try:
+                if kind == FRAME_HEARTBEAT:
+                    if channel:
+                        raise RemoteProtocolError("heartbeat frame on a non-zero channel", 501)
+                    continue
+                if channel:
+                    chan = self.channels.get(channel)
+                    if chan is None:
+                        if self.state is CLOSING:
+                            continue
+                        raise RemoteProtocolError(f"frame on unopened channel {channel}", 504)
+                    chan.receive_frame(kind, payload)
+                elif kind == FRAME_METHOD:
+                    self._receive_method(spec.decode_method(payload))
+                else:
+                    raise RemoteProtocolError(f"frame type {kind} on channel 0", 503)
+            except ProtocolError as exc:
+                self._fail(exc)
+                return
+            if self.state is CLOSED:
+                return
+
+    def receive_eof(self) -> None:
+        """The socket reached EOF or failed. Never raises."""
+        if self.state is CLOSED:
+            return
+        if self.state is CLOSING and self.close_exc is not None:
+            exc: AMQPError = self.close_exc
+        elif self.state is AWAIT_TUNE:
+            # RabbitMQ without authentication_failure_close drops the socket here.
+            exc = AuthenticationError(
+                "the broker closed the connection after start-ok: the credentials or the "
+                f"{self.auth_mechanism} mechanism were probably refused"
+            )
+        else:
+            exc = ConnectionLost("the connection to the broker was lost")
+        self._terminate(exc)
+
+    def tick(self, now: float) -> None:
+        """Heartbeat bookkeeping; ``now`` is a monotonic time in seconds. Never raises."""
+        if not self.heartbeat or self.state is CLOSED:
+            return
+        if self._rx_since_tick or self._last_rx is None:
+            self._last_rx = now
+            self._rx_since_tick = False
+        if self._tx_since_tick or self._last_tx is None:
+            self._last_tx = now
+            self._tx_since_tick = False
+        if now - self._last_rx > 2 * self.heartbeat:
+            self._terminate(
+                HeartbeatTimeout(
+                    f"no data from the broker for {now - self._last_rx:.1f} s "
+                    f"(heartbeat {self.heartbeat} s)"
+                )
+            )
+            return
+        if now - self._last_tx >= self.heartbeat / 2 and not self._out:
+            self._out.append(HEARTBEAT_FRAME)
+
+    def abort(self, exc: AMQPError) -> None:
+        """The engine gives up on the connection (e.g. close-ok never came)."""
+        self._terminate(exc)
+
+    # ------------------------------------------------------------------ application side
+
+    def open_channel(self, channel_id: int | None = None) -> ChannelProtocol:
+        """Allocate a channel and queue channel.open; answered by an :class:`RpcReply`.
+
+        Raises:
+            InvalidStateError: the connection is not open.
+            LocalProtocolError: no free channel number, or ``channel_id`` is taken or
+                out of range.
+        """
+        self._check_open("open a channel")
+        if channel_id is None:
+            channel_id = self._free_channel_id()
+        elif not 1 <= channel_id <= self.channel_max:
+            raise LocalProtocolError(
+                f"channel_id: must be in 1..{self.channel_max}, got {channel_id}"
+            )
+        elif channel_id in self.channels:
+            raise LocalProtocolError(f"channel_id: channel {channel_id} is already open")
+        channel = ChannelProtocol(self, channel_id)
+        self.channels[channel_id] = channel
+        channel.send_method(spec.ChannelOpen())
+        return channel
+
+    def close(self, reply_code: int = 200, reply_text: str = "Normal shutdown") -> None:
+        """Start a clean close: connection.close goes out, close-ok is awaited."""
+        if self.state is CLOSED or self.state is CLOSING:
+            return
+        if self.state in _HANDSHAKE:
+            # Nothing to say to the broker yet: just drop the connection.
+            self._terminate(ConnectionClosedByClient(reply_code, reply_text))
+            return
+        self.state = CLOSING
+        self.close_exc = ConnectionClosedByClient(reply_code, reply_text)
+        self._write(
+            method_frame(
+                0,
+                spec.ConnectionClose(
+                    reply_code=reply_code, reply_text=reply_text, class_id=0, method_id=0
+                ),
+            )
+        )
+
+    def update_secret(self, new_secret: bytes | str, reason: str) -> None:
+        """Queue connection.update-secret; answered by an :class:`RpcReply` on channel 0.
+
+        Raises:
+            InvalidStateError: not open, or an update is already waiting for its answer.
+        """
+        self._check_open("update the secret")
+        if self._connection_rpc:
+            raise InvalidStateError("an update-secret is already waiting for its answer")
+        self._connection_rpc = True
+        self._write(
+            method_frame(0, spec.ConnectionUpdateSecret(new_secret=new_secret, reason=reason))
+        )
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_open(self, what: str) -> None:
+        if self.state is not OPEN:
+            exc = InvalidStateError(f"cannot {what}: the connection is {self.state.value}")
+            raise exc from self.close_exc
+
+    def _write(self, frame: bytes) -> None:
+        self._out.append(frame)
+
+    def _write_many(self, frames: list[bytes]) -> None:
+        self._out.extend(frames)
+
+    def _free_channel_id(self) -> int:
+        limit = self.channel_max
+        candidate = self._next_channel
+        for _ in range(limit):
+            if candidate > limit:
+                candidate = 1
+            if candidate not in self.channels:
+                self._next_channel = candidate + 1
+                return candidate
+            candidate += 1
+        raise LocalProtocolError(f"all {limit} channels are in use (channel_max)")
+
+    def _channel_finished(self, channel_id: int) -> None:
+        self.channels.pop(channel_id, None)
+
+    def _receive_method(self, method: Method) -> None:
+        cls = type(method)
+        state = self.state
+        if state is CLOSING:
+            if cls is spec.ConnectionCloseOk:
+                assert self.close_exc is not None
+                self._terminate(self.close_exc)
+            elif cls is spec.ConnectionClose:
+                self._write(method_frame(0, spec.ConnectionCloseOk()))
+                assert self.close_exc is not None
+                self._terminate(self.close_exc)
+            return
+        if cls is spec.ConnectionClose:
+            assert isinstance(method, spec.ConnectionClose)
+            self._write(method_frame(0, spec.ConnectionCloseOk()))
+            exc: AMQPError = connection_error_for(
+                method.reply_code, method.reply_text, method.class_id, method.method_id
+            )
+            if state in _HANDSHAKE and method.reply_code == 403:
+                auth = AuthenticationError(f"({method.reply_code}) {method.reply_text}")
+                auth.__cause__ = exc
+                exc = auth
+            self._terminate(exc)
+        elif state is OPEN:
+            if cls is spec.ConnectionBlocked:
+                assert isinstance(method, spec.ConnectionBlocked)
+                self.blocked_reason = method.reason
+                self._events.append(ConnectionBlocked(method.reason))
+            elif cls is spec.ConnectionUnblocked:
+                self.blocked_reason = None
+                self._events.append(ConnectionUnblocked())
+            elif cls is spec.ConnectionUpdateSecretOk and self._connection_rpc:
+                self._connection_rpc = False
+                self._events.append(RpcReply(0, method))
+            else:
+                raise RemoteProtocolError(f"unexpected {method.NAME} on channel 0", 503)
+        elif state is AWAIT_START and cls is spec.ConnectionStart:
+            assert isinstance(method, spec.ConnectionStart)
+            self._on_start(method)
+        elif state is AWAIT_TUNE and cls is spec.ConnectionSecure:
+            # PLAIN/AMQPLAIN/EXTERNAL complete in start-ok; answer a challenge with the
+            # same response, as the mechanisms have nothing else to say.
+            self._write(method_frame(0, spec.ConnectionSecureOk(response=self._sasl_response())))
+        elif state is AWAIT_TUNE and cls is spec.ConnectionTune:
+            assert isinstance(method, spec.ConnectionTune)
+            self._on_tune(method)
+        elif state is AWAIT_OPEN_OK and cls is spec.ConnectionOpenOk:
+            self.state = OPEN
+            self._events.append(
+                ConnectionOpened(
+                    self.server_properties, self.channel_max, self.frame_max, self.heartbeat
+                )
+            )
+        else:
+            raise RemoteProtocolError(
+                f"unexpected {method.NAME} while {state.value} on channel 0", 503
+            )
+
+    def _on_start(self, start: spec.ConnectionStart) -> None:
+        if (start.version_major, start.version_minor) != (0, 9):
+            raise RemoteProtocolError(
+                f"the broker speaks AMQP {start.version_major}-{start.version_minor}, not 0-9-1",
+                503,
+            )
+        self.server_properties = start.server_properties or {}
+        offered = start.mechanisms.decode("utf-8", "replace").split()
+        if self.auth_mechanism not in offered:
+            self._terminate(
+                AuthenticationError(
+                    f"the broker does not offer the {self.auth_mechanism} mechanism "
+                    f"(it offers: {', '.join(offered) or 'none'})"
+                )
+            )
+            return
+        self._write(
+            method_frame(
+                0,
+                spec.ConnectionStartOk(
+                    client_properties=self.client_properties,
+                    mechanism=self.auth_mechanism,
+                    response=self._sasl_response(),
+                    locale=self.locale,
+                ),
+            )
+        )
+        self.state = AWAIT_TUNE
+
+    def _sasl_response(self) -> bytes:
+        if self.auth_mechanism == "PLAIN":
+            return b"\x00" + self._username.encode() + b"\x00" + self._password.encode()
+        if self.auth_mechanism == "AMQPLAIN":
+            return encode_table_body({"LOGIN": self._username, "PASSWORD": self._password})
+        return b""  # EXTERNAL: the identity comes from the TLS client certificate
+
+    def _on_tune(self, tune: spec.ConnectionTune) -> None:
+        channel_max = _negotiate(self._want_channel_max, tune.channel_max) or 65535
+        frame_max = _negotiate(self._want_frame_max, tune.frame_max)
+        if frame_max and frame_max < FRAME_MIN_SIZE:
+            raise RemoteProtocolError(
+                f"the broker proposed frame_max {frame_max}, below the minimum {FRAME_MIN_SIZE}",
+                530,
+            )
+        heartbeat = _negotiate(self._want_heartbeat, tune.heartbeat)
+        self.channel_max = min(channel_max, 65535)
+        self.frame_max = frame_max
+        self.heartbeat = heartbeat
+        self._reader.frame_max = frame_max
+        self._write(
+            method_frame(
+                0,
+                spec.ConnectionTuneOk(
+                    channel_max=self.channel_max, frame_max=frame_max, heartbeat=heartbeat
+                ),
+            )
+        )
+        self._write(method_frame(0, spec.ConnectionOpen(virtual_host=self.virtual_host)))
+        self.state = AWAIT_OPEN_OK
+
+    def _fail(self, exc: ProtocolError) -> None:
+        """A protocol violation by the broker: close with its reply code, keep ``exc``."""
+        if self.state is CLOSED:
+            return
+        if self.state in _HANDSHAKE or self.state is CLOSING:
+            self._terminate(exc)
+            return
+        self.state = CLOSING
+        self.close_exc = exc
+        self._write(
+            method_frame(
+                0,
+                spec.ConnectionClose(
+                    reply_code=exc.reply_code, reply_text=str(exc)[:255], class_id=0, method_id=0
+                ),
+            )
+        )
+
+    def _terminate(self, exc: AMQPError) -> None:
+        if self._terminated:
+            return
+        self._terminated = True
+        self.state = CLOSED
+        if self.close_exc is None:
+            self.close_exc = exc
+        for channel in list(self.channels.values()):
+            channel._finish(exc)
+        self.channels.clear()
+        self._events.append(ConnectionTerminated(exc))

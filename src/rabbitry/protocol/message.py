@@ -1,0 +1,115 @@
+"""Messages as they come out of the broker."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from .spec import BasicProperties
+
+__all__ = ["Message", "Properties"]
+
+#: The 14 basic properties; ``Properties(content_type="text/plain", delivery_mode=2)``.
+Properties = BasicProperties
+
+
+class _Acker(Protocol):
+    def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None: ...
+
+    def basic_nack(
+        self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
+    ) -> None: ...
+
+    def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None: ...
+
+
+class Message:
+    """A delivered (basic.deliver), fetched (basic.get-ok) or returned message.
+
+    Attributes:
+        body: the payload.
+        properties: the 14 basic properties (absent ones are ``None``).
+        delivery_tag: the channel-scoped tag to ack with (0 for returned messages).
+        redelivered: the broker delivered this message before (possibly not processed).
+        exchange: the exchange it was published to.
+        routing_key: the routing key it was published with.
+        consumer_tag: the consumer it was delivered to (deliveries only).
+        message_count: messages left in the queue (basic.get only).
+        reply_code: why it was returned (returns only, e.g. 312 NO_ROUTE).
+        reply_text: the broker's text for the return.
+        channel: the channel it arrived on; ``ack()`` and friends go through it.
+    """
+
+    __slots__ = (
+        "body",
+        "channel",
+        "consumer_tag",
+        "delivery_tag",
+        "exchange",
+        "message_count",
+        "properties",
+        "redelivered",
+        "reply_code",
+        "reply_text",
+        "routing_key",
+    )
+
+    def __init__(
+        self,
+        body: bytes,
+        properties: BasicProperties,
+        *,
+        delivery_tag: int = 0,
+        redelivered: bool = False,
+        exchange: str = "",
+        routing_key: str = "",
+        consumer_tag: str = "",
+        message_count: int | None = None,
+        reply_code: int = 0,
+        reply_text: str = "",
+    ) -> None:
+        self.body = body
+        self.properties = properties
+        self.delivery_tag = delivery_tag
+        self.redelivered = redelivered
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.consumer_tag = consumer_tag
+        self.message_count = message_count
+        self.reply_code = reply_code
+        self.reply_text = reply_text
+        self.channel: Any = None
+
+    @property
+    def headers(self) -> dict[str, Any]:
+        """The headers table (empty dict when absent)."""
+        return self.properties.headers or {}
+
+    def ack(self, multiple: bool = False) -> None:
+        """Acknowledge this message (and, with ``multiple``, all earlier ones).
+
+        Safe to call from any thread for messages of the sync API.
+        """
+        self._channel().basic_ack(self.delivery_tag, multiple)
+
+    def nack(self, multiple: bool = False, requeue: bool = True) -> None:
+        """Negatively acknowledge: requeue it, or dead-letter/drop it (``requeue=False``)."""
+        self._channel().basic_nack(self.delivery_tag, multiple, requeue)
+
+    def reject(self, requeue: bool = True) -> None:
+        """Reject this one message (like ``nack`` without ``multiple``)."""
+        self._channel().basic_reject(self.delivery_tag, requeue)
+
+    def _channel(self) -> _Acker:
+        from ..exceptions import InvalidStateError
+
+        if self.channel is None:
+            raise InvalidStateError("this message was not delivered on a channel; nothing to ack")
+        channel: _Acker = self.channel
+        return channel
+
+    def __repr__(self) -> str:
+        body = self.body if len(self.body) <= 40 else self.body[:40] + b"..."
+        return (
+            f"<Message tag={self.delivery_tag} exchange={self.exchange!r} "
+            f"routing_key={self.routing_key!r} redelivered={self.redelivered} body={body!r}>"
+        )
