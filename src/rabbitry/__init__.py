@@ -1,6 +1,7 @@
 """rabbitry: a fast, loss-free, self-recovering RabbitMQ (AMQP 0-9-1) client.
 
-The asyncio API is :class:`AsyncConnection` / :class:`AsyncChannel`; messages are
+The asyncio API is :class:`AsyncConnection` / :class:`AsyncChannel`, the thread-safe
+API their twins :class:`Connection` / :class:`Channel`; messages are
 :class:`Message`, their properties :class:`Properties`; every error is in
 :mod:`rabbitry.exceptions` and re-exported here.
 """
@@ -39,6 +40,7 @@ from .exceptions import (
 )
 from .message import Message, Properties
 from .protocol.frames import Float32, Int8, Int16, Int32, Int64, UInt8, UInt16, UInt32
+from .sync import Channel, Connection
 
 __version__ = "0.1.0.dev0"
 
@@ -49,11 +51,13 @@ __all__ = [
     "AsyncChannel",
     "AsyncConnection",
     "AuthenticationError",
+    "Channel",
     "ChannelClosed",
     "ChannelClosedByBroker",
     "ChannelClosedByClient",
     "ConfigurationError",
     "ConnectError",
+    "Connection",
     "ConnectionClosed",
     "ConnectionClosedByBroker",
     "ConnectionClosedByClient",

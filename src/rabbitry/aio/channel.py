@@ -15,7 +15,7 @@ import inspect
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..exceptions import (
     AMQPError,
@@ -43,6 +43,18 @@ ReturnCallback = Callable[[Message], Any]
 CancelCallback = Callable[[str], Any]
 
 M = TypeVar("M", bound=Method)
+
+
+class Settleable(Protocol):
+    """What confirms settle: an asyncio or a concurrent.futures future."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: None, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
+
+
 _END = object()
 
 
@@ -80,7 +92,7 @@ class AsyncChannel:
         # is handled (before later deliveries), e.g. to register a consumer.
         self._rpcs: deque[tuple[asyncio.Future[Any], Callable[[Any], None] | None]] = deque()
         self._consumers: dict[str, _Consumer] = {}
-        self._confirms: dict[int, asyncio.Future[None]] = {}
+        self._confirms: dict[int, Settleable] = {}
         self._confirm_order: deque[int] = deque()
         self._return_callbacks: list[ReturnCallback] = []
         self._closed: asyncio.Future[AMQPError] = loop.create_future()
@@ -127,9 +139,17 @@ class AsyncChannel:
         """Call ``callback(message)`` for every basic.return (unroutable mandatory publish)."""
         self._return_callbacks.append(callback)
 
-    async def wait_closed(self) -> AMQPError:
-        """Wait until the channel closes; returns the reason."""
-        return await asyncio.shield(self._closed)
+    async def wait_closed(self, timeout: float | None = None) -> AMQPError:
+        """Wait until the channel closes; returns the reason.
+
+        Raises:
+            Timeout: still open after ``timeout`` seconds.
+        """
+        try:
+            async with asyncio.timeout(timeout):
+                return await asyncio.shield(self._closed)
+        except TimeoutError:
+            raise Timeout(f"channel still open after {timeout} s") from None
 
     # ------------------------------------------------------------------ requests
 
@@ -359,6 +379,27 @@ class AsyncChannel:
         self._confirm_order.append(seq)
         return future
 
+    def _publish_encoded(self, frames: list[bytes], waiter: Settleable | None) -> None:
+        """Queue pre-encoded publish frames (the sync facade's hot path; loop thread).
+
+        ``waiter`` (a concurrent future) is settled by the confirm in confirm mode,
+        resolved with ``None`` at once otherwise, and failed if the channel is closed.
+        """
+        try:
+            seq = self._proto.send_publish(frames)
+        except AMQPError as exc:
+            if waiter is not None:
+                waiter.set_exception(exc)
+            return
+        self._conn._kick()
+        if waiter is None:
+            return
+        if seq:
+            self._confirms[seq] = waiter
+            self._confirm_order.append(seq)
+        else:
+            waiter.set_result(None)
+
     async def basic_consume(
         self,
         queue: str,
@@ -387,7 +428,35 @@ class AsyncChannel:
             on_cancel: called with the tag if the broker cancels the consumer.
             timeout: seconds to wait for consume-ok.
         """
+        return await self._start_consumer(
+            queue,
+            callback,
+            consumer_tag=consumer_tag,
+            no_local=no_local,
+            no_ack=no_ack,
+            exclusive=exclusive,
+            arguments=arguments,
+            on_cancel=on_cancel,
+            on_close=None,
+            timeout=timeout,
+        )
+
+    async def _start_consumer(
+        self,
+        queue: str,
+        callback: ConsumerCallback,
+        *,
+        consumer_tag: str = "",
+        no_local: bool = False,
+        no_ack: bool = False,
+        exclusive: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+        on_cancel: CancelCallback | None,
+        on_close: Callable[[AMQPError], None] | None,
+        timeout: float | None,
+    ) -> str:
         consumer = _Consumer(callback, on_cancel)
+        consumer.on_close = on_close
 
         def register(reply: spec.BasicConsumeOk) -> None:
             self._consumers[reply.consumer_tag] = consumer
@@ -457,17 +526,16 @@ class AsyncChannel:
         def cancelled(tag: str) -> None:
             inbox.put_nowait(ConsumerCancelled(tag))
 
-        tag = await self.basic_consume(
+        tag = await self._start_consumer(
             queue,
             deliver,
             no_ack=no_ack,
             exclusive=exclusive,
             arguments=arguments,
             on_cancel=cancelled,
+            on_close=inbox.put_nowait,
+            timeout=None,
         )
-        consumer = self._consumers.get(tag)
-        if consumer is not None:
-            consumer.on_close = inbox.put_nowait
         try:
             while True:
                 try:
@@ -675,11 +743,11 @@ class AsyncChannel:
                 future.set_exception(copy.copy(exc))
         confirms, self._confirms = self._confirms, {}
         self._confirm_order.clear()
-        for seq, future in confirms.items():
-            if not future.done():
+        for seq, waiter in confirms.items():
+            if not waiter.done():
                 unknown = PublishOutcomeUnknown(seq)
                 unknown.__cause__ = exc
-                future.set_exception(unknown)
+                waiter.set_exception(unknown)
         for tag in list(self._consumers):
             consumer = self._drop_consumer(tag)
             if consumer is not None and consumer.on_close is not None:
@@ -688,7 +756,7 @@ class AsyncChannel:
             logger.debug("channel %s closed: %r", self.channel_id, exc)
 
 
-def _settle(future: asyncio.Future[None], tag: int, ack: bool) -> None:
+def _settle(future: Settleable, tag: int, ack: bool) -> None:
     if ack:
         future.set_result(None)
     else:

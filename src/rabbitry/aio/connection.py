@@ -151,6 +151,8 @@ class AsyncConnection:
         self._tick_handle: asyncio.TimerHandle | None = None
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
+        # Called (loop thread) when the transport accepts writes again.
+        self._writable_hooks: list[Callable[[], None]] = []
         self._update_secret_waiter: asyncio.Future[None] | None = None
         self._blocked_callbacks: list[BlockedCallback] = []
         self._close_callbacks: list[CloseCallback] = []
@@ -345,11 +347,31 @@ class AsyncConnection:
                 if self._transport is not None:
                     self._transport.abort()
 
-    async def wait_closed(self) -> AMQPError:
-        """Wait until the connection ends; returns the reason."""
+    async def wait_closed(self, timeout: float | None = None) -> AMQPError:
+        """Wait until the connection ends; returns the reason.
+
+        Raises:
+            InvalidStateError: the connection was never opened.
+            Timeout: still open after ``timeout`` seconds.
+        """
         if self._terminated is None:
             raise InvalidStateError("the connection was never opened")
-        return await asyncio.shield(self._terminated)
+        try:
+            async with asyncio.timeout(timeout):
+                return await asyncio.shield(self._terminated)
+        except TimeoutError:
+            raise Timeout(f"connection still open after {timeout} s") from None
+
+    def _pause_reading(self) -> None:
+        """Stop reading the socket (the sync dispatcher is full); loop thread."""
+        if self._transport is not None and self._proto is not None:
+            self._proto.rx_paused = True
+            self._transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self._transport is not None and self._proto is not None:
+            self._proto.rx_paused = False
+            self._transport.resume_reading()
 
     # ------------------------------------------------------------------ channels
 
@@ -419,6 +441,9 @@ class AsyncConnection:
 
     def _resume_writing(self) -> None:
         self._write_paused = False
+        hooks, self._writable_hooks = self._writable_hooks, []
+        for hook in hooks:
+            hook()
         waiters, self._drain_waiters = self._drain_waiters, []
         for waiter in waiters:
             if not waiter.done():

@@ -159,6 +159,26 @@ class ChannelProtocol:
         """
         if self.state is not OPEN and self.state is not OPENING:
             self._check_usable("basic.publish")
+        return self.send_publish(
+            self.encode_publish(exchange, routing_key, body, properties, mandatory)
+        )
+
+    def encode_publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: spec.BasicProperties | None = None,
+        mandatory: bool = False,
+    ) -> list[bytes]:
+        """Encode basic.publish and its content without touching the channel's state.
+
+        Safe to call from any thread: it only reads settings fixed at open and a cache of
+        encoded method frames. :meth:`send_publish` then queues the frames.
+
+        Raises:
+            LocalProtocolError: the exchange, routing key, properties or body are invalid.
+        """
         key = (exchange, routing_key, mandatory)
         head = self._publish_cache.get(key)
         if head is None:
@@ -167,7 +187,7 @@ class ChannelProtocol:
                 spec.BasicPublish(exchange=exchange, routing_key=routing_key, mandatory=mandatory),
             )
             if len(self._publish_cache) >= _PUBLISH_CACHE_LIMIT:
-                self._publish_cache.clear()
+                self._publish_cache = {}
             self._publish_cache[key] = head
         if type(body) is not bytes:
             body = _as_body(body)
@@ -179,6 +199,16 @@ class ChannelProtocol:
         props = _EMPTY_PROPERTIES if properties is None else properties.encode()
         frames = content_frames(self.channel_id, 60, props, body, self._conn.frame_max)
         frames.insert(0, head)
+        return frames
+
+    def send_publish(self, frames: list[bytes]) -> int:
+        """Queue frames made by :meth:`encode_publish`; returns the sequence number or 0.
+
+        Raises:
+            InvalidStateError: the channel is closing or closed.
+        """
+        if self.state is not OPEN and self.state is not OPENING:
+            self._check_usable("basic.publish")
         self._send_frames(frames)
         if self.confirm_mode:
             seq = self.next_publish_seq

@@ -200,6 +200,9 @@ class ConnectionProtocol:
         self._tx_since_tick = False
         self._last_rx: float | None = None
         self._last_tx: float | None = None
+        #: The engine stopped reading the socket on purpose (back-pressure): silence is
+        #: then ours, not the broker's, so it does not count towards the timeout.
+        self.rx_paused = False
 
     def __repr__(self) -> str:
         return (
@@ -290,7 +293,7 @@ class ConnectionProtocol:
         """Heartbeat bookkeeping; ``now`` is a monotonic time in seconds. Never raises."""
         if not self.heartbeat or self.state is CLOSED:
             return
-        if self._rx_since_tick or self._last_rx is None:
+        if self._rx_since_tick or self._last_rx is None or self.rx_paused:
             self._last_rx = now
             self._rx_since_tick = False
         if self._tx_since_tick or self._last_tx is None:

@@ -1,0 +1,528 @@
+"""Channel: the thread-safe twin of :class:`rabbitry.AsyncChannel`.
+
+Every method has the async twin's name and parameters (a test checks it) and forwards to
+it on the connection's IO thread; nothing here decides protocol rules. Blocking methods
+take ``timeout=`` and raise :class:`rabbitry.Timeout` past it.
+
+Threads: any thread may call any method. Requests from several threads are queued by
+the protocol and never interleave; a publish is encoded in the calling thread and its
+frames are queued whole, so concurrent publishes are never torn. Callbacks (consumers,
+returns) run on the connection's dispatcher thread, never on the IO thread; exceptions
+they raise are logged.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue as queue_module
+from typing import TYPE_CHECKING, Any
+
+from ..exceptions import AMQPError, ConsumerCancelled, InvalidStateError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Mapping
+
+    from ..aio.channel import AsyncChannel
+    from ..protocol import spec
+    from ..protocol.message import Message
+    from .connection import Connection
+
+__all__ = ["Channel"]
+
+
+def _wait(timeout: float | None) -> float | None:
+    """How long the calling thread waits for an operation bounded by ``timeout``."""
+    # The IO thread enforces ``timeout`` itself; the grace only covers the hand-off.
+    return None if timeout is None else timeout + 1.0
+
+
+class Channel:
+    """An open channel for threaded code. Get one with ``connection.channel()``."""
+
+    def __init__(self, connection: Connection, channel: AsyncChannel) -> None:
+        self._connection = connection
+        self._async = channel
+        self._portal = connection._require_portal()
+        self.channel_id = channel.channel_id
+
+    def __repr__(self) -> str:
+        return f"<Channel {self.channel_id} {'closed' if self.is_closed else 'open'}>"
+
+    def __enter__(self) -> Channel:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def is_open(self) -> bool:
+        """The channel is open and usable."""
+        return self._async.is_open
+
+    @property
+    def is_closed(self) -> bool:
+        """The channel is closed (see :attr:`close_exc`)."""
+        return self._async.is_closed
+
+    @property
+    def close_exc(self) -> AMQPError | None:
+        """Why the channel closed, once it has."""
+        return self._async.close_exc
+
+    @property
+    def confirm_mode(self) -> bool:
+        """confirm.select was requested on this channel."""
+        return self._async.confirm_mode
+
+    @property
+    def flow_active(self) -> bool:
+        """The broker's channel.flow allows publishing."""
+        return self._async.flow_active
+
+    @property
+    def connection(self) -> Connection:
+        """The connection this channel belongs to."""
+        return self._connection
+
+    def add_return_callback(self, callback: Callable[[Message], Any]) -> None:
+        """Call ``callback(message)`` for every basic.return, on the dispatcher thread."""
+        post = self._connection._post
+
+        def on_return(message: Message) -> None:
+            message.channel = self
+            post(callback, message)
+
+        self._portal.submit(self._async.add_return_callback, on_return)
+
+    def wait_closed(self, timeout: float | None = None) -> AMQPError:
+        """Block until the channel closes; returns the reason."""
+        return self._portal.call(self._async.wait_closed, timeout, wait=_wait(timeout))
+
+    # ------------------------------------------------------------------ exchange
+
+    def exchange_declare(
+        self,
+        exchange: str,
+        type: str = "direct",
+        *,
+        passive: bool = False,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> spec.ExchangeDeclareOk:
+        """Declare an exchange (see :meth:`AsyncChannel.exchange_declare`)."""
+        return self._portal.call(
+            self._async.exchange_declare,
+            exchange,
+            type,
+            passive=passive,
+            durable=durable,
+            auto_delete=auto_delete,
+            internal=internal,
+            arguments=arguments,
+            timeout=timeout,
+            wait=_wait(timeout),
+        )
+
+    def exchange_delete(
+        self, exchange: str, *, if_unused: bool = False, timeout: float | None = None
+    ) -> spec.ExchangeDeleteOk:
+        """Delete an exchange."""
+        return self._portal.call(
+            self._async.exchange_delete,
+            exchange,
+            if_unused=if_unused,
+            timeout=timeout,
+            wait=_wait(timeout),
+        )
+
+    def exchange_bind(
+        self,
+        destination: str,
+        source: str,
+        routing_key: str = "",
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> spec.ExchangeBindOk:
+        """Bind exchange ``destination`` to exchange ``source``."""
+        return self._portal.call(
+            self._async.exchange_bind,
+            destination,
+            source,
+            routing_key,
+            arguments=arguments,
+            timeout=timeout,
+            wait=_wait(timeout),
+        )
+
+    def exchange_unbind(
+        self,
+        destination: str,
+        source: str,
+        routing_key: str = "",
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> spec.ExchangeUnbindOk:
+        """Remove an exchange-to-exchange binding."""
+        return self._portal.call(
+            self._async.exchange_unbind,
+            destination,
+            source,
+            routing_key,
+            arguments=arguments,
+            timeout=timeout,
+            wait=_wait(timeout),
+        )
+
+    # ------------------------------------------------------------------ queue
+
+    def queue_declare(
+        self,
+        queue: str = "",
+        *,
+        passive: bool = False,
+        durable: bool = False,
+        exclusive: bool = False,
+        auto_delete: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> spec.QueueDeclareOk:
+        """Declare a queue; the reply has ``queue``, ``message_count``, ``consumer_count``."""
+        return self._portal.call(
+            self._async.queue_declare,
+            queue,
+            passive=passive,
+            durable=durable,
+            exclusive=exclusive,
+            auto_delete=auto_delete,
+            arguments=arguments,
+            timeout=timeout,
+            wait=_wait(timeout),
+        )
+
+    def queue_bind(
+        self,
+        queue: str,
+        exchange: str,
+        routing_key: str = "",
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> spec.QueueBindOk:
+        """Bind a queue to an exchange."""
+        return self._portal.call(
+            self._async.queue_bind,
+            queue,
+            exchange,
+            routing_key,
+            arguments=arguments,
+            timeout=timeout,
+            wait=_wait(timeout),
+        )
+
+    def queue_unbind(
+        self,
+        queue: str,
+        exchange: str,
+        routing_key: str = "",
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> spec.QueueUnbindOk:
+        """Remove a queue binding."""
+        return self._portal.call(
+            self._async.queue_unbind,
+            queue,
+            exchange,
+            routing_key,
+            arguments=arguments,
+            timeout=timeout,
+            wait=_wait(timeout),
+        )
+
+    def queue_purge(self, queue: str, *, timeout: float | None = None) -> spec.QueuePurgeOk:
+        """Remove all ready messages from a queue."""
+        return self._portal.call(
+            self._async.queue_purge, queue, timeout=timeout, wait=_wait(timeout)
+        )
+
+    def queue_delete(
+        self,
+        queue: str,
+        *,
+        if_unused: bool = False,
+        if_empty: bool = False,
+        timeout: float | None = None,
+    ) -> spec.QueueDeleteOk:
+        """Delete a queue."""
+        return self._portal.call(
+            self._async.queue_delete,
+            queue,
+            if_unused=if_unused,
+            if_empty=if_empty,
+            timeout=timeout,
+            wait=_wait(timeout),
+        )
+
+    # ------------------------------------------------------------------ basic
+
+    def basic_qos(
+        self,
+        prefetch_count: int = 0,
+        *,
+        prefetch_size: int = 0,
+        global_: bool = False,
+        timeout: float | None = None,
+    ) -> spec.BasicQosOk:
+        """Limit unacknowledged deliveries."""
+        return self._portal.call(
+            self._async.basic_qos,
+            prefetch_count,
+            prefetch_size=prefetch_size,
+            global_=global_,
+            timeout=timeout,
+            wait=_wait(timeout),
+        )
+
+    def basic_publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes | bytearray | memoryview | str,
+        *,
+        properties: spec.BasicProperties | None = None,
+        mandatory: bool = False,
+    ) -> concurrent.futures.Future[None] | None:
+        """Publish a message from any thread without waiting for the IO thread.
+
+        The message is encoded (and validated) in the calling thread and queued whole.
+        In confirm mode returns a ``concurrent.futures.Future`` that resolves on the
+        broker's ack and fails with :class:`Nacked` or :class:`PublishOutcomeUnknown`;
+        otherwise ``None``. Blocks only when too many operations are queued for the IO
+        thread (the socket is slower than the caller).
+
+        Raises:
+            LocalProtocolError: invalid field, property or body; nothing was queued.
+            InvalidStateError: the channel is closed.
+        """
+        channel = self._async
+        if channel.is_closed:
+            raise InvalidStateError(
+                f"cannot publish: channel {self.channel_id} is closed"
+            ) from channel.close_exc
+        frames = channel._proto.encode_publish(
+            exchange,
+            routing_key,
+            body,  # type: ignore[arg-type]
+            properties,
+            mandatory,
+        )
+        if channel.confirm_mode:
+            future: concurrent.futures.Future[None] = concurrent.futures.Future()
+            self._portal.submit(channel._publish_encoded, frames, future)
+            return future
+        self._portal.submit(channel._publish_encoded, frames, None)
+        return None
+
+    def basic_consume(
+        self,
+        queue: str,
+        callback: Callable[[Message], Any],
+        *,
+        consumer_tag: str = "",
+        no_local: bool = False,
+        no_ack: bool = False,
+        exclusive: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+        on_cancel: Callable[[str], Any] | None = None,
+        timeout: float | None = None,
+    ) -> str:
+        """Start a consumer; ``callback(message)`` runs on the dispatcher thread.
+
+        The callback may block (heartbeats keep flowing: they are the IO thread's job);
+        while it does, later deliveries wait in a bounded queue and then in the socket.
+        Returns the consumer tag.
+        """
+        post = self._connection._post
+
+        def deliver(message: Message) -> None:
+            message.channel = self
+            post(callback, message)
+
+        cancel_hook = None
+        if on_cancel is not None:
+            hook = on_cancel
+
+            def cancel_hook(tag: str) -> None:
+                post(hook, tag)
+
+        return self._portal.call(
+            self._async.basic_consume,
+            queue,
+            deliver,
+            consumer_tag=consumer_tag,
+            no_local=no_local,
+            no_ack=no_ack,
+            exclusive=exclusive,
+            arguments=arguments,
+            on_cancel=cancel_hook,
+            timeout=timeout,
+            wait=_wait(timeout),
+        )
+
+    def basic_cancel(
+        self, consumer_tag: str, *, timeout: float | None = None
+    ) -> spec.BasicCancelOk:
+        """Stop a consumer."""
+        return self._portal.call(
+            self._async.basic_cancel, consumer_tag, timeout=timeout, wait=_wait(timeout)
+        )
+
+    def consume(
+        self,
+        queue: str,
+        *,
+        prefetch: int | None = None,
+        timeout: float | None = None,
+        no_ack: bool = False,
+        exclusive: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> Iterator[Message]:
+        """Iterate over deliveries: ``for message in channel.consume("q", timeout=5): ...``.
+
+        Args:
+            queue: the queue.
+            prefetch: if given, ``basic_qos(prefetch)`` first (it bounds memory).
+            timeout: the iteration ends when no message arrives within this many
+                seconds (``None``: wait forever).
+            no_ack: automatic acknowledgement.
+            exclusive: exclusive consumer.
+            arguments: consumer arguments.
+
+        The consumer is cancelled when the loop ends (also on ``break``).
+
+        Raises:
+            ConsumerCancelled: the broker cancelled the consumer.
+            ChannelClosed / AMQPConnectionError: the channel or connection ended.
+        """
+        if prefetch is not None:
+            self.basic_qos(prefetch)
+        inbox: queue_module.SimpleQueue[Message | BaseException] = queue_module.SimpleQueue()
+
+        def deliver(message: Message) -> None:
+            message.channel = self
+            inbox.put(message)
+
+        def cancelled(tag: str) -> None:
+            inbox.put(ConsumerCancelled(tag))
+
+        tag = self._portal.call(
+            self._async._start_consumer,
+            queue,
+            deliver,
+            no_ack=no_ack,
+            exclusive=exclusive,
+            arguments=arguments,
+            on_cancel=cancelled,
+            on_close=inbox.put,
+            timeout=None,
+        )
+        try:
+            while True:
+                try:
+                    item = inbox.get(timeout=timeout)
+                except queue_module.Empty:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            if self.is_open and self._connection.is_open:
+                try:
+                    self.basic_cancel(tag, timeout=10)
+                except AMQPError:
+                    pass
+
+    def basic_get(
+        self, queue: str, *, no_ack: bool = False, timeout: float | None = None
+    ) -> Message | None:
+        """Fetch one message, or ``None`` when the queue is empty."""
+        message = self._portal.call(
+            self._async.basic_get, queue, no_ack=no_ack, timeout=timeout, wait=_wait(timeout)
+        )
+        if message is not None:
+            message.channel = self
+        return message
+
+    def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
+        """Acknowledge a delivery; from any thread, without waiting."""
+        self._check_open("basic.ack")
+        self._portal.submit(self._async.basic_ack, delivery_tag, multiple)
+
+    def basic_nack(
+        self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
+    ) -> None:
+        """Reject one or many deliveries; from any thread, without waiting."""
+        self._check_open("basic.nack")
+        self._portal.submit(self._async.basic_nack, delivery_tag, multiple, requeue)
+
+    def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
+        """Reject one delivery; from any thread, without waiting."""
+        self._check_open("basic.reject")
+        self._portal.submit(self._async.basic_reject, delivery_tag, requeue)
+
+    def basic_recover(
+        self, requeue: bool = True, *, timeout: float | None = None
+    ) -> spec.BasicRecoverOk:
+        """Redeliver all unacknowledged messages of this channel."""
+        return self._portal.call(
+            self._async.basic_recover, requeue, timeout=timeout, wait=_wait(timeout)
+        )
+
+    # ------------------------------------------------------------------ confirm, tx, flow
+
+    def confirm_select(self, *, timeout: float | None = None) -> spec.ConfirmSelectOk:
+        """Turn on publisher confirms: ``basic_publish`` then returns a future."""
+        return self._portal.call(self._async.confirm_select, timeout=timeout, wait=_wait(timeout))
+
+    def tx_select(self, *, timeout: float | None = None) -> spec.TxSelectOk:
+        """Make the channel transactional."""
+        return self._portal.call(self._async.tx_select, timeout=timeout, wait=_wait(timeout))
+
+    def tx_commit(self, *, timeout: float | None = None) -> spec.TxCommitOk:
+        """Commit the current transaction."""
+        return self._portal.call(self._async.tx_commit, timeout=timeout, wait=_wait(timeout))
+
+    def tx_rollback(self, *, timeout: float | None = None) -> spec.TxRollbackOk:
+        """Abandon the current transaction."""
+        return self._portal.call(self._async.tx_rollback, timeout=timeout, wait=_wait(timeout))
+
+    def flow(self, active: bool, *, timeout: float | None = None) -> bool:
+        """Ask the broker to pause or resume deliveries; returns its answer."""
+        return self._portal.call(self._async.flow, active, timeout=timeout, wait=_wait(timeout))
+
+    def close(
+        self,
+        reply_code: int = 200,
+        reply_text: str = "Normal shutdown",
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        """Close the channel and wait for close-ok. Idempotent."""
+        if self.is_closed or not self._connection.is_open:
+            return
+        self._portal.call(
+            self._async.close, reply_code, reply_text, timeout=timeout, wait=_wait(timeout)
+        )
+
+    def _check_open(self, what: str) -> None:
+        if self._async.is_closed:
+            raise InvalidStateError(
+                f"cannot send {what}: channel {self.channel_id} is closed"
+            ) from self._async.close_exc

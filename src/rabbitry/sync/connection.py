@@ -1,0 +1,258 @@
+"""Connection: the thread-safe twin of :class:`rabbitry.AsyncConnection`.
+
+One IO thread per connection runs the asyncio engine; this class only forwards to it
+(see ``_portal.py`` for the hand-off and the callback dispatcher).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any
+
+from ..aio.connection import AsyncConnection
+from ..exceptions import AMQPError, InvalidStateError, Timeout
+from ._portal import Dispatcher, Portal
+from .channel import Channel, _wait
+
+if TYPE_CHECKING:
+    import ssl
+    from collections.abc import Callable, Sequence
+
+    from ..config import ConnectionParameters
+
+__all__ = ["Connection"]
+
+_CLOSE_TIMEOUT = 10.0
+_ids = itertools.count(1)
+
+
+class Connection:
+    """A connection to RabbitMQ for threaded code; same options as ``AsyncConnection``.
+
+    Usage::
+
+        with Connection("amqp://guest:guest@localhost/") as conn:
+            channel = conn.channel()
+            channel.queue_declare("jobs", durable=True)
+            for message in channel.consume("jobs", prefetch=10, timeout=5):
+                message.ack()
+
+    Any thread may use the connection and its channels. Callbacks (consumers, returns,
+    blocked and close notifications) run on one dispatcher thread per connection, in
+    order; a blocking callback delays later ones but never heartbeats.
+
+    Attributes:
+        callback_queue_size: callbacks queued for the dispatcher before the connection
+            stops reading the socket (class attribute; set before ``connect``).
+    """
+
+    callback_queue_size = 1024
+
+    def __init__(
+        self,
+        url: str | Sequence[str] | None = None,
+        *,
+        heartbeat: int | None = None,
+        connection_timeout: float | None = None,
+        channel_max: int | None = None,
+        frame_max: int | None = None,
+        connection_name: str | None = None,
+        auth_mechanism: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        client_properties: dict[str, Any] | None = None,
+        max_message_size: int = 128 * 1024 * 1024,
+    ) -> None:
+        self._async = AsyncConnection(
+            url,
+            heartbeat=heartbeat,
+            connection_timeout=connection_timeout,
+            channel_max=channel_max,
+            frame_max=frame_max,
+            connection_name=connection_name,
+            auth_mechanism=auth_mechanism,
+            ssl_context=ssl_context,
+            client_properties=client_properties,
+            max_message_size=max_message_size,
+        )
+        self._id = next(_ids)
+        self._portal: Portal | None = None
+        self._dispatcher: Dispatcher | None = None
+
+    def __repr__(self) -> str:
+        return repr(self._async).replace("AsyncConnection", "Connection", 1)
+
+    def __enter__(self) -> Connection:
+        if self._portal is None:
+            self.connect()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def params(self) -> ConnectionParameters:
+        """The parameters of the address in use (the first one before connecting)."""
+        return self._async.params
+
+    @property
+    def is_open(self) -> bool:
+        """The connection is open and usable."""
+        return self._async.is_open
+
+    @property
+    def is_closed(self) -> bool:
+        """The connection was opened and is now closed."""
+        return self._async.is_closed
+
+    @property
+    def is_blocked(self) -> bool:
+        """The broker blocked publishing (resource alarm)."""
+        return self._async.is_blocked
+
+    @property
+    def blocked_reason(self) -> str | None:
+        """The broker's reason for the current block, or ``None``."""
+        return self._async.blocked_reason
+
+    @property
+    def server_properties(self) -> dict[str, Any]:
+        """The broker's server-properties."""
+        return self._async.server_properties
+
+    @property
+    def heartbeat(self) -> int:
+        """The negotiated heartbeat interval in seconds."""
+        return self._async.heartbeat
+
+    @property
+    def frame_max(self) -> int:
+        """The negotiated largest frame size."""
+        return self._async.frame_max
+
+    @property
+    def channel_max(self) -> int:
+        """The negotiated highest channel number."""
+        return self._async.channel_max
+
+    @property
+    def close_exc(self) -> AMQPError | None:
+        """Why the connection ended, once it has."""
+        return self._async.close_exc
+
+    @property
+    def io_thread_name(self) -> str | None:
+        """The IO thread's name (for diagnostics)."""
+        return self._portal.thread.name if self._portal else None
+
+    def add_blocked_callback(self, callback: Callable[[str | None], Any]) -> None:
+        """Call ``callback(reason)`` on connection.blocked, ``callback(None)`` on unblocked.
+
+        Runs on the dispatcher thread.
+        """
+        self._require_portal().submit(
+            self._async.add_blocked_callback, lambda reason: self._post(callback, reason)
+        )
+
+    def add_close_callback(self, callback: Callable[[AMQPError], Any]) -> None:
+        """Call ``callback(exc)`` once when the connection ends; on the dispatcher thread."""
+        self._require_portal().submit(
+            self._async.add_close_callback, lambda exc: self._post(callback, exc)
+        )
+
+    # ------------------------------------------------------------------ open / close
+
+    def connect(self, timeout: float | None = None) -> None:
+        """Start the IO thread and connect (see :meth:`AsyncConnection.connect`).
+
+        Raises:
+            AuthenticationError, ConnectError, Timeout: as the async twin.
+            InvalidStateError: already connected.
+        """
+        if self._portal is not None:
+            raise InvalidStateError("connect() was already called on this connection")
+        portal = Portal(f"rabbitry-io-{self._id}")
+        engine = self._async
+
+        def write_gate(resume: Callable[[], None]) -> bool:
+            if engine._write_paused and engine._transport is not None:
+                engine._writable_hooks.append(resume)
+                return True
+            return False
+
+        portal.set_write_gate(write_gate)
+        self._portal = portal
+        try:
+            portal.call(engine.connect, timeout, wait=_wait(timeout))
+        except BaseException:
+            portal.stop()
+            self._portal = None
+            raise
+        self._dispatcher = Dispatcher(
+            portal,
+            f"rabbitry-callbacks-{self._id}",
+            self.callback_queue_size,
+            engine._pause_reading,
+            engine._resume_reading,
+        )
+
+    def close(
+        self,
+        reply_code: int = 200,
+        reply_text: str = "Normal shutdown",
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        """Close the connection and stop its threads; from any thread, idempotent.
+
+        Returns within ``timeout`` (default 10 s) plus a short grace, even when the broker
+        is gone or has blocked the connection: past it the socket is dropped.
+        """
+        portal = self._portal
+        if portal is None:
+            return
+        limit = _CLOSE_TIMEOUT if timeout is None else timeout
+        if not portal.in_io_thread():
+            try:
+                portal.call(
+                    self._async.close, reply_code, reply_text, timeout=limit, wait=limit + 1.0
+                )
+            except (AMQPError, InvalidStateError, Timeout):
+                pass
+        if self._dispatcher is not None:
+            self._dispatcher.stop(timeout=min(limit, 1.0))
+        portal.stop(timeout=min(limit, 5.0))
+
+    def wait_closed(self, timeout: float | None = None) -> AMQPError:
+        """Block until the connection ends; returns the reason."""
+        return self._require_portal().call(self._async.wait_closed, timeout, wait=_wait(timeout))
+
+    # ------------------------------------------------------------------ channels
+
+    def channel(self, channel_id: int | None = None, *, timeout: float | None = None) -> Channel:
+        """Open a channel (the lowest free number unless ``channel_id`` is given)."""
+        portal = self._require_portal()
+        channel = portal.call(self._async.channel, channel_id, timeout=timeout, wait=_wait(timeout))
+        return Channel(self, channel)
+
+    def update_secret(
+        self, new_secret: bytes | str, reason: str = "", *, timeout: float | None = None
+    ) -> None:
+        """Replace the credentials of the open connection (connection.update-secret)."""
+        self._require_portal().call(
+            self._async.update_secret, new_secret, reason, timeout=timeout, wait=_wait(timeout)
+        )
+
+    # ------------------------------------------------------------------ internals
+
+    def _require_portal(self) -> Portal:
+        if self._portal is None:
+            raise InvalidStateError("the connection is not open (call connect() first)")
+        return self._portal
+
+    def _post(self, fn: Callable[..., Any], *args: Any) -> None:
+        """IO thread: hand a user callback to the dispatcher thread."""
+        dispatcher = self._dispatcher
+        if dispatcher is not None:
+            dispatcher.post(fn, *args)
