@@ -346,6 +346,7 @@ def generate(spec_path: Path) -> str:
     out("    Method,")
     out("    check_field,")
     out("    decode_table,")
+    out("    decode_timestamp,")
     out("    encode_longstr,")
     out("    encode_table,")
     out("    split_timestamp,")
@@ -373,7 +374,7 @@ def generate(spec_path: Path) -> str:
     out("#: reply code -> (name, 'soft-error' | 'hard-error' | '')")
     out("REPLY_CODES: dict[int, tuple[str, str]] = {")
     for const in spec["constants"]:
-        if const["value"] >= 200 and const["name"] not in ("FRAME-END",):
+        if const["value"] == 200 or "class" in const:
             out(f"    {const['value']}: ({const['name']!r}, {const.get('class', '')!r}),")
     out("}")
     out()
@@ -541,9 +542,7 @@ def gen_properties(out: Emitter, props: list[tuple[str, str]]) -> None:
             out(f"            self.{name} = buf[offset]")
             out("            offset += 1")
         elif kind == "timestamp":
-            out(
-                f"            self.{name} = datetime.fromtimestamp(_S_Q.unpack_from(buf, offset)[0], tz=UTC)"
-            )
+            out(f"            self.{name} = decode_timestamp(_S_Q.unpack_from(buf, offset)[0])")
             out("            offset += 8")
         out("        else:")
         out(f"            self.{name} = None")

@@ -169,6 +169,13 @@ def _path_error(path: str, rule: str) -> LocalProtocolError:
     return LocalProtocolError(f"{path}: {rule}")
 
 
+def _utf8(text: str, path: str) -> bytes:
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as exc:
+        raise _path_error(path, f"text is not encodable as UTF-8 ({exc.reason})") from None
+
+
 def _timestamp_seconds(value: datetime, path: str) -> int:
     # A naive datetime is taken as UTC: AMQP timestamps are POSIX seconds, and
     # silently applying the machine's local zone would shift them.
@@ -183,8 +190,7 @@ def _timestamp_seconds(value: datetime, path: str) -> int:
 def _encode_value(value: FieldValue, out: list[bytes], path: str, depth: int) -> None:
     cls = type(value)
     if cls is str:
-        raw = value.encode("utf-8", "surrogateescape")
-        out.append(_cIhead.pack(b"S", len(raw)))
+        out.append(_cIhead.pack(b"S", len(raw := _utf8(value, path))))
         out.append(raw)
     elif cls is bool:
         out.append(b"t\x01" if value else b"t\x00")
@@ -208,7 +214,10 @@ def _encode_value(value: FieldValue, out: list[bytes], path: str, depth: int) ->
                 path, f"{cls.__name__} value {int(value)} is out of range for type {letter!r}"
             ) from None
     elif cls is Float32:
-        out.append(_cf.pack(b"f", value))
+        try:
+            out.append(_cf.pack(b"f", value))
+        except (struct.error, OverflowError):
+            raise _path_error(path, f"Float32 value {value} is out of range for type 'f'") from None
     elif isinstance(value, Mapping):
         if depth >= MAX_NESTING:
             raise _path_error(path, f"tables and arrays nest deeper than {MAX_NESTING}")
@@ -270,7 +279,7 @@ def encode_table_body(table: FieldTable, path: str = "table", depth: int = 0) ->
     for key, value in table.items():
         if type(key) is not str:
             raise _path_error(path, f"table keys must be str, got {type(key).__name__}")
-        raw_key = key.encode("utf-8", "surrogateescape")
+        raw_key = _utf8(key, f"{path} key {key[:20]!r}")
         if len(raw_key) > 255:
             raise _path_error(f"{path}[{key[:20]!r}...]", "table key longer than 255 bytes")
         out.append(_B.pack(len(raw_key)))
@@ -323,7 +332,7 @@ def _decode_value(buf: bytes, offset: int, depth: int) -> tuple[FieldValue, int]
             return bytes(raw), offset + 4 + length
     if kind == 0x49:  # I
         return _unpack_i(buf, offset)[0], offset + 4
-    if kind == 0x6C:  # l
+    if kind == 0x6C or kind == 0x4C:  # l, and L which RabbitMQ reads the same way
         return _unpack_q(buf, offset)[0], offset + 8
     if kind == 0x74:  # t
         return buf[offset] != 0, offset + 1
@@ -358,11 +367,7 @@ def _decode_value(buf: bytes, offset: int, depth: int) -> tuple[FieldValue, int]
         (length,) = _unpack_I(buf, offset)
         return bytes(_take(buf, offset + 4, length, "field value x")), offset + 4 + length
     if kind == 0x54:  # T
-        seconds = _unpack_Q(buf, offset)[0]
-        try:
-            return datetime.fromtimestamp(seconds, tz=UTC), offset + 8
-        except (OverflowError, OSError, ValueError):
-            raise RemoteProtocolError(f"timestamp {seconds} is out of range", 502) from None
+        return decode_timestamp(_unpack_Q(buf, offset)[0]), offset + 8
     if kind == 0x62:  # b
         return _unpack_b(buf, offset)[0], offset + 1
     if kind == 0x42:  # B
@@ -379,6 +384,18 @@ def _decode_value(buf: bytes, offset: int, depth: int) -> tuple[FieldValue, int]
         scale, unscaled = _unpack_BI(buf, offset)
         return Decimal(unscaled).scaleb(-scale), offset + 5
     raise RemoteProtocolError(f"unknown field type {chr(kind)!r} (0x{kind:02x})", 502)
+
+
+def decode_timestamp(seconds: int) -> datetime:
+    """An aware UTC datetime for POSIX ``seconds``.
+
+    Raises:
+        RemoteProtocolError: the value is beyond what ``datetime`` can hold (502).
+    """
+    try:
+        return datetime.fromtimestamp(seconds, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        raise RemoteProtocolError(f"timestamp {seconds} is out of range", 502) from None
 
 
 def _decode_entries(buf: bytes, offset: int, end: int, depth: int) -> dict[str, FieldValue]:
@@ -460,7 +477,11 @@ class Method:
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
-        return all(getattr(self, n) == getattr(other, n) for n in self.FIELDS)
+        for name, kind in zip(self.FIELDS, self.FIELD_TYPES, strict=True):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine != theirs and not (kind == "table" and not mine and not theirs):
+                return False  # an absent table and an empty one are the same on the wire
+        return True
 
     def __hash__(self) -> int:
         return hash((self.INDEX, *(repr(getattr(self, n)) for n in self.FIELDS)))
@@ -500,7 +521,13 @@ def check_field(value: object, kind: str) -> str | None:
             return f"must be at most 255 bytes in UTF-8 (shortstr), got {len(raw)}"
         return None
     if kind == "longstr":
-        if not isinstance(value, (str, bytes, bytearray, memoryview)):
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return f"is not encodable as UTF-8 ({exc.reason})"
+            return None
+        if not isinstance(value, (bytes, bytearray, memoryview)):
             return f"must be bytes or str, got {type(value).__name__}"
         return None
     if kind == "table":
@@ -515,8 +542,18 @@ def check_field(value: object, kind: str) -> str | None:
 
 
 def encode_longstr(value: str | bytes | bytearray | memoryview) -> bytes:
-    """Encode a longstr with its 4-byte length prefix (``str`` as UTF-8)."""
-    raw = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+    """Encode a longstr with its 4-byte length prefix (``str`` as UTF-8).
+
+    Raises:
+        TypeError: not bytes-like or str (the method's encode turns it into a
+            :class:`LocalProtocolError` naming the field).
+    """
+    if isinstance(value, str):
+        raw = value.encode("utf-8")
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+    else:
+        raise TypeError(f"longstr must be bytes or str, got {type(value).__name__}")
     return _I.pack(len(raw)) + raw
 
 

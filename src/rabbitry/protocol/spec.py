@@ -17,6 +17,7 @@ from .frames import (
     Method,
     check_field,
     decode_table,
+    decode_timestamp,
     encode_longstr,
     encode_table,
     split_timestamp,
@@ -126,7 +127,6 @@ INTERNAL_ERROR = 541
 
 #: reply code -> (name, 'soft-error' | 'hard-error' | '')
 REPLY_CODES: dict[int, tuple[str, str]] = {
-    4096: ('FRAME-MIN-SIZE', ''),
     200: ('REPLY-SUCCESS', ''),
     311: ('CONTENT-TOO-LARGE', 'soft-error'),
     312: ('NO-ROUTE', 'soft-error'),
@@ -3067,7 +3067,7 @@ class BasicProperties:
         else:
             self.message_id = None
         if flags & 0x0040:
-            self.timestamp = datetime.fromtimestamp(_S_Q.unpack_from(buf, offset)[0], tz=UTC)
+            self.timestamp = decode_timestamp(_S_Q.unpack_from(buf, offset)[0])
             offset += 8
         else:
             self.timestamp = None
