@@ -149,6 +149,7 @@ class AsyncConnection:
         self._lost: asyncio.Future[None] | None = None
         self._flush_handle: asyncio.Handle | None = None
         self._tick_handle: asyncio.TimerHandle | None = None
+        self._close_deadline: asyncio.TimerHandle | None = None
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
         # Called (loop thread) when the transport accepts writes again.
@@ -466,6 +467,8 @@ class AsyncConnection:
         events = proto.events_received()
         if events:
             self._handle_events(events)
+        if proto.state is ConnectionState.CLOSING and self._close_deadline is None:
+            self._arm_close_deadline()
 
     def _on_connection_lost(self, exc: Exception | None) -> None:
         proto = self._proto
@@ -492,7 +495,22 @@ class AsyncConnection:
         if interval and proto.state is not ConnectionState.CLOSED:
             self._tick_handle = loop.call_later(interval, self._on_tick)
 
+    def _arm_close_deadline(self) -> None:
+        """The protocol closes the connection (it found a violation): bound the wait."""
+        assert self._loop is not None
+        self._close_deadline = self._loop.call_later(_CLOSE_TIMEOUT, self._close_overdue)
+
+    def _close_overdue(self) -> None:
+        proto = self._proto
+        if proto is not None and proto.state is ConnectionState.CLOSING:
+            assert proto.close_exc is not None
+            proto.abort(proto.close_exc)
+            self._handle_events(proto.events_received())
+
     def _cancel_timers(self) -> None:
+        if self._close_deadline is not None:
+            self._close_deadline.cancel()
+            self._close_deadline = None
         if self._tick_handle is not None:
             self._tick_handle.cancel()
             self._tick_handle = None

@@ -126,7 +126,7 @@ class ChannelProtocol:
             LocalProtocolError: an argument cannot be encoded (nothing was queued).
         """
         self._check_usable(method.NAME)
-        if method.SYNCHRONOUS and method.RESPONSES:
+        if method.SYNCHRONOUS and method.RESPONSES and not getattr(method, "nowait", False):
             request = (method.RESPONSES, method_frame(self.channel_id, method))
             if not self._rpc_outstanding and not self._pending:
                 self._start_rpc(request)
@@ -271,6 +271,13 @@ class ChannelProtocol:
         Raises:
             RemoteProtocolError: the frame breaks the protocol; the connection fails.
         """
+        if self.state is CLOSING:
+            # channel.close (§1.5.2.5): after sending close, discard every frame but
+            # close and close-ok; that includes the rest of a message in flight.
+            self._reset_content()
+            if kind == FRAME_METHOD:
+                self._receive_method(spec.decode_method(payload))
+            return
         if kind == FRAME_METHOD:
             if self._content_method is not None:
                 raise RemoteProtocolError(
@@ -396,15 +403,18 @@ class ChannelProtocol:
         if received == self._content_size:
             self._complete(b"".join(self._content_parts))
 
-    def _complete(self, body: bytes) -> None:
-        method = self._content_method
-        props = self._content_props
-        assert method is not None and props is not None
+    def _reset_content(self) -> None:
         self._content_method = None
         self._content_props = None
         self._content_parts = []
         self._content_received = 0
         self._content_size = 0
+
+    def _complete(self, body: bytes) -> None:
+        method = self._content_method
+        props = self._content_props
+        assert method is not None and props is not None
+        self._reset_content()
         index = method.INDEX
         events = self._conn._events
         if index == _DELIVER:

@@ -257,10 +257,12 @@ class ConnectionProtocol:
                         raise RemoteProtocolError("heartbeat frame on a non-zero channel", 501)
                     continue
                 if channel:
+                    if self.state is CLOSING:
+                        # connection.close (§1.4.2.5): after sending close, discard
+                        # everything but close and close-ok.
+                        continue
                     chan = self.channels.get(channel)
                     if chan is None:
-                        if self.state is CLOSING:
-                            continue
                         raise RemoteProtocolError(f"frame on unopened channel {channel}", 504)
                     chan.receive_frame(kind, payload)
                 elif kind == FRAME_METHOD:
@@ -417,7 +419,9 @@ class ConnectionProtocol:
             exc: AMQPError = connection_error_for(
                 method.reply_code, method.reply_text, method.class_id, method.method_id
             )
-            if state in _HANDSHAKE and method.reply_code == 403:
+            if state is AWAIT_TUNE and method.reply_code == 403:
+                # After start-ok: RabbitMQ's authentication_failure_close. A 403 later
+                # (answering connection.open) is about the vhost, not the credentials.
                 auth = AuthenticationError(f"({method.reply_code}) {method.reply_text}")
                 auth.__cause__ = exc
                 exc = auth
@@ -521,7 +525,13 @@ class ConnectionProtocol:
         """A protocol violation by the broker: close with its reply code, keep ``exc``."""
         if self.state is CLOSED:
             return
-        if self.state in _HANDSHAKE or self.state is CLOSING:
+        if self.state is CLOSING:
+            # Already waiting for close-ok: the first error is the one to report. The
+            # stream may be out of step now, so start reading afresh; if close-ok never
+            # comes the engine's deadline ends the connection.
+            self._reader = FrameReader(self.frame_max)
+            return
+        if self.state in _HANDSHAKE:
             self._terminate(exc)
             return
         self.state = CLOSING
@@ -540,8 +550,7 @@ class ConnectionProtocol:
             return
         self._terminated = True
         self.state = CLOSED
-        if self.close_exc is None:
-            self.close_exc = exc
+        self.close_exc = exc  # always the reason the event carries
         for channel in list(self.channels.values()):
             channel._finish(exc)
         self.channels.clear()

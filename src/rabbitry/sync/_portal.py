@@ -206,6 +206,8 @@ class Portal:
         try:
             return result.result(wait)
         except concurrent.futures.TimeoutError:
+            if result.done():
+                raise  # the coroutine's own TimeoutError (e.g. rabbitry.Timeout): keep it
             if result.cancel():
                 raise Timeout(f"not started within {wait} s") from None
             self._loop.call_soon_threadsafe(lambda: task_box and task_box[0].cancel())
@@ -257,6 +259,7 @@ class Dispatcher:
         self._pause_reading = pause_reading
         self._resume_reading = resume_reading
         self._low_water = max(1, maxsize // 2)
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -296,7 +299,7 @@ class Dispatcher:
         get = self._queue.get
         while True:
             item = get()
-            if item is self._STOP:
+            if item is self._STOP or self._stopping:
                 return
             fn, args = item
             try:
@@ -311,11 +314,21 @@ class Dispatcher:
                     return
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Let queued callbacks finish, then end the worker (bounded by ``timeout``)."""
+        """End the worker after the callback in progress; queued callbacks are dropped.
+
+        They belong to a connection that is closing, so they could not ack anyway.
+        Waits at most ``timeout`` for a blocking callback to return.
+        """
+        self._stopping = True
         self._overflow.clear()
         try:
-            self._queue.put(self._STOP, timeout=timeout)
-        except queue.Full:
-            return
+            while True:  # make room for the sentinel so an idle worker wakes up
+                self._queue.get_nowait()
+        except queue.Empty:
+            pass
+        try:
+            self._queue.put_nowait(self._STOP)
+        except queue.Full:  # pragma: no cover - the worker refilled nothing; it cannot
+            pass
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
