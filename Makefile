@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv broker lint types test demo format
+.PHONY: help venv broker lint types test demo format bench
 
 help:
 	@echo "Targets:"
@@ -28,7 +28,10 @@ help:
 	@echo "  test     venv + broker, then lint, types and the whole pytest suite (what CI runs)"
 	@echo "  demo     venv + broker, then run python -m rabbitry.demo"
 	@echo "  format   ruff format and ruff check --fix on $(LINT_PATHS)"
+	@echo "  bench    peer benchmarks (bench/peers, own venv bench/peers/.venv) -> $(BENCH_OUT);"
+	@echo "           e.g. make bench BENCH_ARGS='--repeats 1 --scale 0.3 --clients raw,rabbitry_async'"
 	@echo "Variables: PY=$(PY)  PYTEST_ARGS=...  RABBITMQ_URL=...  BROKER_WAIT_SECONDS=..."
+	@echo "           BENCH_ARGS=... (run_peers.py options)  BENCH_OUT=$(BENCH_OUT)"
 
 venv: $(STAMP)
 
@@ -59,3 +62,20 @@ demo: venv broker
 format: venv
 	$(BIN)/ruff format $(LINT_PATHS)
 	$(BIN)/ruff check --fix $(LINT_PATHS)
+
+# Peer benchmarks: rabbitry next to pika, aio-pika, aiormq, py-amqp, amqpstorm, rabbitpy and
+# a raw-socket limit (bench/peers/README.md). They get their own venv so the peers' pinned
+# versions never enter $(VENV). Needs a broker at 127.0.0.1:5672 (BENCH_AMQP_HOST/PORT).
+# Options go to run_peers.py: `make bench BENCH_ARGS='--repeats 1 --scale 0.3'`.
+BENCH_VENV := bench/peers/.venv
+BENCH_STAMP := $(BENCH_VENV)/.installed
+BENCH_OUT ?= docs/peers-results.md
+BENCH_ARGS ?=
+
+$(BENCH_STAMP): bench/peers/requirements.txt pyproject.toml
+	@test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q -r bench/peers/requirements.txt -e .
+	@touch $@
+
+bench: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python bench/peers/run_peers.py --out $(BENCH_OUT) $(BENCH_ARGS)
