@@ -146,7 +146,9 @@ class ConnectionParameters:
         server_hostname: Name used for TLS SNI and certificate verification. When
             ``use_tls`` is true and this is ``None``, it is set to ``host``; it must be
             ``None`` when ``use_tls`` is false.
-        heartbeat: Heartbeat interval to propose, in seconds; 0 disables heartbeats.
+        heartbeat: Heartbeat interval to propose, in seconds. The lower non-zero of ours
+            and the broker's is used, so 0 accepts the broker's value; heartbeats are off only
+            when both sides say 0 (RabbitMQ's rule).
         connection_timeout: Seconds allowed for the TCP connect, the TLS handshake and
             the AMQP handshake together.
         channel_max: Highest channel number to propose, 1..65535.

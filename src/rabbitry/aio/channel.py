@@ -552,6 +552,12 @@ class AsyncChannel:
                     await self.basic_cancel(tag)
                 except AMQPError:
                     pass
+            # Deliveries that reached us but were never handed out go back to the queue
+            # now (one by one: a multiple nack would hit messages the caller holds).
+            while not no_ack and not inbox.empty() and self.is_open:
+                left = inbox.get_nowait()
+                if isinstance(left, Message):
+                    self.basic_nack(left.delivery_tag, requeue=True)
 
     async def basic_get(
         self, queue: str, *, no_ack: bool = False, timeout: float | None = None

@@ -302,6 +302,8 @@ class AsyncConnection:
             raise Timeout(
                 f"{params.address}: no open connection within {params.connection_timeout} s"
             ) from None
+        except AMQPError:
+            raise  # already ours (AuthenticationError is also an OSError: keep it as it is)
         except OSError as exc:
             raise ConnectError(f"{params.address}: {exc}") from exc
 

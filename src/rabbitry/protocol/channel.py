@@ -126,8 +126,9 @@ class ChannelProtocol:
             LocalProtocolError: an argument cannot be encoded (nothing was queued).
         """
         self._check_usable(method.NAME)
+        frame = self._check_size(method_frame(self.channel_id, method), method.NAME)
         if method.SYNCHRONOUS and method.RESPONSES and not getattr(method, "nowait", False):
-            request = (method.RESPONSES, method_frame(self.channel_id, method))
+            request = (method.RESPONSES, frame)
             if not self._rpc_outstanding and not self._pending:
                 self._start_rpc(request)
             else:
@@ -137,7 +138,17 @@ class ChannelProtocol:
             elif type(method) is spec.TxSelect:
                 self.transactional = True
             return
-        self._send_frames([method_frame(self.channel_id, method)])
+        self._send_frames([frame])
+
+    def _check_size(self, frame: bytes, what: str) -> bytes:
+        """Refuse a frame the broker would answer with 501 FRAME_ERROR (closing everything)."""
+        frame_max = self._conn.frame_max
+        if frame_max and len(frame) > frame_max:
+            raise LocalProtocolError(
+                f"{what}: the frame would be {len(frame)} bytes, above the negotiated "
+                f"frame_max {frame_max} (arguments or properties too large)"
+            )
+        return frame
 
     def publish(
         self,
@@ -197,7 +208,16 @@ class ChannelProtocol:
                 f"basic.publish.body: {len(body)} bytes exceeds max_message_size {max_size}"
             )
         props = _EMPTY_PROPERTIES if properties is None else properties.encode()
-        frames = content_frames(self.channel_id, 60, props, body, self._conn.frame_max)
+        frame_max = self._conn.frame_max
+        # Header frame = 7 (frame head) + 12 (class, weight, size) + properties + 1 (end).
+        if frame_max and len(props) + 20 > frame_max:
+            raise LocalProtocolError(
+                f"basic.properties: the content header would be {len(props) + 20} bytes, above "
+                f"the negotiated frame_max {frame_max} (headers too large)"
+            )
+        if frame_max and len(head) > frame_max:
+            self._check_size(head, "basic.publish")
+        frames = content_frames(self.channel_id, 60, props, body, frame_max)
         frames.insert(0, head)
         return frames
 

@@ -60,6 +60,8 @@ class Portal:
         self._room_waiters = 0
         self._paused: Callable[[Callable[[], None]], bool] | None = None
         self._stopped = False
+        #: The connection's callback dispatcher, told about blocking calls it makes.
+        self.dispatcher: Dispatcher | None = None
         started = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(started,), name=name, daemon=True)
         self._thread.start()
@@ -183,6 +185,21 @@ class Portal:
                 "a blocking rabbitry call was made from the connection's IO thread "
                 "(e.g. inside a callback run there); it would deadlock"
             )
+        dispatcher = self.dispatcher
+        if dispatcher is not None and dispatcher.blocking_call_started():
+            try:
+                return self._call(fn, args, kwargs, wait)
+            finally:
+                dispatcher.blocking_call_finished()
+        return self._call(fn, args, kwargs, wait)
+
+    def _call(
+        self,
+        fn: Callable[..., Coroutine[Any, Any, T]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        wait: float | None,
+    ) -> T:
         result: concurrent.futures.Future[T] = concurrent.futures.Future()
         task_box: list[asyncio.Task[T]] = []
 
@@ -260,6 +277,7 @@ class Dispatcher:
         self._resume_reading = resume_reading
         self._low_water = max(1, maxsize // 2)
         self._stopping = False
+        self._blocking_calls = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -270,16 +288,36 @@ class Dispatcher:
 
     def post(self, fn: Callable[..., Any], *args: Any) -> None:
         """Queue ``fn(*args)`` for the worker (IO thread only)."""
-        if self._overflow:
-            self._overflow.append((fn, args))
-            return
-        try:
-            self._queue.put_nowait((fn, args))
-        except queue.Full:
-            self._overflow.append((fn, args))
-            if not self._paused:
-                self._paused = True
-                self._pause_reading()
+        if not self._overflow:
+            try:
+                self._queue.put_nowait((fn, args))
+                return
+            except queue.Full:
+                pass
+        self._overflow.append((fn, args))
+        # While a callback waits for a blocking call, its answer must still be read:
+        # pausing then would deadlock it, so the overflow grows for that long instead.
+        if not self._paused and not self._blocking_calls:
+            self._paused = True
+            self._pause_reading()
+
+    def blocking_call_started(self) -> bool:
+        """A thread is about to block on the IO thread; True if it is this worker."""
+        if threading.current_thread() is not self._thread:
+            return False
+        self._blocking_calls += 1
+        if self._paused:
+            self._portal.submit(self._unpause)
+        return True
+
+    def blocking_call_finished(self) -> None:
+        """The worker's blocking call returned."""
+        self._blocking_calls -= 1
+
+    def _unpause(self) -> None:
+        if self._paused and self._blocking_calls:
+            self._paused = False
+            self._resume_reading()
 
     def _refill(self) -> None:
         """IO thread: move kept items into the queue; read the socket again when empty."""
@@ -299,14 +337,20 @@ class Dispatcher:
         get = self._queue.get
         while True:
             item = get()
-            if item is self._STOP or self._stopping:
+            if item is self._STOP:
                 return
             fn, args = item
             try:
                 fn(*args)
             except Exception:
                 logger.exception("callback %r failed", fn)
-            if self._paused and not self._resume_asked and self._queue.qsize() < self._low_water:
+            if self._stopping and self._queue.empty():
+                return
+            if (
+                (self._paused or self._overflow)
+                and not self._resume_asked
+                and self._queue.qsize() < self._low_water
+            ):
                 self._resume_asked = True
                 try:
                     self._portal.submit(self._refill)
@@ -314,21 +358,16 @@ class Dispatcher:
                     return
 
     def stop(self, timeout: float = 5.0) -> None:
-        """End the worker after the callback in progress; queued callbacks are dropped.
+        """Run the callbacks already queued, then end the worker (waits ``timeout`` at most).
 
-        They belong to a connection that is closing, so they could not ack anyway.
-        Waits at most ``timeout`` for a blocking callback to return.
+        Items kept aside while reading was paused are dropped: their connection is
+        closing. The worker ends even if the queue is full (it checks after each item).
         """
         self._stopping = True
         self._overflow.clear()
         try:
-            while True:  # make room for the sentinel so an idle worker wakes up
-                self._queue.get_nowait()
-        except queue.Empty:
-            pass
-        try:
             self._queue.put_nowait(self._STOP)
-        except queue.Full:  # pragma: no cover - the worker refilled nothing; it cannot
-            pass
+        except queue.Full:
+            pass  # the worker is busy and sees _stopping once the queue is empty
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)

@@ -18,13 +18,13 @@ import queue as queue_module
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import AMQPError, ConsumerCancelled, InvalidStateError
+from ..protocol.message import Message
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
 
     from ..aio.channel import AsyncChannel
     from ..protocol import spec
-    from ..protocol.message import Message
     from .connection import Connection
 
 __all__ = ["Channel"]
@@ -448,6 +448,17 @@ class Channel:
                     self.basic_cancel(tag, timeout=10)
                 except AMQPError:
                     pass
+                # Deliveries that reached us but were never handed out go back to the
+                # queue now, not when the channel closes (one by one: a multiple nack
+                # would also hit messages the caller still holds).
+                if not no_ack:
+                    while True:
+                        try:
+                            left = inbox.get_nowait()
+                        except queue_module.Empty:
+                            break
+                        if isinstance(left, Message) and self.is_open:
+                            self.basic_nack(left.delivery_tag, requeue=True)
 
     def basic_get(
         self, queue: str, *, no_ack: bool = False, timeout: float | None = None

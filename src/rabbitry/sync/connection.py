@@ -196,6 +196,7 @@ class Connection:
             engine._pause_reading,
             engine._resume_reading,
         )
+        portal.dispatcher = self._dispatcher
 
     def close(
         self,
