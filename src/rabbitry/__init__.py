@@ -3,7 +3,7 @@
 The asyncio API is :class:`AsyncConnection` / :class:`AsyncChannel`, the thread-safe
 API their twins :class:`Connection` / :class:`Channel`; messages are
 :class:`Message`, their properties :class:`Properties`; every error is in
-:mod:`rabbitry.exceptions` and re-exported here.
+:mod:`rabbitry.exceptions`; the ones applications usually catch are re-exported here.
 """
 
 from .aio import AsyncChannel, AsyncConnection

@@ -661,6 +661,84 @@ def test_connect_times_out_through_a_blackhole(proxy: TcpProxy) -> None:
     conn.close()  # no-op
 
 
+def test_close_while_other_threads_are_mid_call(url: str, names: Names) -> None:
+    """Threads blocked in calls without a timeout all return with an error on close()."""
+    conn = Connection(url)
+    conn.connect(timeout=WAIT)
+    threads_ = connection_threads(conn)
+    channels = [conn.channel(timeout=WAIT) for _ in range(4)]
+    queue = names.queue()
+    channels[0].queue_declare(queue, timeout=WAIT)
+    outcomes: list[BaseException] = []
+    busy = threading.Barrier(len(channels) + 1)
+
+    def hammer(ch: Channel) -> None:
+        busy.wait(WAIT)
+        while True:
+            try:
+                ch.queue_declare(queue, passive=True)  # no timeout: only close ends it
+                ch.basic_publish("", queue, b"x")
+            except BaseException as exc:
+                outcomes.append(exc)
+                return
+
+    workers = [threading.Thread(target=hammer, args=(ch,)) for ch in channels]
+    for worker in workers:
+        worker.start()
+    busy.wait(WAIT)
+    time.sleep(0.1)
+    conn.close(timeout=5)
+    for worker in workers:
+        worker.join(WAIT)
+    assert not [w for w in workers if w.is_alive()], "a caller hung after close()"
+    assert len(outcomes) == len(channels)
+    for exc in outcomes:
+        assert isinstance(exc, rabbitry.AMQPError), repr(exc)
+    assert threads_gone(threads_)
+
+
+def test_connection_lost_wakes_a_blocked_consumer(proxy: TcpProxy, names: Names) -> None:
+    conn = Connection(proxy.url())
+    conn.connect(timeout=WAIT)
+    try:
+        ch = conn.channel(timeout=WAIT)
+        queue = names.queue()
+        ch.queue_declare(queue, timeout=WAIT)
+        outcome: list[BaseException | None] = []
+        iterating = threading.Event()
+
+        def consume_forever() -> None:
+            try:
+                iterating.set()
+                for _ in ch.consume(queue):  # no idle timeout
+                    pass
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        consumer = threading.Thread(target=consume_forever)
+        consumer.start()
+        assert iterating.wait(WAIT)
+        assert wait_until(
+            lambda: ch.queue_declare(queue, passive=True, timeout=WAIT).consumer_count == 1
+        )
+        assert proxy.reset() == 1
+        consumer.join(WAIT)
+        assert not consumer.is_alive(), "the consumer stayed blocked after the connection died"
+        assert len(outcome) == 1
+        assert isinstance(outcome[0], rabbitry.AMQPConnectionError), repr(outcome[0])
+        assert isinstance(conn.wait_closed(timeout=WAIT), rabbitry.ConnectionLost)
+        assert conn.is_closed
+        assert isinstance(conn.close_exc, rabbitry.ConnectionLost)
+        assert isinstance(ch.wait_closed(timeout=WAIT), rabbitry.ConnectionLost)
+        with pytest.raises(rabbitry.AMQPError):
+            ch.queue_declare(queue, passive=True, timeout=1)
+    finally:
+        t0 = time.monotonic()
+        conn.close(timeout=2)
+        assert time.monotonic() - t0 < 5.0
+
+
 # ================================================ calls made from inside callbacks
 
 
