@@ -33,6 +33,14 @@ def wait_until(predicate: Callable[[], bool], timeout: float = WAIT) -> bool:
     return True
 
 
+def assert_returns(fn: Callable[[], object]) -> None:
+    """``fn()`` returns while something else still blocks (a liveness check, no timing)."""
+    runner = threading.Thread(target=fn, name="test-returns")
+    runner.start()
+    runner.join(WAIT)
+    assert not runner.is_alive(), f"{fn} did not return while a callback was blocking"
+
+
 @pytest.fixture(autouse=True)
 def no_thread_leaks() -> Iterator[None]:
     before = threading.active_count()
@@ -116,12 +124,9 @@ def test_call_timeout_raises_quickly_and_cancels_the_coroutine(portal: Portal) -
             cancelled.set()
             raise
 
-    t0 = time.monotonic()
     with pytest.raises(rabbitry.Timeout) as info:
         portal.call(slow, wait=0.1)
-    elapsed = time.monotonic() - t0
     assert isinstance(info.value, TimeoutError)
-    assert elapsed < 1.0, elapsed
     assert started.is_set()
     assert cancelled.wait(WAIT), "the coroutine was not cancelled"
     assert not finished.is_set()
@@ -254,10 +259,8 @@ def test_submit_blocks_at_max_pending_while_the_gate_is_closed() -> None:
         for i in range(4):
             portal.submit(seen.append, i, timeout=1)
         # Full: a fifth submit waits for room and gives up.
-        t0 = time.monotonic()
         with pytest.raises(Timeout):
             portal.submit(seen.append, 99, timeout=0.2)
-        assert 0.15 < time.monotonic() - t0 < 2.0
         assert wait_until(lambda: gate.calls >= 1)
         assert seen == []  # nothing ran while the gate was closed
 
@@ -526,9 +529,7 @@ def test_stop_is_bounded_when_a_callback_blocks(portal: Portal, reading: Reading
 
     post_all(portal, d, [(block, ())])
     assert running.wait(WAIT)
-    t0 = time.monotonic()
-    d.stop(timeout=0.3)
-    assert time.monotonic() - t0 < 2.0
+    assert_returns(lambda: d.stop(timeout=0.3))
     release.set()
     d.thread.join(WAIT)
     assert not d.thread.is_alive()
@@ -552,9 +553,7 @@ def test_stop_with_a_full_queue_still_ends_the_worker(portal: Portal, reading: R
         # Exactly maxsize more: the queue is full, nothing overflows, reading not paused.
         post_all(portal, d, [(seen.append, (i,)) for i in range(4)])
         assert reading.events == []
-        t0 = time.monotonic()
-        d.stop(timeout=0.3)
-        assert time.monotonic() - t0 < 2.0  # bounded: fine
+        assert_returns(lambda: d.stop(timeout=0.3))
         release.set()
         assert wait_until(lambda: seen == [0, 1, 2, 3])
         d.thread.join(2.0)
