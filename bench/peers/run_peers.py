@@ -36,6 +36,9 @@ CLIENTS = [
     "raw",
     "rabbitry_async",
     "rabbitry_sync",
+    "rabbitry_consumer",
+    "rabbitry_publisher",
+    "rabbitry_publisher_sync",
     "pika_blocking",
     "pika_select",
     "aio_pika_client",
@@ -48,6 +51,9 @@ LABELS = {
     "raw": "limit (raw socket)",
     "rabbitry_async": "rabbitry AsyncConnection",
     "rabbitry_sync": "rabbitry Connection (sync)",
+    "rabbitry_consumer": "rabbitry AsyncConsumer",
+    "rabbitry_publisher": "rabbitry AsyncPublisher",
+    "rabbitry_publisher_sync": "rabbitry Publisher (sync)",
     "pika_blocking": "pika BlockingConnection",
     "pika_select": "pika SelectConnection",
     "aio_pika_client": "aio-pika",
@@ -56,7 +62,7 @@ LABELS = {
     "amqpstorm_client": "amqpstorm",
     "rabbitpy_client": "rabbitpy",
 }
-SCENARIOS = ["s1", "s2a", "s2b", "s3", "s4", "s4m", "s4n", "s5"]
+SCENARIOS = ["s1", "s2a", "s2b", "s3", "s4", "s4m", "s4n", "s5", "s6"]
 SCEN_TITLE = {
     "s1": "S1 publish, no confirms",
     "s2a": "S2a confirm each (sync)",
@@ -66,12 +72,15 @@ SCEN_TITLE = {
     "s4m": "S4m consume, multi-ack/100",
     "s4n": "S4n consume, no-ack",
     "s5": "S5 round trip",
+    "s6": "S6 batches of 1000 + confirms",
 }
 # Message counts. The brief asked for S1 100k, S2a 5k, S2b 100k, S3 50k,
 # S4 100k, S5 5k; reduced so the full 3-repeat matrix fits in ~25 minutes
 # on 2 shared cores (the slowest clients do 1-3k msg/s).
 COUNTS = {"s1": 50_000, "s2a": 2_000, "s2b": 30_000, "s3": 20_000,
           "s4": 50_000, "s4m": 50_000, "s4n": 50_000, "s5": 2_000}
+# S6: publish CONFIRM_WINDOW messages back to back, wait until all are confirmed, repeat.
+COUNTS["s6"] = 30_000
 # Clients whose every broker wait costs 10-50 ms get smaller counts there
 # (per-message figures are still comparable; the run is just shorter).
 OVERRIDES = {
@@ -79,6 +88,7 @@ OVERRIDES = {
     ("amqpstorm_client", "s3"): 300, ("amqpstorm_client", "s5"): 300,
     ("rabbitpy_client", "s2a"): 100, ("rabbitpy_client", "s2b"): 100,
     ("rabbitpy_client", "s3"): 100, ("rabbitpy_client", "s5"): 100,
+    ("amqpstorm_client", "s6"): 300, ("rabbitpy_client", "s6"): 100,
 }
 ONLY = {"s4n": {"raw"}}  # the no-ack consume is only a reference row
 PREFILLED = {"s4", "s4m", "s4n"}

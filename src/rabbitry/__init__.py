@@ -8,6 +8,7 @@ API their twins :class:`Connection` / :class:`Channel`; messages are
 
 from .aio import AsyncChannel, AsyncConnection
 from .config import ConnectionParameters, parse_url, parse_urls
+from .consumer import AsyncConsumer, ConsumerStats, DedupStore, MemoryDedupStore
 from .exceptions import (
     AccessRefused,
     AMQPConnectionError,
@@ -24,23 +25,45 @@ from .exceptions import (
     ConnectionForced,
     ConnectionLost,
     ConsumerCancelled,
+    HandlerSignal,
     HeartbeatTimeout,
     InvalidStateError,
     LocalProtocolError,
     Nacked,
     NotFound,
+    PoolTimeout,
     PreconditionFailed,
     ProtocolError,
     PublishError,
     PublishOutcomeUnknown,
+    PublishTimeout,
+    Reject,
     RemoteProtocolError,
+    Requeue,
     ResourceLocked,
+    Retry,
     Timeout,
+    TopologyConflict,
+    TopologyError,
+    TopologyValidationError,
     Unroutable,
 )
 from .message import Message, Properties
+from .pool import AsyncChannelPool
 from .protocol.frames import Float32, Int8, Int16, Int32, Int64, UInt8, UInt16, UInt32
+from .publisher import AsyncPublisher, OutgoingMessage
 from .sync import Channel, Connection
+from .sync.consumer import Consumer
+from .sync.pool import ChannelPool
+from .sync.publisher import Publisher
+from .topology import (
+    Binding,
+    Exchange,
+    Queue,
+    RetryPolicy,
+    Topology,
+    handle_failure,
+)
 
 __version__ = "0.1.0.dev0"
 
@@ -49,12 +72,17 @@ __all__ = [
     "AMQPError",
     "AccessRefused",
     "AsyncChannel",
+    "AsyncChannelPool",
     "AsyncConnection",
+    "AsyncConsumer",
+    "AsyncPublisher",
     "AuthenticationError",
+    "Binding",
     "Channel",
     "ChannelClosed",
     "ChannelClosedByBroker",
     "ChannelClosedByClient",
+    "ChannelPool",
     "ConfigurationError",
     "ConnectError",
     "Connection",
@@ -64,8 +92,13 @@ __all__ = [
     "ConnectionForced",
     "ConnectionLost",
     "ConnectionParameters",
+    "Consumer",
     "ConsumerCancelled",
+    "ConsumerStats",
+    "DedupStore",
+    "Exchange",
     "Float32",
+    "HandlerSignal",
     "HeartbeatTimeout",
     "Int8",
     "Int16",
@@ -73,22 +106,37 @@ __all__ = [
     "Int64",
     "InvalidStateError",
     "LocalProtocolError",
+    "MemoryDedupStore",
     "Message",
     "Nacked",
     "NotFound",
+    "OutgoingMessage",
+    "PoolTimeout",
     "PreconditionFailed",
     "Properties",
     "ProtocolError",
     "PublishError",
     "PublishOutcomeUnknown",
+    "PublishTimeout",
+    "Publisher",
+    "Queue",
+    "Reject",
     "RemoteProtocolError",
+    "Requeue",
     "ResourceLocked",
+    "Retry",
+    "RetryPolicy",
     "Timeout",
+    "Topology",
+    "TopologyConflict",
+    "TopologyError",
+    "TopologyValidationError",
     "UInt8",
     "UInt16",
     "UInt32",
     "Unroutable",
     "__version__",
+    "handle_failure",
     "parse_url",
     "parse_urls",
 ]

@@ -28,11 +28,21 @@ The tree::
     │       ├── ContentTooLarge 311, NoRoute 312, NoConsumers 313
     │       └── AccessRefused 403, NotFound 404, ResourceLocked 405, PreconditionFailed 406
     ├── ConsumerCancelled                  the broker cancelled a consumer (basic.cancel)
+    ├── HandlerSignal                      raised by consumer handlers to steer a message
+    │   ├── Retry                          take the retry path
+    │   ├── Reject                         park (or dead-letter) without retrying
+    │   └── Requeue                        put it back on its queue
     ├── PublishError
     │   ├── Nacked                         the broker nacked a confirmed publish
     │   ├── Unroutable                     a mandatory publish came back (basic.return)
-    │   └── PublishOutcomeUnknown          the channel or connection died before the confirm
+    │   ├── PublishOutcomeUnknown          the channel or connection died before the confirm
+    │   └── PublishTimeout (also Timeout)  a publish's deadline passed (room, block, confirm)
+    ├── TopologyError                      declaring, checking or retrying topology failed
+    │   ├── TopologyValidationError (ValueError)  a declaration breaks a RabbitMQ rule;
+    │   │                                     raised before anything is sent
+    │   └── TopologyConflict               an entity exists with other arguments (406)
     └── Timeout (TimeoutError)             a deadline passed
+        └── PoolTimeout                    no pooled channel became free in time
 
 Broker reply codes map to classes through one registry per level (connection, channel);
 registering a code twice is a programming error and fails at import time.
@@ -68,6 +78,7 @@ __all__ = [
     "ConsumerCancelled",
     "ContentTooLarge",
     "FrameError",
+    "HandlerSignal",
     "HeartbeatTimeout",
     "InternalError",
     "InvalidPath",
@@ -78,14 +89,22 @@ __all__ = [
     "NoRoute",
     "NotAllowed",
     "NotFound",
+    "PoolTimeout",
     "PreconditionFailed",
     "ProtocolError",
     "PublishError",
     "PublishOutcomeUnknown",
+    "PublishTimeout",
+    "Reject",
     "RemoteProtocolError",
+    "Requeue",
     "ResourceError",
     "ResourceLocked",
+    "Retry",
     "Timeout",
+    "TopologyConflict",
+    "TopologyError",
+    "TopologyValidationError",
     "UnexpectedFrame",
     "Unroutable",
     "channel_error_for",
@@ -408,6 +427,25 @@ class PublishOutcomeUnknown(PublishError):
         self.delivery_tag = delivery_tag
 
 
+class HandlerSignal(AMQPError):
+    """Raised by a consumer handler to say what should happen to the message."""
+
+
+class Retry(HandlerSignal):
+    """Raise from a handler to send the message down the retry path."""
+
+
+class Reject(HandlerSignal):
+    """Raise from a handler to park (or dead-letter) the message without retrying."""
+
+
+class Requeue(HandlerSignal):
+    """Raise from a handler to put the message back on its queue.
+
+    Use sparingly: a message that always fails this way loops through the broker.
+    """
+
+
 class ConsumerCancelled(AMQPError):
     """The broker cancelled the consumer (basic.cancel), e.g. because its queue was deleted.
 
@@ -420,8 +458,109 @@ class ConsumerCancelled(AMQPError):
         self.consumer_tag = consumer_tag
 
 
+# --------------------------------------------------------------------------- topology
+
+
+class TopologyError(AMQPError):
+    """Declaring, verifying or deleting topology, or moving a failed message, went wrong.
+
+    The :mod:`rabbitry.topology` errors derive from it; it is also raised as it is, e.g.
+    when a retry move was returned unroutable. Broker errors that caused it are chained
+    as ``__cause__``.
+    """
+
+
+class TopologyValidationError(TopologyError, ValueError):
+    """A declaration breaks a RabbitMQ rule; found before anything is sent.
+
+    The message names the entity, the field and the rule, e.g. ``queue 'jobs':
+    message_ttl (x-message-ttl): must be an integer in 0..4294967295 (milliseconds),
+    got -1``.
+
+    Attributes:
+        entity: the entity, e.g. ``"queue 'jobs'"``.
+        field: the offending field (or argument) name.
+        rule: the rule that was broken, with the value given.
+    """
+
+    def __init__(self, entity: str, field: str, rule: str) -> None:
+        super().__init__(f"{entity}: {field}: {rule}")
+        self.entity = entity
+        self.field = field
+        self.rule = rule
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.entity, self.field, self.rule))
+
+
+class TopologyConflict(TopologyError):
+    """An entity already exists with other properties (406 PRECONDITION_FAILED).
+
+    RabbitMQ refuses to re-declare an exchange or queue with different arguments and
+    names the first one that differs; this carries it. The channel that got the 406 is
+    closed, the connection stays usable, and the ``PreconditionFailed`` is ``__cause__``.
+
+    Attributes:
+        kind: ``"exchange"`` or ``"queue"``.
+        name: the entity's name.
+        argument: the differing argument (``"x-message-ttl"``, ``"durable"``, ``"type"``…),
+            or ``None`` when the broker's reply did not name one.
+        ours: the value we declared (``None``: not set by us).
+        theirs: the value the existing entity has (``None``: not set there).
+        reply_text: the broker's reply text, as received.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        argument: str | None,
+        ours: Any,
+        theirs: Any,
+        reply_text: str,
+    ) -> None:
+        if argument is None:
+            text = f"{kind} {name!r} cannot be declared as given: {reply_text}"
+        else:
+            text = (
+                f"{kind} {name!r} exists with {argument}={_show(theirs)}, "
+                f"but the topology declares {argument}={_show(ours)}"
+            )
+        super().__init__(text)
+        self.kind = kind
+        self.name = name
+        self.argument = argument
+        self.ours = ours
+        self.theirs = theirs
+        self.reply_text = reply_text
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            type(self),
+            (self.kind, self.name, self.argument, self.ours, self.theirs, self.reply_text),
+        )
+
+
+def _show(value: Any) -> str:
+    return "(not set)" if value is None else repr(value)
+
+
 # --------------------------------------------------------------------------- time
 
 
 class Timeout(AMQPError, TimeoutError):
     """A deadline passed before the operation completed."""
+
+
+class PublishTimeout(PublishError, Timeout):
+    """A publish did not complete before its deadline.
+
+    Raised by ``publish()`` when the deadline passed before the message could be sent
+    (the connection stayed blocked, or the in-flight window stayed full): nothing was
+    sent. Set on the publish's future when the broker did not confirm in time: the
+    message may still be confirmed later, and stays in flight until it is.
+    """
+
+
+class PoolTimeout(Timeout):
+    """No channel of a :class:`rabbitry.ChannelPool` became free within the timeout."""

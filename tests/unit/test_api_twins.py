@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 
 from rabbitry import AsyncChannel, AsyncConnection, Channel, Connection
+from rabbitry.consumer import AsyncConsumer
+from rabbitry.sync.consumer import Consumer
 
 # Members that exist on one side only, deliberately. Keep these minimal: every entry
 # needs a reason, and an entry that stops being one-sided fails the test (so the list
@@ -199,6 +201,56 @@ def test_allow_lists_are_minimal() -> None:
     # Growing these lists should be a deliberate, reviewed decision.
     assert sum(len(v) for v in SYNC_ONLY.values()) <= 2
     assert sum(len(v) for v in ASYNC_ONLY.values()) == 0
+
+
+# ------------------------------------------------------------- consumer twins
+# rabbitry.sync.consumer.Consumer is the twin of rabbitry.consumer.AsyncConsumer (its
+# docstring: "Same arguments and semantics"). Kept out of PAIRS: the checks above assume
+# a connection or a channel (close, close_exc, >= 5 blocking methods).
+
+CONSUMER_PAIR = (AsyncConsumer, Consumer)
+
+
+def test_consumer_public_members_are_twins() -> None:
+    problems = _member_differences(*CONSUMER_PAIR)
+    assert not problems, "\n".join(problems)
+
+
+def test_consumer_shared_members_have_the_same_shape() -> None:
+    # Whatever both sides have must match (signatures, method vs property), even while
+    # some members are still missing on the sync side (the xfail above).
+    problems = [
+        p for p in _member_differences(*CONSUMER_PAIR) if "has no twin on Consumer" not in p
+    ]
+    assert not problems, "\n".join(problems)
+    shared = public_members(AsyncConsumer) & public_members(Consumer)
+    assert {"start", "stop", "stats", "is_running", "queue", "consumer_tag"} <= shared
+
+
+def test_consumer_init_parameters_identical() -> None:
+    a = inspect.signature(AsyncConsumer.__init__).parameters
+    s = inspect.signature(Consumer.__init__).parameters
+    assert list(a) == list(s)
+    for name in a:
+        assert a[name].kind == s[name].kind, name
+        assert a[name].default == s[name].default, name
+
+
+def test_consumer_start_stop_block_with_timeout_and_are_not_coroutines() -> None:
+    for name in ("start", "stop"):
+        assert inspect.iscoroutinefunction(getattr(AsyncConsumer, name)), name
+        sync = getattr(Consumer, name)
+        assert not inspect.iscoroutinefunction(sync), name
+        params = inspect.signature(sync).parameters
+        assert params["timeout"].default is None, name
+        assert ".call(" in inspect.getsource(sync), name
+
+
+def test_consumer_context_manager_twins() -> None:
+    assert inspect.iscoroutinefunction(AsyncConsumer.__aenter__)
+    assert inspect.iscoroutinefunction(AsyncConsumer.__aexit__)
+    assert not inspect.iscoroutinefunction(Consumer.__enter__)
+    assert not inspect.iscoroutinefunction(Consumer.__exit__)
 
 
 # ------------------------------------------------------------- the checker checks

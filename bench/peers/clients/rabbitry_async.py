@@ -146,3 +146,26 @@ def s3(ctx): asyncio.run(_pipelined(ctx))
 def s4(ctx): asyncio.run(_consume(ctx, False))
 def s4m(ctx): asyncio.run(_consume(ctx, True))
 def s5(ctx): asyncio.run(_s5(ctx))
+
+
+async def _batches(ctx: Ctx) -> None:
+    """Batches of ctx.window with the channel API: publish them, then wait for all."""
+    conn, ch = await _connect(ctx, confirms=True)
+    q, body, publish = ctx.queue, ctx.body, ch.basic_publish
+    failed = 0
+    ctx.note(f"batches of {ctx.window}: basic_publish futures, then asyncio.wait")
+    ctx.start()
+    left = ctx.n
+    while left:
+        k = min(ctx.window, left)
+        futures = [await publish("", q, body) for _ in range(k)]
+        await asyncio.wait(futures)
+        failed += sum(1 for f in futures if f.exception() is not None)
+        left -= k
+    ctx.stop()
+    if failed:
+        ctx.note(f"{failed} nacks")
+    await _finish(ctx, conn, ch)
+
+
+def s6(ctx): asyncio.run(_batches(ctx))

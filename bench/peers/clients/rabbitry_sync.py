@@ -145,3 +145,25 @@ def s5(ctx: Ctx) -> None:
     ctx.stop()
     it.close()  # cancels the consumer
     _finish(ctx, conn, ch)
+
+
+def s6(ctx: Ctx) -> None:
+    """Batches of ctx.window with the channel API: publish them, then wait for all."""
+    import concurrent.futures
+
+    conn, ch = _connect(ctx, confirms=True)
+    q, body, publish = ctx.queue, ctx.body, ch.basic_publish
+    failed = 0
+    ctx.note(f"batches of {ctx.window}: basic_publish futures, then futures.wait")
+    ctx.start()
+    left = ctx.n
+    while left:
+        k = min(ctx.window, left)
+        futures = [publish("", q, body) for _ in range(k)]
+        concurrent.futures.wait(futures)
+        failed += sum(1 for f in futures if f.exception() is not None)
+        left -= k
+    ctx.stop()
+    if failed:
+        ctx.note(f"{failed} nacks")
+    _finish(ctx, conn, ch)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..config import ConnectionParameters, default_url, parse_urls
 from ..exceptions import (
@@ -44,7 +44,13 @@ from ..protocol.events import (
     Returned,
     RpcReply,
 )
+from ..record import TopologyRecord
 from .channel import AsyncChannel
+
+if TYPE_CHECKING:
+    from ..consumer import AsyncConsumer, DedupStore
+    from ..pool import AsyncChannelPool
+    from ..publisher import AsyncPublisher
 
 __all__ = ["AsyncConnection"]
 
@@ -158,6 +164,8 @@ class AsyncConnection:
         self._blocked_callbacks: list[BlockedCallback] = []
         self._close_callbacks: list[CloseCallback] = []
         self.close_exc: AMQPError | None = None
+        # What apply() declared, in order; automatic recovery replays it.
+        self.topology_record = TopologyRecord()
 
     def __repr__(self) -> str:
         state = self._proto.state.value if self._proto else "new"
@@ -389,6 +397,39 @@ class AsyncConnection:
         await channel._await_rpc(spec.ChannelOpen.NAME, timeout)
         return channel
 
+    async def publisher(
+        self,
+        *,
+        confirm: bool = True,
+        max_in_flight: int = 1000,
+        mandatory: bool = False,
+        timeout: float | None = None,
+        republish_unconfirmed: bool = False,
+    ) -> AsyncPublisher:
+        """A publisher on its own channel (see :class:`rabbitry.AsyncPublisher`).
+
+        ``timeout`` is the default deadline of each publish and also bounds opening the
+        publisher's channel.
+        """
+        from ..publisher import AsyncPublisher
+
+        return await AsyncPublisher._create(
+            self,
+            open_timeout=timeout,
+            confirm=confirm,
+            max_in_flight=max_in_flight,
+            mandatory=mandatory,
+            timeout=timeout,
+            republish_unconfirmed=republish_unconfirmed,
+        )
+
+    async def channel_pool(self, size: int = 10, *, confirm: bool = True) -> AsyncChannelPool:
+        """A pool of at most ``size`` channels (see :class:`rabbitry.AsyncChannelPool`)."""
+        from ..pool import AsyncChannelPool
+
+        self._require_open()
+        return AsyncChannelPool(self, size=size, confirm=confirm)
+
     async def update_secret(
         self, new_secret: bytes | str, reason: str = "", *, timeout: float | None = None
     ) -> None:
@@ -403,6 +444,44 @@ class AsyncConnection:
                 await waiter
         except TimeoutError:
             raise Timeout(f"connection.update-secret got no answer within {timeout} s") from None
+
+    def consumer(
+        self,
+        queue: str,
+        handler: Callable[[Any], Awaitable[Any]],
+        *,
+        ack: Literal["manual", "auto"] = "manual",
+        prefetch: int = 100,
+        concurrency: int = 1,
+        retry: Any = None,
+        batch_size: int | None = None,
+        batch_timeout: float | None = None,
+        exclusive: bool = False,
+        arguments: dict[str, Any] | None = None,
+        dedup: DedupStore | None = None,
+        on_cancel: Callable[[str], Any] | None = None,
+        resubscribe: bool = True,
+    ) -> AsyncConsumer:
+        """A handler-based consumer of ``queue`` (not started: ``await c.start()`` or
+        ``async with``); see :class:`rabbitry.consumer.AsyncConsumer`."""
+        from ..consumer import AsyncConsumer
+
+        return AsyncConsumer(
+            self,
+            queue,
+            handler,
+            ack=ack,
+            prefetch=prefetch,
+            concurrency=concurrency,
+            retry=retry,
+            batch_size=batch_size,
+            batch_timeout=batch_timeout,
+            exclusive=exclusive,
+            arguments=arguments,
+            dedup=dedup,
+            on_cancel=on_cancel,
+            resubscribe=resubscribe,
+        )
 
     def _require_open(self) -> ConnectionProtocol:
         proto = self._proto

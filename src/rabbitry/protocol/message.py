@@ -51,6 +51,7 @@ class Message:
         "reply_code",
         "reply_text",
         "routing_key",
+        "settled",
     )
 
     def __init__(
@@ -78,6 +79,9 @@ class Message:
         self.reply_code = reply_code
         self.reply_text = reply_text
         self.channel: Any = None
+        #: ack(), nack() or reject() was sent for it (a second one is refused: it
+        #: would make the broker close the channel with 406).
+        self.settled = False
 
     @property
     def headers(self) -> dict[str, Any]:
@@ -90,20 +94,27 @@ class Message:
         Safe to call from any thread for messages of the sync API.
         """
         self._channel().basic_ack(self.delivery_tag, multiple)
+        self.settled = True
 
     def nack(self, multiple: bool = False, requeue: bool = True) -> None:
         """Negatively acknowledge: requeue it, or dead-letter/drop it (``requeue=False``)."""
         self._channel().basic_nack(self.delivery_tag, multiple, requeue)
+        self.settled = True
 
     def reject(self, requeue: bool = True) -> None:
         """Reject this one message (like ``nack`` without ``multiple``)."""
         self._channel().basic_reject(self.delivery_tag, requeue)
+        self.settled = True
 
     def _channel(self) -> _Acker:
         from ..exceptions import InvalidStateError
 
         if self.channel is None:
             raise InvalidStateError("this message was not delivered on a channel; nothing to ack")
+        if self.settled:
+            raise InvalidStateError(
+                f"delivery {self.delivery_tag} was already acknowledged or rejected"
+            )
         channel: _Acker = self.channel
         return channel
 

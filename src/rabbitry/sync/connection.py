@@ -7,7 +7,7 @@ One IO thread per connection runs the asyncio engine; this class only forwards t
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..aio.connection import AsyncConnection
 from ..exceptions import AMQPError, InvalidStateError, Timeout
@@ -19,6 +19,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from ..config import ConnectionParameters
+    from ..consumer import DedupStore
+    from ..record import TopologyRecord
+    from .consumer import Consumer
+    from .pool import ChannelPool
+    from .publisher import Publisher
 
 __all__ = ["Connection"]
 
@@ -142,6 +147,11 @@ class Connection:
         return self._async.close_exc
 
     @property
+    def topology_record(self) -> TopologyRecord:
+        """What ``Topology.apply`` declared on this connection, in order (for recovery)."""
+        return self._async.topology_record
+
+    @property
     def io_thread_name(self) -> str | None:
         """The IO thread's name (for diagnostics)."""
         return self._portal.thread.name if self._portal else None
@@ -237,12 +247,90 @@ class Connection:
         channel = portal.call(self._async.channel, channel_id, timeout=timeout, wait=_wait(timeout))
         return Channel(self, channel)
 
+    def publisher(
+        self,
+        *,
+        confirm: bool = True,
+        max_in_flight: int = 1000,
+        mandatory: bool = False,
+        timeout: float | None = None,
+        republish_unconfirmed: bool = False,
+    ) -> Publisher:
+        """A publisher on its own channel (see :class:`rabbitry.Publisher`).
+
+        ``timeout`` is the default deadline of each publish and also bounds opening the
+        publisher's channel.
+        """
+        from .publisher import Publisher
+
+        engine = self._require_portal().call(
+            self._async.publisher,
+            confirm=confirm,
+            max_in_flight=max_in_flight,
+            mandatory=mandatory,
+            timeout=timeout,
+            republish_unconfirmed=republish_unconfirmed,
+            wait=_wait(timeout),
+        )
+        return Publisher(self, engine)
+
+    def channel_pool(self, size: int = 10, *, confirm: bool = True) -> ChannelPool:
+        """A pool of at most ``size`` channels (see :class:`rabbitry.ChannelPool`)."""
+        from ..pool import AsyncChannelPool
+        from .pool import ChannelPool
+
+        self._require_portal()
+        if not self._async.is_open:
+            raise InvalidStateError("the connection is not open")
+        return ChannelPool(self, AsyncChannelPool(self._async, size=size, confirm=confirm))
+
     def update_secret(
         self, new_secret: bytes | str, reason: str = "", *, timeout: float | None = None
     ) -> None:
         """Replace the credentials of the open connection (connection.update-secret)."""
         self._require_portal().call(
             self._async.update_secret, new_secret, reason, timeout=timeout, wait=_wait(timeout)
+        )
+
+    def consumer(
+        self,
+        queue: str,
+        handler: Callable[[Any], Any],
+        *,
+        ack: Literal["manual", "auto"] = "manual",
+        prefetch: int = 100,
+        concurrency: int = 1,
+        retry: Any = None,
+        batch_size: int | None = None,
+        batch_timeout: float | None = None,
+        exclusive: bool = False,
+        arguments: dict[str, Any] | None = None,
+        dedup: DedupStore | None = None,
+        on_cancel: Callable[[str], Any] | None = None,
+        resubscribe: bool = True,
+    ) -> Consumer:
+        """A handler-based consumer of ``queue`` (not started: ``c.start()`` or ``with``).
+
+        ``handler(message)`` runs on a pool of ``concurrency`` threads; see
+        :class:`rabbitry.sync.Consumer`.
+        """
+        from .consumer import Consumer
+
+        return Consumer(
+            self,
+            queue,
+            handler,
+            ack=ack,
+            prefetch=prefetch,
+            concurrency=concurrency,
+            retry=retry,
+            batch_size=batch_size,
+            batch_timeout=batch_timeout,
+            exclusive=exclusive,
+            arguments=arguments,
+            dedup=dedup,
+            on_cancel=on_cancel,
+            resubscribe=resubscribe,
         )
 
     # ------------------------------------------------------------------ internals

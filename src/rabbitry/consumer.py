@@ -1,0 +1,727 @@
+"""AsyncConsumer: handler-based consuming with acks, batches, concurrency and failure policy.
+
+The application gives a handler; the consumer owns the acknowledgements:
+
+* manual ack (default): the handler returns → ``basic.ack``. It raises
+  :class:`Retry` or a retryable exception → the retry path of the
+  :class:`~rabbitry.topology.RetryPolicy` (republished with confirms, then the original is
+  acked) or, without a policy, ``basic.nack(requeue=False)`` so the queue's dead-letter
+  exchange (if any) gets it. :class:`Reject`, a non-retryable exception, or exhausted
+  attempts → the parking lot (or dead-letter/drop without a policy). :class:`Requeue` →
+  ``basic.nack(requeue=True)``: a message is never requeued in a hot loop unless the
+  handler asks for it.
+* auto ack (``ack="auto"``): the broker forgets a message when it sends it
+  (at-most-once); handler errors are logged.
+
+Batches (``batch_size``): the handler gets a list of up to ``batch_size`` messages (or
+what arrived within ``batch_timeout``); returning normally acks the whole batch with one
+``multiple=True`` ack; returning a collection of messages marks those as failed, and only
+they take the failure path. Concurrency (``concurrency=N``) runs up to N handlers at once;
+``prefetch`` is raised to at least N. Stopping cancels the subscription, lets running
+handlers finish and ack, and requeues what was prefetched but not started.
+
+Theory of operation: deliveries arrive on the event loop (a plain channel callback) and
+go to an inbox; ``_pump`` starts handler tasks while fewer than ``concurrency`` run.
+Each delivery is settled exactly once: :attr:`Message.settled` guards against a handler
+that acks by hand and a consumer that would ack again (a double ack is a 406 that closes
+the channel). Acks for a channel that has since been replaced are dropped with a
+warning, never sent on the new channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable, Collection, Iterable
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from .exceptions import (
+    AMQPConnectionError,
+    AMQPError,
+    ConfigurationError,
+    InvalidStateError,
+    PreconditionFailed,
+    Reject,
+    Requeue,
+    Retry,
+)
+from .protocol.message import Message
+
+if TYPE_CHECKING:
+    from .aio.channel import AsyncChannel
+    from .aio.connection import AsyncConnection
+
+__all__ = [
+    "AsyncConsumer",
+    "ConsumerStats",
+    "DedupStore",
+    "MemoryDedupStore",
+    "Reject",
+    "Requeue",
+    "Retry",
+]
+
+logger = logging.getLogger("rabbitry.consumer")
+
+Handler = Callable[[Any], Awaitable[Any]]
+
+_ACK_TIMEOUT_TEXT = "delivery acknowledgement"
+_RESUBSCRIBE_BACKOFF = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class DedupStore(Protocol):
+    """Remembers processed message ids so redelivered duplicates skip the handler."""
+
+    def seen(self, key: str) -> bool:
+        """True when ``key`` was processed before (and is still remembered)."""
+        ...
+
+    def add(self, key: str) -> None:
+        """Remember that ``key`` was processed."""
+        ...
+
+
+class MemoryDedupStore:
+    """An in-memory LRU of message ids with a time to live.
+
+    Args:
+        max_size: ids remembered at most (least recently used go first).
+        ttl: seconds an id is remembered.
+        clock: monotonic time source (tests pass a fake one).
+    """
+
+    def __init__(
+        self,
+        max_size: int = 100_000,
+        ttl: float = 3600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_size < 1:
+            raise ConfigurationError(f"max_size: must be >= 1, got {max_size}")
+        if ttl <= 0:
+            raise ConfigurationError(f"ttl: must be > 0 seconds, got {ttl}")
+        self._entries: OrderedDict[str, float] = OrderedDict()
+        self._max_size = max_size
+        self._ttl = ttl
+        self._clock = clock
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def seen(self, key: str) -> bool:
+        """True when ``key`` was added less than ``ttl`` seconds ago."""
+        stamp = self._entries.get(key)
+        if stamp is None:
+            return False
+        if self._clock() - stamp > self._ttl:
+            del self._entries[key]
+            return False
+        self._entries.move_to_end(key)
+        return True
+
+    def add(self, key: str) -> None:
+        """Remember ``key`` now; evicts the oldest ids past ``max_size``."""
+        self._entries[key] = self._clock()
+        self._entries.move_to_end(key)
+        while len(self._entries) > self._max_size:
+            self._entries.popitem(last=False)
+
+
+class ConsumerStats:
+    """Counters of what the consumer did (read them any time)."""
+
+    __slots__ = (
+        "acked",
+        "deduplicated",
+        "delivered",
+        "dropped",
+        "failed",
+        "parked",
+        "released",
+        "requeued",
+        "resubscribed",
+        "retried",
+    )
+
+    def __init__(self) -> None:
+        self.delivered = 0
+        self.acked = 0
+        self.failed = 0
+        self.dropped = 0
+        self.retried = 0
+        self.parked = 0
+        self.requeued = 0
+        self.released = 0
+        self.deduplicated = 0
+        self.resubscribed = 0
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters as a plain dict."""
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self) -> str:
+        return f"ConsumerStats({self.as_dict()})"
+
+
+class AsyncConsumer:
+    """Consume ``queue`` with ``handler``; see the module docstring for the semantics.
+
+    Create with ``connection.consumer(queue, handler, ...)``; start with ``await
+    consumer.start()`` or ``async with``.
+
+    Args:
+        connection: an open :class:`AsyncConnection`.
+        queue: the queue to consume from.
+        handler: ``async def handler(message)`` (or ``handler(messages)`` with batches).
+        ack: ``"manual"`` (at-least-once, default) or ``"auto"`` (at-most-once).
+        prefetch: unacknowledged deliveries allowed (raised to ``concurrency``).
+        concurrency: handlers running at once.
+        retry: a ``RetryPolicy`` (see ``rabbitry.topology``); ``None`` dead-letters.
+        batch_size: deliver lists of up to this many messages.
+        batch_timeout: seconds to wait for a batch to fill (default 1.0 with batches).
+        exclusive: an exclusive consumer.
+        arguments: consumer arguments (e.g. ``{"x-priority": 10}``).
+        dedup: a :class:`DedupStore`; messages whose ``message_id`` it has seen are
+            acked without calling the handler.
+        on_cancel: ``callback(consumer_tag)`` when the broker cancels the consumer.
+        resubscribe: consume again (with backoff) after a broker cancel or a channel
+            error such as the delivery-acknowledgement timeout.
+    """
+
+    def __init__(
+        self,
+        connection: AsyncConnection,
+        queue: str,
+        handler: Handler,
+        *,
+        ack: Literal["manual", "auto"] = "manual",
+        prefetch: int = 100,
+        concurrency: int = 1,
+        retry: Any = None,
+        batch_size: int | None = None,
+        batch_timeout: float | None = None,
+        exclusive: bool = False,
+        arguments: dict[str, Any] | None = None,
+        dedup: DedupStore | None = None,
+        on_cancel: Callable[[str], Any] | None = None,
+        resubscribe: bool = True,
+    ) -> None:
+        if ack not in ("manual", "auto"):
+            raise ConfigurationError(f"ack: must be 'manual' or 'auto', got {ack!r}")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigurationError(f"concurrency: must be an integer >= 1, got {concurrency!r}")
+        if (
+            isinstance(prefetch, bool)
+            or not isinstance(prefetch, int)
+            or not 0 <= prefetch <= 65535
+        ):
+            raise ConfigurationError(f"prefetch: must be an integer in 0..65535, got {prefetch!r}")
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+        ):
+            raise ConfigurationError(f"batch_size: must be an integer >= 1, got {batch_size!r}")
+        if batch_timeout is not None and batch_timeout <= 0:
+            raise ConfigurationError(f"batch_timeout: must be > 0 seconds, got {batch_timeout!r}")
+        if not callable(handler):
+            raise ConfigurationError("handler: must be callable")
+        for field, value in (("concurrency", concurrency), ("batch_size", batch_size or 1)):
+            if value > 65535:
+                raise ConfigurationError(
+                    f"{field}: must be at most 65535, got {value} (prefetch is raised to it "
+                    "and basic.qos prefetch_count is a 16-bit field)"
+                )
+        self._conn = connection
+        self.queue = queue
+        self._handler = handler
+        self._manual = ack == "manual"
+        self.ack_mode = ack
+        self.concurrency = concurrency
+        # prefetch 0 means "unlimited" to the broker; otherwise at least one per handler
+        # (and per batch slot), or handlers would sit idle waiting for deliveries.
+        floor = max(concurrency, batch_size or 1)
+        self.prefetch = prefetch if prefetch == 0 else max(prefetch, floor)
+        self.retry = retry
+        self.batch_size = batch_size
+        self.batch_timeout = batch_timeout if batch_timeout is not None else 1.0
+        self.exclusive = exclusive
+        self.arguments = dict(arguments) if arguments else None
+        self.dedup = dedup
+        self.on_cancel = on_cancel
+        self.resubscribe = resubscribe
+        self.stats = ConsumerStats()
+        self.consumer_tag: str | None = None
+        self._channel: AsyncChannel | None = None
+        # Work waiting for a handler slot: single messages, or whole batches.
+        self._inbox: deque[Message | list[Message]] = deque()
+        self._batch: list[Message] = []
+        self._batch_timer: asyncio.TimerHandle | None = None
+        self._running = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._idle: asyncio.Event | None = None
+        self._started = False
+        self._stopping = False
+        self._resubscribe_task: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Future[Any]] = set()
+        self._attempt = 0
+
+    def __repr__(self) -> str:
+        state = "stopping" if self._stopping else "running" if self._started else "new"
+        return f"<AsyncConsumer queue={self.queue!r} tag={self.consumer_tag!r} {state}>"
+
+    @property
+    def is_running(self) -> bool:
+        """Started and not stopped."""
+        return self._started and not self._stopping
+
+    @property
+    def channel(self) -> AsyncChannel | None:
+        """The channel currently consumed on (it changes after a resubscribe)."""
+        return self._channel
+
+    async def __aenter__(self) -> AsyncConsumer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, timeout: float | None = None) -> None:
+        """Open a channel, set QoS and subscribe.
+
+        Raises:
+            InvalidStateError: already started.
+            ChannelClosed / AMQPConnectionError: the broker refused (e.g. NotFound).
+        """
+        if self._started:
+            raise InvalidStateError("this consumer was already started")
+        self._started = True
+        self._idle = asyncio.Event()
+        self._idle.set()
+        try:
+            await self._subscribe(timeout)
+        except BaseException:
+            self._started = False
+            raise
+
+    async def _subscribe(self, timeout: float | None) -> None:
+        channel = await self._conn.channel(timeout=timeout)
+        self._channel = channel
+        try:
+            if self._manual and self.prefetch:
+                await channel.basic_qos(self.prefetch, timeout=timeout)
+            self.consumer_tag = await channel._start_consumer(
+                self.queue,
+                self._on_delivery,
+                no_ack=not self._manual,
+                exclusive=self.exclusive,
+                arguments=self.arguments,
+                on_cancel=self._on_broker_cancel,
+                on_close=self._on_channel_closed,
+                timeout=timeout,
+            )
+        except BaseException:
+            if not channel.is_closed:
+                await channel.close()
+            raise
+
+    async def stop(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop consuming.
+
+        Args:
+            drain: let running handlers finish (and ack) before returning; otherwise
+                they are cancelled and their messages requeued.
+            timeout: seconds to wait for running handlers; past it they are cancelled.
+
+        Messages prefetched but not yet handed to the handler are requeued at once.
+        Idempotent.
+        """
+        if not self._started or self._stopping:
+            return
+        self._stopping = True
+        if self._resubscribe_task is not None:
+            self._resubscribe_task.cancel()
+        channel = self._channel
+        if channel is not None and channel.is_open and self.consumer_tag is not None:
+            try:
+                await channel.basic_cancel(self.consumer_tag, timeout=timeout)
+            except AMQPError as exc:
+                logger.debug("basic.cancel during stop failed: %r", exc)
+        self._release_waiting()
+        if self._running:
+            assert self._idle is not None
+            if drain:
+                try:
+                    await asyncio.wait_for(self._idle.wait(), timeout)
+                except TimeoutError:
+                    logger.warning("consumer %s: handlers still running after %s s", self, timeout)
+            for task in list(self._tasks):
+                task.cancel()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+        if channel is not None and channel.is_open:
+            try:
+                await channel.close(timeout=timeout)
+            except AMQPError as exc:
+                logger.debug("channel.close during stop failed: %r", exc)
+
+    def _release_waiting(self) -> None:
+        """Requeue what was prefetched but not handed to the handler."""
+        if self._batch_timer is not None:
+            self._batch_timer.cancel()
+            self._batch_timer = None
+        waiting: list[Message] = []
+        for work in self._inbox:
+            waiting.extend(work if isinstance(work, list) else [work])
+        waiting += self._batch
+        self._inbox.clear()
+        self._batch = []
+        for message in waiting:
+            self.stats.released += 1
+            if self._manual:
+                self._settle(message, "nack", requeue=True)
+
+    # ------------------------------------------------------------------ deliveries (loop)
+
+    def _on_delivery(self, message: Message) -> None:
+        self.stats.delivered += 1
+        if self._stopping:
+            self.stats.released += 1
+            if self._manual:
+                self._settle(message, "nack", requeue=True)
+            return
+        self._attempt = 0
+        if self.batch_size is not None:
+            self._batch.append(message)
+            if len(self._batch) >= self.batch_size:
+                self._flush_batch()
+            elif self._batch_timer is None:
+                loop = asyncio.get_running_loop()
+                self._batch_timer = loop.call_later(self.batch_timeout, self._flush_batch)
+            return
+        self._inbox.append(message)
+        self._pump()
+
+    def _flush_batch(self) -> None:
+        if self._batch_timer is not None:
+            self._batch_timer.cancel()
+            self._batch_timer = None
+        if not self._batch:
+            return
+        batch, self._batch = self._batch, []
+        # Batches wait for a handler slot like single messages: with concurrency 1 they
+        # run one at a time, which is what makes their multiple-ack safe.
+        self._inbox.append(batch)
+        self._pump()
+
+    def _pump(self) -> None:
+        inbox = self._inbox
+        while inbox and self._running < self.concurrency:
+            work = inbox.popleft()
+            if isinstance(work, list):
+                self._spawn(self._handle_batch(work))
+            else:
+                self._spawn(self._handle(work))
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        self._running += 1
+        assert self._idle is not None
+        self._idle.clear()
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._running -= 1
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("consumer %s: handler task failed", self, exc_info=task.exception())
+        if task.cancelled():
+            pass
+        if not self._stopping:
+            self._pump()
+        if self._running == 0 and self._idle is not None:
+            self._idle.set()
+
+    async def _handle(self, message: Message) -> None:
+        message_id = message.properties.message_id
+        if self.dedup is not None and message_id and self.dedup.seen(message_id):
+            # Already processed: ack it without calling the handler.
+            self.stats.deduplicated += 1
+            self._ack(message)
+            return
+        try:
+            result = self._handler(message)
+            if inspect.isawaitable(result):
+                await result
+        except asyncio.CancelledError:
+            # stop(drain=False) or a timed-out drain: hand the message back.
+            self._settle(message, "nack", requeue=True)
+            self.stats.released += 1
+            raise
+        except Exception as exc:
+            await self._fail(message, exc)
+            return
+        self._ack(message)
+        if self.dedup is not None and message_id:
+            self.dedup.add(message_id)
+
+    async def _handle_batch(self, batch: list[Message]) -> None:
+        if self.dedup is not None:
+            batch = self._drop_duplicates(batch)
+            if not batch:
+                return
+        failed: list[tuple[Message, BaseException]] = []
+        try:
+            result = self._handler(batch)
+            if inspect.isawaitable(result):
+                result = await result
+            if result is not None:
+                failed = self._failed_items(batch, result)
+        except asyncio.CancelledError:
+            for message in batch:
+                self._settle(message, "nack", requeue=True)
+            raise
+        except Exception as exc:
+            if isinstance(exc, InvalidStateError):
+                logger.error("consumer %s: %s; treating the whole batch as failed", self, exc)
+            failed = [(message, exc) for message in batch]
+        failed_ids = {id(message) for message, _ in failed}
+        for message, error in failed:
+            await self._fail(message, error)
+        remaining = [m for m in batch if id(m) not in failed_ids and not m.settled]
+        if self.dedup is not None:
+            for message in remaining:
+                if message.properties.message_id:
+                    self.dedup.add(message.properties.message_id)
+        if not remaining or not self._manual:
+            return
+        if self.concurrency == 1 and all(m.settled for m, _ in failed):
+            # One multiple-ack settles the rest of the batch: every earlier unsettled
+            # delivery on this channel is in it (one batch at a time, failed ones already
+            # moved), so it acks nothing else. A failed move stays unacked: no multiple.
+            last = max(remaining, key=lambda m: m.delivery_tag)
+            if self._settle(last, "ack", multiple=True):
+                for message in remaining:
+                    message.settled = True
+                self.stats.acked += len(remaining)
+            return
+        for message in remaining:
+            self._ack(message)
+
+    def _drop_duplicates(self, batch: list[Message]) -> list[Message]:
+        """Ack the messages the dedup store has seen; return the others."""
+        assert self.dedup is not None
+        fresh = []
+        for message in batch:
+            message_id = message.properties.message_id
+            if message_id and self.dedup.seen(message_id):
+                self.stats.deduplicated += 1
+                self._ack(message)
+            else:
+                fresh.append(message)
+        return fresh
+
+    @staticmethod
+    def _failed_items(batch: list[Message], result: object) -> list[tuple[Message, BaseException]]:
+        """Validate what a batch handler returned; each failed message once, in order."""
+        if not isinstance(result, Iterable) or isinstance(result, (str, bytes)):
+            raise InvalidStateError(
+                "a batch handler must return None or a collection of the messages that "
+                f"failed, got {type(result).__name__}"
+            )
+        members = {id(m) for m in batch}
+        failed: dict[int, tuple[Message, BaseException]] = {}
+        for item in result:
+            exc: BaseException | None = None
+            if isinstance(item, tuple):
+                if len(item) != 2 or not isinstance(item[1], BaseException | None):
+                    raise InvalidStateError(
+                        "a batch handler returned a malformed item: expected a message or "
+                        "(message, exception)"
+                    )
+                message, exc = item
+            else:
+                message = item
+            if not isinstance(message, Message) or id(message) not in members:
+                raise InvalidStateError("a batch handler returned a message not in its batch")
+            failed.setdefault(id(message), (message, exc or Retry("failed in a batch")))
+        return list(failed.values())
+
+    # ------------------------------------------------------------------ settling
+
+    def _ack(self, message: Message) -> None:
+        if self._manual and self._settle(message, "ack"):
+            self.stats.acked += 1
+
+    def _settle(self, message: Message, how: str, **options: Any) -> bool:
+        """Ack/nack on the message's own channel once; False if that is not possible."""
+        if message.settled:
+            return False
+        channel = message.channel
+        if channel is None or channel.is_closed:
+            # The channel (and its delivery tags) are gone: the broker requeues the
+            # message itself; sending the tag on another channel would be a 406.
+            logger.warning(
+                "consumer %s: not %sing delivery %s: its channel is closed (the broker "
+                "will redeliver it)",
+                self,
+                how,
+                message.delivery_tag,
+            )
+            return False
+        try:
+            if how == "ack":
+                channel.basic_ack(message.delivery_tag, options.get("multiple", False))
+            elif how == "nack":
+                channel.basic_nack(message.delivery_tag, False, options.get("requeue", True))
+            else:
+                channel.basic_reject(message.delivery_tag, options.get("requeue", False))
+        except AMQPError as exc:
+            logger.warning("consumer %s: %s of %s failed: %r", self, how, message.delivery_tag, exc)
+            return False
+        message.settled = True
+        return True
+
+    async def _fail(self, message: Message, exc: BaseException) -> None:
+        """The handler failed on ``message``: retry, park, requeue or dead-letter it."""
+        self.stats.failed += 1
+        if not self._manual:
+            logger.error(
+                "consumer %s: handler failed on an auto-acked message (it is lost): %r",
+                self,
+                exc,
+            )
+            return
+        if isinstance(exc, Requeue):
+            if self._settle(message, "nack", requeue=True):
+                self.stats.requeued += 1
+            return
+        policy = self.retry
+        if policy is None:
+            logger.warning(
+                "consumer %s: handler failed on delivery %s (%r); dead-lettering it",
+                self,
+                message.delivery_tag,
+                exc,
+            )
+            self._settle(message, "nack", requeue=False)
+            return
+        from .topology import handle_failure
+
+        try:
+            outcome = await handle_failure(
+                message.channel,
+                message,
+                exc,
+                policy,
+                queue=self.queue,
+                retryable=False if isinstance(exc, Reject) else None,
+            )
+        except (AMQPError, ValueError) as failure:
+            # The move was not confirmed: leave the original unacked so the broker
+            # redelivers it (at-least-once), never ack what was not safely moved.
+            logger.error("consumer %s: could not move a failed message: %r", self, failure)
+            return
+        message.settled = True
+        if outcome == "park":
+            self.stats.parked += 1
+        elif outcome == "retry":
+            self.stats.retried += 1
+        else:
+            self.stats.dropped += 1
+
+    # ------------------------------------------------------------------ broker events
+
+    def _on_broker_cancel(self, tag: str) -> None:
+        logger.warning("consumer %s: the broker cancelled the subscription", self)
+        if self.on_cancel is not None:
+            try:
+                result = self.on_cancel(tag)
+                if inspect.isawaitable(result):
+                    self._spawn_background(result)
+            except Exception:
+                logger.exception("on_cancel callback failed")
+        self._release_waiting()
+        if self.resubscribe and not self._stopping:
+            self._schedule_resubscribe()
+
+    def _on_channel_closed(self, exc: AMQPError) -> None:
+        if self._stopping:
+            return
+        if isinstance(exc, PreconditionFailed) and _ACK_TIMEOUT_TEXT in exc.reply_text:
+            logger.error(
+                "consumer %s: the broker closed the channel because a delivery was not "
+                "acknowledged within its consumer_timeout (%s); handlers must finish "
+                "faster or the broker's consumer_timeout must be raised",
+                self,
+                exc.reply_text,
+            )
+        else:
+            logger.warning("consumer %s: channel closed under the consumer: %r", self, exc)
+        # What was waiting belongs to the dead channel; the broker requeues it.
+        self._inbox.clear()
+        self._batch = []
+        if isinstance(exc, AMQPConnectionError):
+            return  # the connection is gone: recovery (not this consumer) brings it back
+        if self.resubscribe and self._conn.is_open:
+            self._schedule_resubscribe()
+
+    def _spawn_background(self, work: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _schedule_resubscribe(self) -> None:
+        if self._resubscribe_task is None or self._resubscribe_task.done():
+            self._resubscribe_task = asyncio.ensure_future(self._resubscribe_loop())
+
+    async def _resubscribe_loop(self) -> None:
+        old = self._channel
+        if old is not None and old.is_open:
+            try:
+                await old.close()
+            except AMQPError:
+                pass
+        while not self._stopping and self._conn.is_open:
+            delay = _RESUBSCRIBE_BACKOFF[min(self._attempt, len(_RESUBSCRIBE_BACKOFF) - 1)]
+            self._attempt += 1
+            await asyncio.sleep(delay)
+            if self._stopping:
+                return
+            try:
+                await self._redeclare()
+                await self._subscribe(timeout=30.0)
+            except AMQPError as exc:
+                logger.warning(
+                    "consumer %s: resubscribe attempt %d failed: %r", self, self._attempt, exc
+                )
+                continue
+            self.stats.resubscribed += 1
+            logger.info("consumer %s: subscribed again", self)
+            return
+
+    async def _redeclare(self) -> None:
+        """Declare the queue again from the connection's topology record, if it has it."""
+        record = getattr(self._conn, "topology_record", None)
+        redeclare = getattr(record, "redeclare_queue", None)
+        if redeclare is None:
+            return
+        channel = await self._conn.channel()
+        try:
+            name = await redeclare(channel, self.queue)
+            if isinstance(name, str) and name and name != self.queue:
+                logger.info("consumer %s: queue re-declared as %r", self, name)
+                self.queue = name  # a server-named queue got a new name
+        finally:
+            if channel.is_open:
+                await channel.close()
+
+
+def failed_messages(*messages: Message) -> Collection[Message]:
+    """Spell out the return value of a batch handler: ``return failed_messages(m1, m2)``."""
+    return messages

@@ -1,0 +1,331 @@
+"""AsyncChannelPool: at most N channels shared by many tasks.
+
+Theory of operation
+-------------------
+The pool counts every channel it owns: idle, lent out, opening, or settling its
+confirms before it can be lent again (``_owned``). It never owns more than ``size``.
+
+``acquire`` takes an idle channel; if there is none and fewer than ``size`` are owned it
+opens one; otherwise it queues. Waiters are served strictly in order: a returned channel
+goes straight to the oldest waiter, and when a channel is discarded the oldest waiter is
+told to open a replacement (the "token" is the right to own one more channel), so a
+newcomer can never overtake a task that has been waiting.
+
+Returning a channel:
+
+* closed (by a broker error, or with its connection): it is discarded and its place
+  handed on, so the pool replaces it transparently with a fresh channel;
+* with publishes still unconfirmed: it is held back until every one is settled (acked,
+  nacked or failed), so the next user never inherits someone else's confirms;
+* otherwise it is lent to the oldest waiter or becomes idle.
+
+Idle channels of a connection that went away are closed channels: they are discarded
+when picked, so after a reconnect the pool refills on the new connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections import deque
+from typing import TYPE_CHECKING
+
+from .exceptions import AMQPError, ConfigurationError, InvalidStateError, PoolTimeout
+from .protocol.channel import ChannelState
+
+if TYPE_CHECKING:
+    from .aio.channel import AsyncChannel
+    from .aio.connection import AsyncConnection
+
+__all__ = ["AsyncChannelPool"]
+
+logger = logging.getLogger("rabbitry.pool")
+
+_OPEN = ChannelState.OPEN
+_POLL = 0.01
+
+
+class AsyncChannelPool:
+    """A pool of at most ``size`` channels on one connection.
+
+    Get one with ``await connection.channel_pool(size=4)``; borrow a channel with
+    ``async with pool.acquire(timeout=5) as channel: ...``. Channels are opened lazily.
+
+    Args:
+        connection: the connection the channels belong to.
+        size: the most channels open at once.
+        confirm: put each channel in confirm mode (``basic_publish`` then returns a
+            future settled by the broker's confirm).
+
+    Raises:
+        ConfigurationError: ``size`` is not a positive int.
+    """
+
+    def __init__(
+        self, connection: AsyncConnection, *, size: int = 10, confirm: bool = True
+    ) -> None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ConfigurationError(f"size: must be an int of at least 1, got {size!r}")
+        self._conn = connection
+        self._size = size
+        self._confirm = confirm
+        self._idle: deque[AsyncChannel] = deque()
+        self._waiters: deque[asyncio.Future[AsyncChannel | None]] = deque()
+        self._lent: set[AsyncChannel] = set()
+        self._settling: set[asyncio.Task[None]] = set()
+        self._owned = 0
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return (
+            f"<AsyncChannelPool size={self._size} open={self._owned} lent={len(self._lent)} "
+            f"waiting={len(self._waiters)}>"
+        )
+
+    async def __aenter__(self) -> AsyncChannelPool:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def size(self) -> int:
+        """The most channels the pool keeps open at once."""
+        return self._size
+
+    @property
+    def confirm(self) -> bool:
+        """Pooled channels are in confirm mode."""
+        return self._confirm
+
+    @property
+    def open_channels(self) -> int:
+        """Channels the pool owns now (idle, lent, opening or settling confirms)."""
+        return self._owned
+
+    @property
+    def in_use(self) -> int:
+        """Channels lent out now."""
+        return len(self._lent)
+
+    @property
+    def waiting(self) -> int:
+        """Callers queued for a channel."""
+        return sum(1 for waiter in self._waiters if not waiter.done())
+
+    @property
+    def is_closed(self) -> bool:
+        """``close()`` was called."""
+        return self._closed
+
+    # ------------------------------------------------------------------ borrowing
+
+    def acquire(self, timeout: float | None = None) -> _Lease:
+        """Borrow a channel: ``async with pool.acquire(timeout=5) as channel: ...``.
+
+        The channel goes back to the pool when the block ends (after its outstanding
+        confirms are settled). Callers waiting for a channel are served in order.
+
+        Args:
+            timeout: seconds to wait for a channel (``None``: no limit).
+
+        Raises:
+            PoolTimeout: no channel became free within ``timeout`` (on entering).
+            InvalidStateError: the pool or the connection is closed.
+        """
+        return _Lease(self, timeout)
+
+    async def _acquire(self, timeout: float | None = None) -> AsyncChannel:
+        """Take a channel (loop thread); give it back with :meth:`_release`."""
+        scope = asyncio.timeout(timeout)
+        try:
+            async with scope:
+                while True:
+                    if self._closed:
+                        raise InvalidStateError("the channel pool is closed")
+                    if not self._waiters:
+                        channel = self._take_idle()
+                        if channel is not None:
+                            return channel
+                        if self._owned < self._size:
+                            self._owned += 1
+                            return await self._open()
+                    waiter: asyncio.Future[AsyncChannel | None] = (
+                        asyncio.get_running_loop().create_future()
+                    )
+                    self._waiters.append(waiter)
+                    try:
+                        got = await waiter
+                    except BaseException:
+                        if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                            self._give_back(waiter.result())
+                        else:
+                            waiter.cancel()
+                            try:
+                                self._waiters.remove(waiter)
+                            except ValueError:
+                                pass
+                        raise
+                    if got is None:  # the right to open a replacement
+                        return await self._open()
+                    if got._proto.state is _OPEN:
+                        self._lent.add(got)
+                        return got
+                    self._discard()  # closed on the way; wait again
+        except TimeoutError:
+            if scope.expired():
+                raise PoolTimeout(f"no pooled channel became free within {timeout} s") from None
+            raise
+
+    def _take_idle(self) -> AsyncChannel | None:
+        idle = self._idle
+        while idle:
+            channel = idle.popleft()
+            if channel._proto.state is _OPEN:
+                self._lent.add(channel)
+                return channel
+            self._owned -= 1
+        return None
+
+    async def _open(self) -> AsyncChannel:
+        """Open a channel for a place already counted in ``_owned``."""
+        try:
+            channel = await self._conn.channel()
+            if self._confirm:
+                await channel.confirm_select()
+        except BaseException:
+            self._discard()
+            raise
+        self._lent.add(channel)
+        return channel
+
+    def _give_back(self, got: AsyncChannel | None) -> None:
+        """A waiter was served but gave up at the same moment: pass it on."""
+        if got is None:
+            self._discard()
+        else:
+            self._lent.add(got)
+            self._release(got)
+
+    def _release(self, channel: AsyncChannel) -> None:
+        """Take a channel back (loop thread; the sync twin submits it)."""
+        if channel not in self._lent:
+            logger.warning("channel %s returned to a pool that did not lend it", channel.channel_id)
+            return
+        self._lent.discard(channel)
+        if channel._proto.state is not _OPEN:
+            self._discard()
+        elif self._closed:
+            self._owned -= 1
+            self._close_soon(channel)
+        elif channel._confirms:
+            task = asyncio.get_running_loop().create_task(self._settle_then_return(channel))
+            self._settling.add(task)
+            task.add_done_callback(self._settling.discard)
+        else:
+            self._hand_on(channel)
+
+    def _hand_on(self, channel: AsyncChannel) -> None:
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(channel)
+                return
+        self._idle.append(channel)
+
+    def _discard(self) -> None:
+        """A place became free: let the oldest waiter open a new channel."""
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the place passes to the waiter
+                return
+        self._owned -= 1
+
+    async def _settle_then_return(self, channel: AsyncChannel) -> None:
+        try:
+            while channel._confirms and channel._proto.state is _OPEN:
+                awaitables = []
+                wrappers = []
+                for settleable in list(channel._confirms.values()):
+                    if isinstance(settleable, asyncio.Future):
+                        awaitables.append(settleable)
+                    elif isinstance(settleable, concurrent.futures.Future):
+                        wrapper = asyncio.wrap_future(settleable)
+                        awaitables.append(wrapper)
+                        wrappers.append(wrapper)
+                if awaitables:
+                    await asyncio.wait(awaitables)
+                    for wrapper in wrappers:
+                        if wrapper.done() and not wrapper.cancelled():
+                            wrapper.exception()  # seen: the original carries the outcome
+                else:  # another kind of waiter: poll
+                    await asyncio.sleep(_POLL)
+        finally:
+            self._lent.add(channel)
+            self._release(channel)
+
+    # ------------------------------------------------------------------ closing
+
+    async def close(self, *, timeout: float | None = None) -> None:
+        """Close the idle channels and refuse new borrowers; idempotent.
+
+        Lent channels are closed when they come back. Waiters get
+        :class:`InvalidStateError`. Waits up to ``timeout`` for channels that are
+        settling confirms.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        waiters, self._waiters = self._waiters, deque()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(InvalidStateError("the channel pool is closed"))
+        if self._settling:
+            await asyncio.wait(set(self._settling), timeout=timeout)
+        idle, self._idle = self._idle, deque()
+        for channel in idle:
+            self._owned -= 1
+            if channel._proto.state is _OPEN and self._conn.is_open:
+                try:
+                    await channel.close(timeout=timeout)
+                except AMQPError:
+                    pass
+
+    def _close_soon(self, channel: AsyncChannel) -> None:
+        if channel._proto.state is not _OPEN or not self._conn.is_open:
+            return
+        task = asyncio.get_running_loop().create_task(channel.close())
+        task.add_done_callback(_retrieve)
+
+
+class _Lease:
+    """``async with pool.acquire() as channel``: borrow on entry, give back on exit."""
+
+    __slots__ = ("_channel", "_pool", "_timeout")
+
+    def __init__(self, pool: AsyncChannelPool, timeout: float | None) -> None:
+        self._pool = pool
+        self._timeout = timeout
+        self._channel: AsyncChannel | None = None
+
+    async def __aenter__(self) -> AsyncChannel:
+        if self._channel is not None:
+            raise InvalidStateError("this lease is already in use")
+        self._channel = await self._pool._acquire(self._timeout)
+        return self._channel
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            self._pool._release(channel)
+
+
+def _retrieve(task: asyncio.Task[object]) -> None:
+    if not task.cancelled():
+        task.exception()

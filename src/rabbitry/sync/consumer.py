@@ -1,0 +1,230 @@
+"""Consumer: the thread-safe twin of :class:`rabbitry.consumer.AsyncConsumer`.
+
+The async consumer does all the work on the IO thread (deliveries, acks, failure
+policy); this facade only turns the user's plain handler into an awaitable by running it
+on a thread pool of ``concurrency`` workers. A handler may block for as long as it needs:
+heartbeats are the IO thread's job, and the broker's ``consumer_timeout`` is the only
+limit. Messages handed to the handler ack through the portal, so ``message.ack()`` from
+the handler thread is safe (the consumer then does not ack it again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..consumer import AsyncConsumer, ConsumerStats, DedupStore
+from .channel import _wait
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..protocol.message import Message
+    from ._portal import Portal
+    from .connection import Connection
+
+__all__ = ["Consumer"]
+
+
+class _PortalAcker:
+    """Acks from handler threads, forwarded to the message's channel on the IO thread."""
+
+    __slots__ = ("_channel", "_portal")
+
+    def __init__(self, portal: Portal, channel: Any) -> None:
+        self._portal = portal
+        self._channel = channel
+
+    @property
+    def is_closed(self) -> bool:
+        closed: bool = self._channel.is_closed
+        return closed
+
+    def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
+        self._portal.submit(self._channel.basic_ack, delivery_tag, multiple)
+
+    def basic_nack(
+        self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
+    ) -> None:
+        self._portal.submit(self._channel.basic_nack, delivery_tag, multiple, requeue)
+
+    def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
+        self._portal.submit(self._channel.basic_reject, delivery_tag, requeue)
+
+
+class Consumer:
+    """Consume ``queue`` with a plain ``handler(message)`` run off the IO thread.
+
+    Same arguments and semantics as :class:`AsyncConsumer` (see ``rabbitry.consumer``);
+    create it with ``connection.consumer(queue, handler, ...)`` and ``start()`` it, or use
+    it as a context manager.
+    """
+
+    def __init__(
+        self,
+        connection: Connection,
+        queue: str,
+        handler: Callable[[Any], Any],
+        *,
+        ack: Literal["manual", "auto"] = "manual",
+        prefetch: int = 100,
+        concurrency: int = 1,
+        retry: Any = None,
+        batch_size: int | None = None,
+        batch_timeout: float | None = None,
+        exclusive: bool = False,
+        arguments: dict[str, Any] | None = None,
+        dedup: DedupStore | None = None,
+        on_cancel: Callable[[str], Any] | None = None,
+        resubscribe: bool = True,
+    ) -> None:
+        self._connection = connection
+        self._portal = connection._require_portal()
+        self._user_handler = handler
+        self._executor: ThreadPoolExecutor | None = None
+        user_cancel = on_cancel
+        cancel_hook = None
+        if user_cancel is not None:
+
+            def cancel_hook(tag: str) -> None:
+                connection._post(user_cancel, tag)
+
+        self._async = AsyncConsumer(
+            connection._async,
+            queue,
+            self._run_handler,
+            ack=ack,
+            prefetch=prefetch,
+            concurrency=concurrency,
+            retry=retry,
+            batch_size=batch_size,
+            batch_timeout=batch_timeout,
+            exclusive=exclusive,
+            arguments=arguments,
+            dedup=dedup,
+            on_cancel=cancel_hook,
+            resubscribe=resubscribe,
+        )
+
+    def __repr__(self) -> str:
+        return repr(self._async).replace("AsyncConsumer", "Consumer", 1)
+
+    def __enter__(self) -> Consumer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def queue(self) -> str:
+        """The queue consumed from."""
+        return self._async.queue
+
+    @property
+    def consumer_tag(self) -> str | None:
+        """The broker's tag for the current subscription."""
+        return self._async.consumer_tag
+
+    @property
+    def is_running(self) -> bool:
+        """Started and not stopped."""
+        return self._async.is_running
+
+    @property
+    def stats(self) -> ConsumerStats:
+        """Counters of deliveries, acks, retries, parked messages..."""
+        return self._async.stats
+
+    @property
+    def ack_mode(self) -> str:
+        """ "manual" or "auto"."""
+        return self._async.ack_mode
+
+    @property
+    def arguments(self) -> dict[str, Any] | None:
+        """Consumer arguments."""
+        return self._async.arguments
+
+    @property
+    def batch_size(self) -> int | None:
+        """Messages per batch, or None."""
+        return self._async.batch_size
+
+    @property
+    def batch_timeout(self) -> float:
+        """Seconds a batch may wait to fill."""
+        return self._async.batch_timeout
+
+    @property
+    def channel(self) -> Any:
+        """The async channel currently consumed on (IO thread only; for diagnostics)."""
+        return self._async.channel
+
+    @property
+    def concurrency(self) -> int:
+        """Handlers running at once (pool threads)."""
+        return self._async.concurrency
+
+    @property
+    def dedup(self) -> DedupStore | None:
+        """The dedup store, if any."""
+        return self._async.dedup
+
+    @property
+    def exclusive(self) -> bool:
+        """Exclusive consumer."""
+        return self._async.exclusive
+
+    @property
+    def on_cancel(self) -> Callable[[str], Any] | None:
+        """The broker-cancel callback (as wrapped for the dispatcher)."""
+        return self._async.on_cancel
+
+    @property
+    def prefetch(self) -> int:
+        """The prefetch in effect (at least concurrency)."""
+        return self._async.prefetch
+
+    @property
+    def resubscribe(self) -> bool:
+        """Consume again after a broker cancel or channel error."""
+        return self._async.resubscribe
+
+    @property
+    def retry(self) -> Any:
+        """The RetryPolicy, if any."""
+        return self._async.retry
+
+    async def _run_handler(self, work: Message | list[Message]) -> Any:
+        # On the IO thread: hand the work to a pool thread and wait without blocking.
+        messages = work if isinstance(work, list) else [work]
+        for message in messages:
+            message.channel = _PortalAcker(self._portal, message.channel)
+        assert self._executor is not None
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, self._user_handler, work)
+        finally:
+            for message in messages:  # back to the engine's channel for the consumer
+                acker = message.channel
+                if isinstance(acker, _PortalAcker):
+                    message.channel = acker._channel
+
+    def start(self, timeout: float | None = None) -> None:
+        """Subscribe; handlers start running on pool threads."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                max_workers=self._async.concurrency, thread_name_prefix="rabbitry-handler"
+            )
+        self._portal.call(self._async.start, timeout, wait=_wait(timeout))
+
+    def stop(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop consuming; see :meth:`AsyncConsumer.stop`."""
+        try:
+            self._portal.call(self._async.stop, drain, timeout, wait=_wait(timeout))
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=drain, cancel_futures=True)
+                self._executor = None

@@ -1,0 +1,346 @@
+"""Publisher: the thread-safe twin of :class:`rabbitry.AsyncPublisher`.
+
+Same methods and parameters as the async twin (a test checks it). Publishing does not
+wait for the IO thread: the message is encoded (and validated) in the calling thread by
+the async publisher's encoder and handed over with ``portal.submit``, so a burst of
+publishes from a thread costs one wake-up of the IO thread, not one round trip each.
+The window is a :class:`threading.Semaphore` of ``max_in_flight`` slots taken here and
+given back on the IO thread when a confirm settles the message; the broker's
+connection.blocked state is mirrored in a :class:`threading.Event`.
+
+Threads: any thread may publish. Futures are ``concurrent.futures.Future`` objects,
+settled on the IO thread; callbacks added with ``add_done_callback`` run there too, so
+they must be quick and must not call blocking rabbitry methods.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from ..exceptions import AMQPError, InvalidStateError, PublishTimeout
+from ..publisher import _Batch
+from .channel import _wait
+
+if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import Iterable
+    from datetime import timedelta
+
+    from ..protocol import spec
+    from ..publisher import AsyncPublisher, Body, OutgoingMessage, UnconfirmedMessage
+    from .connection import Connection
+
+__all__ = ["Publisher"]
+
+
+class Publisher:
+    """Publishes with confirms from any thread. Get one with ``connection.publisher()``.
+
+    Usable as ``with`` (closes on exit after waiting for outstanding confirms). See
+    :class:`rabbitry.AsyncPublisher` for the options and the guarantees.
+    """
+
+    def __init__(self, connection: Connection, publisher: AsyncPublisher) -> None:
+        self._connection = connection
+        self._async = publisher
+        self._portal = connection._require_portal()
+        self._slots = threading.Semaphore(publisher.max_in_flight)
+        self._release = _Releaser(publisher._loop, self._slots)
+        self._unblocked = threading.Event()
+        if not publisher.is_blocked:
+            self._unblocked.set()
+        self._portal.submit(publisher._add_block_hook, self._on_block_change)
+
+    def __repr__(self) -> str:
+        return repr(self._async).replace("AsyncPublisher", "Publisher", 1)
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def confirm(self) -> bool:
+        """Publisher confirms are on."""
+        return self._async.confirm
+
+    @property
+    def max_in_flight(self) -> int:
+        """The window: unconfirmed messages allowed before ``publish`` blocks."""
+        return self._async.max_in_flight
+
+    @property
+    def mandatory(self) -> bool:
+        """The default of ``publish(mandatory=...)``."""
+        return self._async.mandatory
+
+    @property
+    def timeout(self) -> float | None:
+        """The default per-publish deadline in seconds."""
+        return self._async.timeout
+
+    @property
+    def republish_unconfirmed(self) -> bool:
+        """Recovery re-sends unconfirmed messages."""
+        return self._async.republish_unconfirmed
+
+    @property
+    def in_flight(self) -> int:
+        """Messages handed to the IO thread and not settled yet (a snapshot)."""
+        return self._async.in_flight
+
+    @property
+    def is_blocked(self) -> bool:
+        """The broker blocked the connection (resource alarm); publishes block."""
+        return not self._unblocked.is_set()
+
+    @property
+    def blocked_reason(self) -> str | None:
+        """The broker's reason for the current block, or ``None``."""
+        return self._async.blocked_reason
+
+    @property
+    def is_closed(self) -> bool:
+        """``close()`` was called."""
+        return self._async.is_closed
+
+    @property
+    def channel_id(self) -> int | None:
+        """The number of the channel in use (it changes when a channel is replaced)."""
+        return self._async.channel_id
+
+    # ------------------------------------------------------------------ publishing
+
+    def publish(
+        self,
+        body: Body,
+        *,
+        exchange: str = "",
+        routing_key: str = "",
+        properties: spec.BasicProperties | None = None,
+        mandatory: bool | None = None,
+        persistent: bool | None = None,
+        expiration: int | timedelta | None = None,
+        timeout: float | None = None,
+    ) -> concurrent.futures.Future[None]:
+        """Publish one message from any thread; returns a future for its outcome.
+
+        Blocks (before sending) while the connection is blocked by the broker and while
+        ``max_in_flight`` messages are unconfirmed, up to the deadline. Arguments,
+        outcomes and the deadline are those of :meth:`AsyncPublisher.publish`.
+
+        Returns:
+            A ``concurrent.futures.Future``: ``None`` on ack; fails with
+            :class:`Nacked`, :class:`Unroutable`, :class:`PublishTimeout` or
+            :class:`PublishOutcomeUnknown`. With ``confirm=False`` the future is
+            already done when returned: fire-and-forget reports nothing.
+
+        Raises:
+            LocalProtocolError: an invalid argument; nothing was sent.
+            PublishTimeout: the deadline passed before the message could be sent.
+            InvalidStateError: the publisher is closed.
+        """
+        engine = self._async
+        if mandatory is None:
+            mandatory = engine._mandatory
+        frames, message_id = engine._encode(
+            body, exchange, routing_key, properties, mandatory, persistent, expiration
+        )
+        if engine._closing:
+            raise InvalidStateError("the publisher is closed")
+        if timeout is None:
+            timeout = engine._timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._unblocked.is_set():
+            self._wait_unblocked(deadline, timeout)
+        if not engine._confirm:
+            # Fire-and-forget: there is no outcome to wait for, so no future to settle
+            # on the IO thread; the caller gets one that is already done.
+            self._portal.submit(engine._send, frames, None, message_id, False, None, None)
+            return _SENT
+        if not self._slots.acquire(True, _remaining(deadline)):
+            raise PublishTimeout(
+                f"could not publish within {timeout} s: no room in the window of {engine._max}"
+            )
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        try:
+            self._portal.submit(
+                engine._send, frames, future, message_id, mandatory, deadline, self._release
+            )
+        except BaseException:
+            self._slots.release()  # not handed over: give the slot back from here
+            raise
+        return future
+
+    def publish_batch(
+        self,
+        messages: Iterable[OutgoingMessage | Body],
+        *,
+        exchange: str = "",
+        routing_key: str = "",
+        properties: spec.BasicProperties | None = None,
+        mandatory: bool | None = None,
+        persistent: bool | None = None,
+        expiration: int | timedelta | None = None,
+        timeout: float | None = None,
+    ) -> list[BaseException | None]:
+        """Publish many messages in one write burst; block until all are settled.
+
+        As :meth:`AsyncPublisher.publish_batch`: returns one outcome per message, in
+        order (``None`` when acked, else the exception).
+
+        Raises:
+            LocalProtocolError: a message is invalid; nothing was sent.
+            InvalidStateError: the publisher is closed.
+        """
+        engine = self._async
+        encoded = engine._encode_batch(
+            messages, exchange, routing_key, properties, mandatory, persistent, expiration
+        )
+        if engine._closing:
+            raise InvalidStateError("the publisher is closed")
+        total = len(encoded)
+        if not total:
+            return []
+        if timeout is None:
+            timeout = engine._timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done: concurrent.futures.Future[list[BaseException | None]] = concurrent.futures.Future()
+        batch = _Batch(total, done)
+        confirm = engine._confirm
+        release = self._release if confirm else None
+        acquire = self._slots.acquire
+        start = 0
+        while start < total:
+            # Block only while holding no unsent slot: two batches each waiting with
+            # half the window reserved would wait for each other forever.
+            try:
+                if not self._unblocked.is_set():
+                    self._wait_unblocked(deadline, timeout)
+                if confirm and not acquire(True, _remaining(deadline)):
+                    raise PublishTimeout(
+                        f"could not publish within {timeout} s: no room in the window"
+                    )
+            except AMQPError as exc:
+                if not start and not isinstance(exc, PublishTimeout):
+                    raise  # nothing was sent: report it as the call's error
+                self._portal.submit(_settle_rest, batch, start, total, exc)
+                break
+            count = total - start
+            if confirm:
+                count = 1
+                while start + count < total and acquire(False):
+                    count += 1
+            self._portal.submit(
+                engine._send_batch,
+                encoded[start : start + count],
+                batch,
+                start,
+                deadline,
+                release,
+            )
+            start += count
+        wait = None if deadline is None else max(0.0, deadline - time.monotonic()) + 1.0
+        try:
+            return done.result(wait)
+        except concurrent.futures.TimeoutError:
+            raise PublishTimeout(f"batch not settled within {timeout} s") from None
+
+    def wait_for_confirms(self, *, timeout: float | None = None) -> None:
+        """Block until nothing this publisher sent is unsettled (see the async twin).
+
+        Raises:
+            PublishTimeout: messages were still unconfirmed after ``timeout`` seconds.
+        """
+        self._portal.call(self._async.wait_for_confirms, timeout=timeout, wait=_wait(timeout))
+
+    def unconfirmed(self) -> list[UnconfirmedMessage]:
+        """The outbox: messages sent and not settled, oldest first (see the async twin)."""
+        if self._portal.in_io_thread():
+            raise InvalidStateError("unconfirmed() called from the IO thread; it would deadlock")
+        result: concurrent.futures.Future[list[UnconfirmedMessage]] = concurrent.futures.Future()
+
+        def snapshot() -> None:
+            result.set_result(self._async.unconfirmed())
+
+        self._portal.submit(snapshot)
+        return result.result()
+
+    def close(self, *, timeout: float | None = None) -> None:
+        """Wait for outstanding confirms (up to ``timeout``), then close the channel.
+
+        Idempotent. Threads blocked in ``publish`` get :class:`InvalidStateError`.
+        """
+        if self._async.is_closed or not self._connection.is_open:
+            self._unblocked.set()
+            return
+        try:
+            self._portal.call(self._async.close, timeout=timeout, wait=_wait(timeout))
+        finally:
+            self._unblocked.set()  # threads waiting for an unblock see the close
+
+    # ------------------------------------------------------------------ internals
+
+    def _on_block_change(self, reason: str | None) -> None:
+        """IO thread: mirror connection.blocked / unblocked."""
+        if reason is None:
+            self._unblocked.set()
+        else:
+            self._unblocked.clear()
+
+    def _wait_unblocked(self, deadline: float | None, timeout: float | None) -> None:
+        if not self._unblocked.wait(_remaining(deadline)):
+            raise PublishTimeout(
+                f"could not publish within {timeout} s: blocked by the broker "
+                f"({self._async.blocked_reason})"
+            )
+        if self._async.is_closed:
+            raise InvalidStateError("the publisher is closed")
+
+
+class _Releaser:
+    """Gives window slots back, once per loop iteration (IO thread).
+
+    A multiple-ack settles many messages at once; releasing the semaphore once for all
+    of them costs one lock round instead of one per message.
+    """
+
+    __slots__ = ("_count", "_handle", "_loop", "_semaphore")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, semaphore: threading.Semaphore) -> None:
+        self._loop = loop
+        self._semaphore = semaphore
+        self._count = 0
+        self._handle: asyncio.Handle | None = None
+
+    def __call__(self) -> None:
+        self._count += 1
+        if self._handle is None:
+            self._handle = self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        count, self._count, self._handle = self._count, 0, None
+        if count:
+            self._semaphore.release(count)
+
+
+#: What ``publish`` returns without confirms: a future that is already done.
+_SENT: concurrent.futures.Future[None] = concurrent.futures.Future()
+_SENT.set_result(None)
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _settle_rest(batch: _Batch, start: int, total: int, exc: AMQPError) -> None:
+    """IO thread: the rest of a batch could not be sent (deadline, or closed)."""
+    for index in range(start, total):
+        batch.settle(index, copy.copy(exc))

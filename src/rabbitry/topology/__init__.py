@@ -1,0 +1,86 @@
+"""Declarative topology: exchanges, queues and bindings, validated, applied, verified.
+
+Usage::
+
+    from rabbitry.topology import Binding, Exchange, Queue, RetryPolicy, Topology
+
+    policy = RetryPolicy(delays=[1, 10, 60], max_attempts=4)
+    topology = Topology(
+        exchanges=[Exchange("orders", "topic")],
+        queues=[Queue("billing", queue_type="quorum")],
+        bindings=[Binding("orders", "billing", "order.*")],
+    ).with_retry("billing", policy)
+
+    topology.apply(connection)               # rabbitry.Connection
+    await topology.aapply(async_connection)  # rabbitry.AsyncConnection
+
+* The model (:class:`Exchange`, :class:`Queue`, :class:`Binding`, :class:`Topology`)
+  validates RabbitMQ's rules when built and maps typed fields to ``x-`` arguments.
+* ``apply``/``aapply`` declare idempotently on a channel of their own and record
+  what was declared on ``connection.topology_record`` (for recovery);
+  ``verify``/``averify`` check with passive declares; ``diff`` compares with another
+  topology or a definitions export; ``delete``/``adelete`` remove and forget.
+* :class:`RetryPolicy`, ``Topology.with_retry`` and :func:`handle_failure` build and
+  drive delayed retries with a parking lot (design in ``_retry``'s docstring and
+  ``docs/topology.md``).
+* Topologies load from our own JSON/YAML form and from RabbitMQ definitions exports,
+  and save to both.
+"""
+
+from ._apply import ApplyResult, VerifyReport, parse_inequivalent
+from ._model import (
+    BUILTIN_EXCHANGE_TYPES,
+    OVERFLOW_MODES,
+    QUEUE_TYPES,
+    Binding,
+    Exchange,
+    Queue,
+    format_expiration,
+)
+from ._retry import (
+    ATTEMPTS_HEADER,
+    EXCEPTION_MESSAGE_HEADER,
+    EXCEPTION_TYPE_HEADER,
+    FIRST_FAILURE_HEADER,
+    LAST_FAILURE_HEADER,
+    ORIGINAL_EXCHANGE_HEADER,
+    ORIGINAL_ROUTING_KEY_HEADER,
+    PARKED_REASON_HEADER,
+    RetryDecision,
+    RetryNames,
+    RetryPolicy,
+    dlx_name,
+    handle_failure,
+    parking_lot_name,
+    retry_queue_name,
+)
+from ._topology import Topology
+
+__all__ = [
+    "ATTEMPTS_HEADER",
+    "BUILTIN_EXCHANGE_TYPES",
+    "EXCEPTION_MESSAGE_HEADER",
+    "EXCEPTION_TYPE_HEADER",
+    "FIRST_FAILURE_HEADER",
+    "LAST_FAILURE_HEADER",
+    "ORIGINAL_EXCHANGE_HEADER",
+    "ORIGINAL_ROUTING_KEY_HEADER",
+    "OVERFLOW_MODES",
+    "PARKED_REASON_HEADER",
+    "QUEUE_TYPES",
+    "ApplyResult",
+    "Binding",
+    "Exchange",
+    "Queue",
+    "RetryDecision",
+    "RetryNames",
+    "RetryPolicy",
+    "Topology",
+    "VerifyReport",
+    "dlx_name",
+    "format_expiration",
+    "handle_failure",
+    "parking_lot_name",
+    "parse_inequivalent",
+    "retry_queue_name",
+]

@@ -1,0 +1,521 @@
+"""Applying, verifying and deleting a topology on a connection (the async engine side).
+
+Each operation runs on a channel of its own that it opens and closes, so a broker
+error (which closes the channel it happened on) never touches the application's
+channels, and the connection stays usable. After an error the next step gets a fresh
+channel.
+
+What is declared is added to ``connection.topology_record`` as soon as the broker
+confirms it, and what is deleted is removed from it, so automatic recovery replays the
+application's current wishes.
+
+Conflicts: RabbitMQ answers a re-declare with different properties with 406
+PRECONDITION_FAILED and a text naming the first property that differs::
+
+    inequivalent arg 'x-message-ttl' for queue 'q' in vhost '/':
+        received '100' but current is '200'
+    inequivalent arg 'x-max-length' for queue 'q' in vhost '/':
+        received the value '5' of type 'signedint' but current is none
+
+A passive declare on a fresh channel then confirms that the entity exists (it returns
+no arguments, so the text is the only source of the values), and the 406 becomes a
+:class:`~rabbitry.TopologyConflict` with the argument and both values.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..exceptions import (
+    ChannelClosedByBroker,
+    NotFound,
+    PreconditionFailed,
+    ResourceLocked,
+    TopologyConflict,
+    TopologyError,
+)
+from ..record import RecordedBinding, RecordedExchange, RecordedQueue, TopologyRecord
+from ._model import Binding, Exchange, Queue, is_reserved
+from ._topology import Topology
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ..aio.channel import AsyncChannel
+    from ..aio.connection import AsyncConnection
+
+__all__ = [
+    "ApplyResult",
+    "VerifyReport",
+    "apply_topology",
+    "delete_topology",
+    "parse_inequivalent",
+    "verify_topology",
+]
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True, eq=False)
+class ApplyResult:
+    """What ``Topology.apply`` declared.
+
+    Attributes:
+        topology: the topology as declared: server-named queues carry the names the
+            broker assigned, and bindings to them use those names.
+        queue_names: the declared queue names, in the order of ``topology.queues``.
+        message_counts: ready messages per queue name, from queue.declare-ok.
+    """
+
+    topology: Topology
+    queue_names: tuple[str, ...]
+    message_counts: Mapping[str, int]
+    _original: tuple[Queue, ...] = field(repr=False, default=())
+
+    def name_of(self, queue: Queue | str) -> str:
+        """The declared name of ``queue`` (the ``Queue`` object given to the topology).
+
+        Raises:
+            KeyError: the queue was not part of the applied topology.
+        """
+        for index, original in enumerate(self._original):
+            if original is queue or (isinstance(queue, str) and queue and original.name == queue):
+                return self.queue_names[index]
+        if isinstance(queue, Queue) and queue.name:
+            return self.name_of(queue.name)
+        raise KeyError(f"{queue!r} was not part of the applied topology")
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What ``Topology.verify`` found with passive declares.
+
+    Attributes:
+        missing: exchanges and queues that do not exist.
+        present: exchanges and queues that exist (arguments are not compared: a passive
+            declare does not return them; use ``diff`` against a definitions export).
+        unchecked: what cannot be checked over AMQP: bindings (there is no passive bind)
+            and server-named queues (their name is not known before they are declared).
+        message_counts: ready messages per present queue.
+    """
+
+    missing: tuple[Exchange | Queue, ...]
+    present: tuple[Exchange | Queue, ...]
+    unchecked: tuple[Binding | Queue, ...]
+    message_counts: Mapping[str, int]
+
+    @property
+    def ok(self) -> bool:
+        """Nothing is missing."""
+        return not self.missing
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def lines(self) -> list[str]:
+        """One readable line per missing entity."""
+        return [f"{item.label}: missing" for item in self.missing]
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"all {len(self.present)} exchanges and queues exist"
+        return "\n".join(self.lines())
+
+
+# --------------------------------------------------------------------------- channel
+
+
+class _Session:
+    """A dedicated channel, opened on first use and again after a channel error."""
+
+    def __init__(self, connection: AsyncConnection, timeout: float | None) -> None:
+        self._connection = connection
+        self._timeout = timeout
+        self._channel: AsyncChannel | None = None
+
+    async def channel(self) -> AsyncChannel:
+        if self._channel is None or not self._channel.is_open:
+            self._channel = await self._connection.channel(timeout=self._timeout)
+        return self._channel
+
+    async def close(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None and channel.is_open:
+            await channel.close(timeout=self._timeout)
+
+
+def _record_of(connection: AsyncConnection) -> TopologyRecord:
+    record: TopologyRecord = connection.topology_record
+    return record
+
+
+def recorded_exchange(x: Exchange) -> RecordedExchange:
+    """The record entry for a declared exchange."""
+    return RecordedExchange(
+        x.name, x.type, x.durable, x.auto_delete, x.internal, x.declare_arguments()
+    )
+
+
+def recorded_queue(q: Queue, name: str) -> RecordedQueue:
+    """The record entry for a declared queue (``name``: the name it got)."""
+    return RecordedQueue(
+        name, q.durable, q.exclusive, q.auto_delete, q.declare_arguments(), q.server_named
+    )
+
+
+def recorded_binding(b: Binding, destination: str) -> RecordedBinding:
+    """The record entry for a binding (``destination``: the resolved name)."""
+    return RecordedBinding(
+        b.source, destination, b.routing_key, dict(b.arguments or {}), b.destination_type
+    )
+
+
+# --------------------------------------------------------------------------- apply
+
+_PASSIVE = " (an amq.* name: checked with a passive declare, not declared)"
+
+
+async def apply_topology(
+    topology: Topology, connection: AsyncConnection, *, timeout: float | None = None
+) -> ApplyResult:
+    """Declare exchanges, then queues, then bindings; record each. See ``Topology.aapply``."""
+    record = _record_of(connection)
+    session = _Session(connection, timeout)
+    assigned: list[str] = []
+    counts: dict[str, int] = {}
+    try:
+        for x in topology.exchanges:
+            arguments = x.declare_arguments()
+            channel = await session.channel()
+            reserved = is_reserved(x.name)
+            try:
+                await channel.exchange_declare(
+                    x.name,
+                    x.type,
+                    passive=reserved,
+                    durable=x.durable,
+                    auto_delete=x.auto_delete,
+                    internal=x.internal,
+                    arguments=arguments or None,
+                    timeout=timeout,
+                )
+            except PreconditionFailed as exc:
+                raise await _conflict(session, x, arguments, exc) from exc
+            except ChannelClosedByBroker as exc:
+                exc.add_note(f"while declaring {x.label}{_PASSIVE if reserved else ''}")
+                raise
+            if not reserved:  # the broker's own: it exists, nothing to replay
+                record.add_exchange(recorded_exchange(x))
+        for q in topology.queues:
+            arguments = q.declare_arguments()
+            channel = await session.channel()
+            reserved = is_reserved(q.name)
+            try:
+                reply = await channel.queue_declare(
+                    q.name,
+                    passive=reserved,
+                    durable=q.durable,
+                    exclusive=q.exclusive,
+                    auto_delete=q.auto_delete,
+                    arguments=arguments or None,
+                    timeout=timeout,
+                )
+            except PreconditionFailed as exc:
+                raise await _conflict(session, q, arguments, exc) from exc
+            except ChannelClosedByBroker as exc:
+                exc.add_note(f"while declaring {q.label}{_PASSIVE if reserved else ''}")
+                raise
+            assigned.append(reply.queue)
+            counts[reply.queue] = reply.message_count
+            if not reserved:  # amq.gen-*: recorded when it was declared as server-named
+                record.add_queue(recorded_queue(q, reply.queue))
+        resolved_bindings = []
+        for b in topology.bindings:
+            destination = _resolve(b, topology.queues, assigned)
+            channel = await session.channel()
+            try:
+                if b.destination_type == "queue":
+                    await channel.queue_bind(
+                        destination,
+                        b.source,
+                        b.routing_key,
+                        arguments=b.arguments or None,
+                        timeout=timeout,
+                    )
+                else:
+                    await channel.exchange_bind(
+                        destination,
+                        b.source,
+                        b.routing_key,
+                        arguments=b.arguments or None,
+                        timeout=timeout,
+                    )
+            except ChannelClosedByBroker as exc:
+                exc.add_note(f"while declaring {_label(b, destination)}")
+                raise
+            record.add_binding(recorded_binding(b, destination))
+            resolved_bindings.append(
+                Binding(
+                    b.source,
+                    destination,
+                    b.routing_key,
+                    arguments=b.arguments,
+                    destination_type=b.destination_type,
+                )
+            )
+    finally:
+        await session.close()
+    resolved_queues = [
+        q if q.name else _renamed(q, assigned[i]) for i, q in enumerate(topology.queues)
+    ]
+    return ApplyResult(
+        Topology(topology.exchanges, resolved_queues, resolved_bindings),
+        tuple(assigned),
+        counts,
+        topology.queues,
+    )
+
+
+def _renamed(queue: Queue, name: str) -> Queue:
+    from dataclasses import replace
+
+    return replace(queue, name=name)
+
+
+def _resolve(binding: Binding, queues: tuple[Queue, ...], assigned: list[str]) -> str:
+    target = binding.destination
+    if isinstance(target, Queue):
+        for index, queue in enumerate(queues):
+            if queue is target:
+                return assigned[index]
+        raise TopologyError(f"{binding.label}: its server-named queue was not declared")
+    return target
+
+
+def _label(binding: Binding, destination: str) -> str:
+    target = f"{binding.destination_type} {destination!r}"
+    return f"binding {binding.source!r} -> {target} (routing key {binding.routing_key!r})"
+
+
+# --------------------------------------------------------------------------- conflicts
+
+_VALUE = r"none|the value '.*?' of type '[a-z]+'|'.*?'"
+_INEQUIVALENT = re.compile(
+    r"inequivalent arg '(?P<argument>[^']*)' for (?P<kind>exchange|queue) '(?P<name>.*)' "
+    rf"in vhost '(?P<vhost>.*)': received (?P<received>{_VALUE}) "
+    rf"but current is (?P<current>{_VALUE})$",
+    re.DOTALL,
+)
+_TYPED = re.compile(r"the value '(?P<value>.*)' of type '(?P<type>[a-z]+)'$", re.DOTALL)
+_INT_TYPES = {
+    "byte",
+    "unsignedbyte",
+    "short",
+    "unsignedshort",
+    "signedint",
+    "unsignedint",
+    "long",
+    "timestamp",
+}
+
+
+@dataclass(frozen=True)
+class Inequivalent:
+    """The parts of an "inequivalent arg" reply."""
+
+    argument: str
+    kind: str
+    name: str
+    vhost: str
+    received: str
+    current: str
+
+
+def parse_inequivalent(reply_text: str) -> Inequivalent | None:
+    """Split RabbitMQ's "inequivalent arg" 406 text; ``None`` if it is not one."""
+    match = _INEQUIVALENT.search(reply_text.strip())
+    if match is None:
+        return None
+    return Inequivalent(**match.groupdict())
+
+
+def value_from_reply(text: str, like: Any = None) -> Any:
+    """A value as the broker printed it, converted back to a Python value.
+
+    ``none`` is ``None``; ``the value 'X' of type 'T'`` converts by ``T``; a bare
+    ``'X'`` (the broker's form when both sides have the same type) converts like
+    ``like``, the value we sent.
+    """
+    if text == "none":
+        return None
+    typed = _TYPED.match(text)
+    if typed is not None:
+        raw, kind = typed["value"], typed["type"]
+        if kind == "bool":
+            return raw == "true"
+        if kind in _INT_TYPES:
+            return _int(raw)
+        if kind in ("double", "float"):
+            try:
+                return float(raw)
+            except ValueError:
+                return raw
+        return raw
+    raw = text[1:-1] if len(text) >= 2 and text[0] == text[-1] == "'" else text
+    if isinstance(like, bool):
+        return raw == "true"
+    if isinstance(like, int):
+        return _int(raw)
+    if isinstance(like, float):
+        try:
+            return float(raw)
+        except ValueError:
+            return raw
+    return raw
+
+
+def _int(raw: str) -> int | str:
+    try:
+        return int(raw)
+    except ValueError:
+        return raw
+
+
+def _our_value(entity: Exchange | Queue, argument: str, arguments: dict[str, Any]) -> Any:
+    if argument in ("durable", "auto_delete", "internal", "exclusive", "type"):
+        return getattr(entity, argument, None)
+    return arguments.get(argument)
+
+
+async def _conflict(
+    session: _Session,
+    entity: Exchange | Queue,
+    arguments: dict[str, Any],
+    exc: PreconditionFailed,
+) -> TopologyError:
+    """Turn a 406 on declare into the error to raise (the 406 closed the channel)."""
+    parsed = parse_inequivalent(exc.reply_text)
+    exists = True
+    if entity.name:
+        channel = await session.channel()
+        try:
+            if isinstance(entity, Exchange):
+                await channel.exchange_declare(entity.name, passive=True)
+            else:
+                await channel.queue_declare(entity.name, passive=True)
+        except NotFound:
+            exists = False
+        except ResourceLocked:
+            pass  # an exclusive queue of another connection: it exists
+    if parsed is None:
+        return TopologyError(
+            f"{entity.label}: the broker refused the declaration: {exc.reply_text}"
+        )
+    if not exists:
+        return TopologyError(
+            f"{entity.label}: the broker reported a conflict ({exc.reply_text}), but the "
+            "entity no longer exists; apply again"
+        )
+    ours = _our_value(entity, parsed.argument, arguments)
+    theirs = value_from_reply(parsed.current, like=ours)
+    return TopologyConflict(entity.KIND, entity.name, parsed.argument, ours, theirs, exc.reply_text)
+
+
+# --------------------------------------------------------------------------- verify
+
+
+async def verify_topology(
+    topology: Topology, connection: AsyncConnection, *, timeout: float | None = None
+) -> VerifyReport:
+    """Passive-declare every exchange and named queue. See ``Topology.averify``."""
+    session = _Session(connection, timeout)
+    missing: list[Exchange | Queue] = []
+    present: list[Exchange | Queue] = []
+    unchecked: list[Binding | Queue] = []
+    counts: dict[str, int] = {}
+    try:
+        for x in topology.exchanges:
+            channel = await session.channel()
+            try:
+                await channel.exchange_declare(x.name, passive=True, timeout=timeout)
+            except NotFound:
+                missing.append(x)
+            else:
+                present.append(x)
+        for q in topology.queues:
+            if q.server_named:
+                unchecked.append(q)
+                continue
+            channel = await session.channel()
+            try:
+                reply = await channel.queue_declare(q.name, passive=True, timeout=timeout)
+            except NotFound:
+                missing.append(q)
+            except ResourceLocked:
+                present.append(q)  # exists, exclusive to another connection
+            else:
+                present.append(q)
+                counts[q.name] = reply.message_count
+    finally:
+        await session.close()
+    unchecked.extend(topology.bindings)
+    return VerifyReport(tuple(missing), tuple(present), tuple(unchecked), counts)
+
+
+# --------------------------------------------------------------------------- delete
+
+
+async def delete_topology(
+    topology: Topology, connection: AsyncConnection, *, timeout: float | None = None
+) -> None:
+    """Unbind, delete queues, delete exchanges; forget each. See ``Topology.adelete``."""
+    record = _record_of(connection)
+    session = _Session(connection, timeout)
+    try:
+        for b in topology.bindings:
+            if isinstance(b.destination, Queue):
+                continue  # a server-named queue: pass ApplyResult.topology to delete it
+            channel = await session.channel()
+            try:
+                if b.destination_type == "queue":
+                    await channel.queue_unbind(
+                        b.destination,
+                        b.source,
+                        b.routing_key,
+                        arguments=b.arguments or None,
+                        timeout=timeout,
+                    )
+                else:
+                    await channel.exchange_unbind(
+                        b.destination,
+                        b.source,
+                        b.routing_key,
+                        arguments=b.arguments or None,
+                        timeout=timeout,
+                    )
+            except NotFound:
+                pass  # its source or destination is gone, and the binding with it
+            record.forget_binding(recorded_binding(b, b.destination))
+        for q in topology.queues:
+            if q.server_named:
+                continue
+            channel = await session.channel()
+            try:
+                await channel.queue_delete(q.name, timeout=timeout)
+            except NotFound:
+                pass
+            record.forget_queue(q.name)
+        for x in topology.exchanges:
+            if is_reserved(x.name):
+                continue  # the broker's built-in exchanges cannot be deleted (403)
+            channel = await session.channel()
+            try:
+                await channel.exchange_delete(x.name, timeout=timeout)
+            except NotFound:
+                pass
+            record.forget_exchange(x.name)
+    finally:
+        await session.close()

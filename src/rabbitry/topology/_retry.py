@@ -1,0 +1,621 @@
+"""Delayed retry and the parking lot: the policy, the topology it needs, and the move.
+
+Theory of operation
+-------------------
+For a work queue ``Q`` and a :class:`RetryPolicy`, ``Topology.with_retry("Q", policy)``
+adds (names are fixed so operators can find them)::
+
+    Q.dlx                 direct exchange: the hub of the retry machinery
+    Q.retry.<delay>       one queue per distinct delay, x-message-ttl = delay,
+                          dead-lettering to Q.dlx with routing key "Q" (back to work)
+    Q.parking-lot         where messages go after max_attempts (policy.parking_lot)
+    bindings on Q.dlx     "Q" -> Q, "Q.retry.<delay>" -> that queue,
+                          "Q.parking-lot" -> Q.parking-lot
+
+and makes ``Q`` dead-letter to ``Q.dlx``. One queue per delay because RabbitMQ expires
+messages only at the head of a queue: with one TTL per queue, arrival order is expiry
+order and no message waits behind a longer one. Messages come back through ``Q.dlx``,
+not through the application's exchange, so other queues bound there never see a retry.
+
+Two ways to move a failed message, chosen by the number of distinct delays:
+
+* **One delay — broker-driven.** The work queue's ``x-dead-letter-routing-key`` is the
+  retry queue; a failure is ``basic.nack(requeue=False)``; RabbitMQ dead-letters it to
+  the retry queue, expires it after the delay, and dead-letters it back. The client
+  never republishes, so the broker's ``x-death`` entry for (``Q``, ``rejected``) counts
+  the failures exactly; that count is the attempt number. Nothing is published, so
+  nothing can be lost between a publish and an ack.
+* **Several delays (backoff tiers) — client republish.** A dead-letter exchange sends
+  every rejected message to one place, so the tier has to be chosen by the client: it
+  republishes the message to ``Q.dlx`` with the tier's routing key, with publisher
+  confirms and ``mandatory``, and acks the original only after the broker confirmed.
+  The attempt count travels in our own header, ``x-rabbitry-attempts``: RabbitMQ 4.x
+  ignores an ``x-death`` header set by a publisher, so it cannot be carried that way.
+  Here the work queue dead-letters to the parking lot, which catches messages rejected
+  outside the policy (e.g. quorum ``x-delivery-limit``).
+
+After ``max_attempts`` handler invocations (or at once for a non-retryable error) the
+message is republished, confirmed, to ``Q.parking-lot`` with headers saying why, then
+the original is acked. Both paths are correct on RabbitMQ 3.10 and 4.x.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections import Counter
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from ..exceptions import (
+    InvalidStateError,
+    NotFound,
+    PublishOutcomeUnknown,
+    Timeout,
+    TopologyError,
+    TopologyValidationError,
+)
+from ..protocol.spec import BasicProperties
+from ._model import MAX_UINT32, Binding, Exchange, Queue
+from ._topology import Topology
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from ..aio.channel import AsyncChannel
+    from ..protocol.message import Message
+
+__all__ = [
+    "ATTEMPTS_HEADER",
+    "EXCEPTION_MESSAGE_HEADER",
+    "EXCEPTION_TYPE_HEADER",
+    "FIRST_FAILURE_HEADER",
+    "LAST_FAILURE_HEADER",
+    "ORIGINAL_EXCHANGE_HEADER",
+    "ORIGINAL_ROUTING_KEY_HEADER",
+    "PARKED_REASON_HEADER",
+    "RetryDecision",
+    "RetryNames",
+    "RetryPolicy",
+    "build_retry",
+    "delay_label",
+    "dlx_name",
+    "handle_failure",
+    "parking_lot_name",
+    "retry_queue_name",
+]
+
+logger = logging.getLogger("rabbitry.retry")
+
+#: Handler invocations that failed so far (int), on republished messages.
+ATTEMPTS_HEADER = "x-rabbitry-attempts"
+#: The exchange and routing key the message was first published with.
+ORIGINAL_EXCHANGE_HEADER = "x-rabbitry-original-exchange"
+ORIGINAL_ROUTING_KEY_HEADER = "x-rabbitry-original-routing-key"
+#: When the first and the latest failure happened (ISO 8601, UTC, milliseconds).
+FIRST_FAILURE_HEADER = "x-rabbitry-first-failure"
+LAST_FAILURE_HEADER = "x-rabbitry-last-failure"
+#: The latest failure: the exception's type (``module.Qualname``) and its text.
+EXCEPTION_TYPE_HEADER = "x-rabbitry-exception-type"
+EXCEPTION_MESSAGE_HEADER = "x-rabbitry-exception-message"
+#: Why a message is in the parking lot: ``max-attempts`` or ``not-retryable``.
+PARKED_REASON_HEADER = "x-rabbitry-parked-reason"
+
+_MAX_EXCEPTION_TEXT = 1024
+
+
+# --------------------------------------------------------------------------- names
+
+
+def dlx_name(queue: str) -> str:
+    """``<queue>.dlx``: the retry hub exchange of ``queue``."""
+    return f"{queue}.dlx"
+
+
+def parking_lot_name(queue: str) -> str:
+    """``<queue>.parking-lot``."""
+    return f"{queue}.parking-lot"
+
+
+def delay_label(delay_ms: int) -> str:
+    """``5s`` for whole seconds, else ``250ms``."""
+    return f"{delay_ms // 1000}s" if delay_ms % 1000 == 0 and delay_ms else f"{delay_ms}ms"
+
+
+def retry_queue_name(queue: str, delay_ms: int) -> str:
+    """``<queue>.retry.<delay>``, e.g. ``jobs.retry.5s``, ``jobs.retry.250ms``."""
+    return f"{queue}.retry.{delay_label(delay_ms)}"
+
+
+@dataclass(frozen=True)
+class RetryNames:
+    """The entity names the retry machinery of one work queue uses."""
+
+    queue: str
+    dlx: str
+    retry_queues: tuple[str, ...]
+    parking_lot: str | None
+
+
+# --------------------------------------------------------------------------- policy
+
+
+class _Delivered(Protocol):
+    """What planning reads from a message (``rabbitry.Message`` has it)."""
+
+    @property
+    def headers(self) -> dict[str, Any]: ...
+
+    exchange: str
+    routing_key: str
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    """What to do with a failed message.
+
+    Attributes:
+        kind: ``"retry"``, ``"park"`` (parking lot) or ``"drop"`` (no parking lot).
+        via: ``"nack"`` (broker-driven: nack without requeue, the DLX does the rest),
+            ``"publish"`` (republish with confirms to ``exchange``/``routing_key`` with
+            ``headers``, then ack), or ``"ack"`` (just ack: dropped).
+        exchange: where the message goes next.
+        routing_key: with which routing key.
+        headers: the headers of the republished message (``via == "publish"``).
+        attempts: handler invocations so far, this failed one included.
+        delay: seconds before the retry (``kind == "retry"``), else ``None``.
+    """
+
+    kind: Literal["retry", "park", "drop"]
+    via: Literal["nack", "publish", "ack"]
+    exchange: str
+    routing_key: str
+    headers: Mapping[str, Any]
+    attempts: int
+    delay: float | None = None
+
+
+def _policy_error(field: str, rule: str) -> TopologyValidationError:
+    return TopologyValidationError("retry policy", field, rule)
+
+
+def _to_ms(value: object, index: int) -> int:
+    name = f"delays[{index}]"
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise _policy_error(name, f"must be seconds (a number) or a timedelta, got {value!r}")
+    ms = round(seconds * 1000)
+    if not 0 <= ms <= MAX_UINT32:
+        raise _policy_error(
+            name, f"must be 0..{MAX_UINT32 / 1000:.0f} seconds (x-message-ttl), got {seconds}"
+        )
+    return ms
+
+
+@dataclass(frozen=True, init=False)
+class RetryPolicy:
+    """How often and how late a failed message is retried, and where it ends.
+
+    Args:
+        delays: seconds (or ``timedelta``) to wait before each retry; the last one
+            repeats when ``max_attempts`` allows more retries than delays are given.
+            One distinct delay: broker-driven retry; several: client republish (see
+            :mod:`rabbitry.topology` and ``docs/topology.md``).
+        max_attempts: handler invocations in total (3 = the first try and two retries,
+            then the parking lot). Default: one more than the number of delays.
+        parking_lot: after ``max_attempts`` move the message to ``<queue>.parking-lot``;
+            ``False`` drops it (acked, with a warning in the log).
+        fatal: exception types that skip the retries and go to the parking lot at once.
+            An exception with ``retryable = False`` is treated the same.
+        queue: the work queue, if the policy is used for one queue only; otherwise
+            pass ``queue=`` to :meth:`plan` and :func:`handle_failure`.
+
+    Raises:
+        TopologyValidationError: a delay or the attempt count is out of range.
+    """
+
+    delays: tuple[float, ...]
+    max_attempts: int
+    parking_lot: bool
+    fatal: tuple[type[BaseException], ...]
+    queue: str | None
+
+    def __init__(
+        self,
+        delays: Sequence[float | timedelta] | float | timedelta = (),
+        max_attempts: int | None = None,
+        parking_lot: bool = True,
+        *,
+        fatal: Sequence[type[BaseException]] = (),
+        queue: str | None = None,
+    ) -> None:
+        raw = [delays] if isinstance(delays, int | float | timedelta) else list(delays)
+        ms = [_to_ms(value, i) for i, value in enumerate(raw)]
+        if max_attempts is None:
+            max_attempts = len(ms) + 1
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise _policy_error("max_attempts", f"must be an integer >= 1, got {max_attempts!r}")
+        if max_attempts > 1 and not ms:
+            raise _policy_error(
+                "delays", f"max_attempts={max_attempts} allows retries, so give at least one delay"
+            )
+        if len(ms) > max_attempts - 1:
+            raise _policy_error(
+                "delays",
+                f"{len(ms)} delays but max_attempts={max_attempts} allows only "
+                f"{max_attempts - 1} retries; the extra delays would never be used",
+            )
+        if not isinstance(parking_lot, bool):
+            raise _policy_error("parking_lot", f"must be True or False, got {parking_lot!r}")
+        for kind in fatal:
+            if not (isinstance(kind, type) and issubclass(kind, BaseException)):
+                raise _policy_error("fatal", f"must be exception types, got {kind!r}")
+        if queue is not None and (not isinstance(queue, str) or not queue):
+            raise _policy_error("queue", f"must be a non-empty queue name, got {queue!r}")
+        object.__setattr__(self, "delays", tuple(m / 1000 for m in ms))
+        object.__setattr__(self, "max_attempts", max_attempts)
+        object.__setattr__(self, "parking_lot", parking_lot)
+        object.__setattr__(self, "fatal", tuple(fatal))
+        object.__setattr__(self, "queue", queue)
+
+    # -- derived facts
+
+    @property
+    def delays_ms(self) -> tuple[int, ...]:
+        """The delays in milliseconds (what becomes x-message-ttl)."""
+        return tuple(round(d * 1000) for d in self.delays)
+
+    @property
+    def tiers(self) -> tuple[int, ...]:
+        """The distinct delays in milliseconds, in first-use order: one retry queue each."""
+        return tuple(dict.fromkeys(self.delays_ms))
+
+    @property
+    def broker_driven(self) -> bool:
+        """One distinct delay: retries go through the broker's dead-lettering."""
+        return len(self.tiers) == 1
+
+    def delay_ms_for(self, failures: int) -> int:
+        """The delay (ms) before the retry that follows failure number ``failures``."""
+        if not self.delays:
+            raise ValueError("this policy has no retries")
+        delays = self.delays_ms
+        return delays[min(max(failures, 1), len(delays)) - 1]
+
+    def names(self, queue: str | None = None) -> RetryNames:
+        """The entity names used for work queue ``queue``."""
+        work = self._work_queue(queue)
+        return RetryNames(
+            work,
+            dlx_name(work),
+            tuple(retry_queue_name(work, ms) for ms in self.tiers),
+            parking_lot_name(work) if self.parking_lot else None,
+        )
+
+    def _work_queue(self, queue: str | None) -> str:
+        work = queue or self.queue
+        if not work:
+            raise ValueError(
+                "which work queue? pass queue= (or build the policy with RetryPolicy(queue=...))"
+            )
+        return work
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """False for a ``fatal`` type or an exception with ``retryable = False``."""
+        if isinstance(exc, self.fatal):
+            return False
+        return getattr(exc, "retryable", True) is not False
+
+    # -- reading a delivery
+
+    def attempts(self, message: _Delivered, queue: str | None = None) -> int:
+        """Handler invocations that already failed before this delivery (0 at first).
+
+        Read from ``x-rabbitry-attempts`` when the message was republished (tier path),
+        else from the broker's ``x-death`` count of rejections from the work queue
+        (broker-driven path).
+        """
+        headers = message.headers
+        ours = headers.get(ATTEMPTS_HEADER)
+        if isinstance(ours, int) and not isinstance(ours, bool) and ours >= 0:
+            return ours
+        entry = _rejection(headers, queue or self.queue)
+        count = entry.get("count") if entry else None
+        return count if isinstance(count, int) and not isinstance(count, bool) else 0
+
+    def plan(
+        self,
+        message: _Delivered,
+        exc: BaseException,
+        now: datetime | None = None,
+        *,
+        queue: str | None = None,
+        retryable: bool | None = None,
+    ) -> RetryDecision:
+        """Decide where a message whose handler raised ``exc`` goes (pure; no I/O).
+
+        Args:
+            message: the failed delivery.
+            exc: what the handler raised.
+            now: the failure time (default: now, UTC).
+            queue: the work queue (default: the policy's ``queue``).
+            retryable: overrides :meth:`is_retryable`.
+        """
+        work = self._work_queue(queue)
+        now = now or datetime.now(UTC)
+        attempts = self.attempts(message, work) + 1
+        if retryable is None:
+            retryable = self.is_retryable(exc)
+        dlx = dlx_name(work)
+        if retryable and attempts < self.max_attempts:
+            delay_ms = self.delay_ms_for(attempts)
+            target = retry_queue_name(work, delay_ms)
+            if self.broker_driven:
+                return RetryDecision("retry", "nack", dlx, target, {}, attempts, delay_ms / 1000)
+            headers = self._failure_headers(message, exc, now, attempts, work)
+            return RetryDecision(
+                "retry", "publish", dlx, target, headers, attempts, delay_ms / 1000
+            )
+        if not self.parking_lot:
+            return RetryDecision("drop", "ack", "", "", {}, attempts)
+        headers = self._failure_headers(message, exc, now, attempts, work)
+        headers[PARKED_REASON_HEADER] = "not-retryable" if not retryable else "max-attempts"
+        return RetryDecision("park", "publish", dlx, parking_lot_name(work), headers, attempts)
+
+    def _failure_headers(
+        self, message: _Delivered, exc: BaseException, now: datetime, attempts: int, work: str
+    ) -> dict[str, Any]:
+        headers = dict(message.headers)
+        rejection = _rejection(headers, work)
+        if ORIGINAL_EXCHANGE_HEADER not in headers:
+            exchange, routing_key = message.exchange, message.routing_key
+            if rejection is not None:  # broker-driven: it came back through the DLX
+                exchange = str(rejection.get("exchange", exchange))
+                keys = rejection.get("routing-keys")
+                if isinstance(keys, list) and keys:
+                    routing_key = str(keys[0])
+            headers[ORIGINAL_EXCHANGE_HEADER] = exchange
+            headers[ORIGINAL_ROUTING_KEY_HEADER] = routing_key
+        if FIRST_FAILURE_HEADER not in headers:
+            first = rejection.get("time") if rejection is not None else None
+            headers[FIRST_FAILURE_HEADER] = _iso(first if isinstance(first, datetime) else now)
+        headers[LAST_FAILURE_HEADER] = _iso(now)
+        headers[ATTEMPTS_HEADER] = attempts
+        headers[EXCEPTION_TYPE_HEADER] = _type_name(exc)
+        headers[EXCEPTION_MESSAGE_HEADER] = str(exc)[:_MAX_EXCEPTION_TEXT]
+        return headers
+
+
+def _rejection(headers: Mapping[str, Any], queue: str | None) -> dict[str, Any] | None:
+    """The x-death entry for rejections from ``queue`` (any queue when ``None``)."""
+    deaths = headers.get("x-death")
+    if not isinstance(deaths, list):
+        return None
+    for entry in deaths:
+        if (
+            isinstance(entry, dict)
+            and entry.get("reason") == "rejected"
+            and (queue is None or entry.get("queue") == queue)
+        ):
+            return entry
+    return None
+
+
+def _iso(moment: datetime) -> str:
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _type_name(exc: BaseException) -> str:
+    kind = type(exc)
+    if kind.__module__ == "builtins":
+        return kind.__qualname__
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+# --------------------------------------------------------------------------- topology
+
+
+def build_retry(topology: Topology, queue: str, policy: RetryPolicy) -> Topology:
+    """The topology plus the retry machinery for its queue ``queue``.
+
+    Raises:
+        TopologyValidationError: the queue is not in the topology, is a stream or
+            server-named, already dead-letters elsewhere, or a derived name is too long.
+    """
+    work = topology.queue(queue)
+    entity = f"queue {queue!r}"
+    if work is None:
+        raise TopologyValidationError(
+            entity, "with_retry", "the queue is not in this topology; add Queue(...) first"
+        )
+    if work.queue_type == "stream":
+        raise TopologyValidationError(
+            entity, "with_retry", "stream queues cannot dead-letter, so they cannot retry"
+        )
+    if policy.queue not in (None, queue):
+        raise TopologyValidationError(
+            entity, "with_retry", f"the policy is for queue {policy.queue!r}"
+        )
+    names = policy.names(queue)
+    kind = work.queue_type
+    helpers: dict[str, Any] = {"durable": work.durable, "queue_type": kind}
+    if kind not in ("quorum", "stream"):
+        helpers["exclusive"] = work.exclusive
+    retry_queues = [
+        Queue(
+            name,
+            message_ttl=ms,
+            dead_letter_exchange=names.dlx,
+            dead_letter_routing_key=queue,
+            **helpers,
+        )
+        for ms, name in zip(policy.tiers, names.retry_queues, strict=True)
+    ]
+    parking = [Queue(names.parking_lot, **helpers)] if names.parking_lot else []
+    if policy.broker_driven:
+        dead_letter_key: str | None = names.retry_queues[0]
+    else:
+        dead_letter_key = names.parking_lot
+    queues = list(topology.queues)
+    if dead_letter_key is not None:
+        for existing, wanted in (
+            (work.dead_letter_exchange, names.dlx),
+            (work.dead_letter_routing_key, dead_letter_key),
+        ):
+            if existing not in (None, wanted):
+                raise TopologyValidationError(
+                    entity,
+                    "dead_letter_exchange",
+                    f"already dead-letters to {work.dead_letter_exchange!r} / "
+                    f"{work.dead_letter_routing_key!r}; with_retry needs {names.dlx!r} / "
+                    f"{dead_letter_key!r}",
+                )
+        updated = replace(
+            work, dead_letter_exchange=names.dlx, dead_letter_routing_key=dead_letter_key
+        )
+        queues = [updated if q is work else q for q in queues]
+    bindings = [Binding(names.dlx, queue, queue)]
+    bindings += [Binding(names.dlx, q.name, q.name) for q in retry_queues + parking]
+    return Topology(
+        (*topology.exchanges, Exchange(names.dlx, "direct", durable=work.durable)),
+        queues + retry_queues + parking,
+        (*topology.bindings, *bindings),
+    )
+
+
+# --------------------------------------------------------------------------- the move
+
+
+class _ReturnWatch:
+    """Counts basic.return per (exchange, routing key) on one channel.
+
+    RabbitMQ sends the basic.return of an unroutable mandatory message before its
+    basic.ack, so a count taken before publishing and compared after the confirm says
+    whether our message came back.
+    """
+
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[str, str]] = Counter()
+
+    def __call__(self, message: Message) -> None:
+        self.counts[(message.exchange, message.routing_key)] += 1
+
+
+_WATCHES: weakref.WeakKeyDictionary[AsyncChannel, _ReturnWatch] = weakref.WeakKeyDictionary()
+
+
+def _watch(channel: AsyncChannel) -> _ReturnWatch:
+    watch = _WATCHES.get(channel)
+    if watch is None:
+        watch = _WATCHES[channel] = _ReturnWatch()
+        channel.add_return_callback(watch)
+    return watch
+
+
+def _properties(original: BasicProperties, headers: Mapping[str, Any]) -> BasicProperties:
+    values = {name: getattr(original, name) for name in BasicProperties.FIELDS}
+    values["headers"] = dict(headers)
+    # The delay is ours and a parked message must not vanish: drop a per-message TTL
+    # (RabbitMQ removes it on dead-lettering for the same reason).
+    values["expiration"] = None
+    return BasicProperties(**values)
+
+
+async def handle_failure(
+    channel: AsyncChannel,
+    message: Message,
+    exc: BaseException,
+    policy: RetryPolicy,
+    *,
+    queue: str | None = None,
+    retryable: bool | None = None,
+    now: datetime | None = None,
+    timeout: float | None = 30.0,
+) -> Literal["retry", "park", "drop"]:
+    """Move a message whose handler failed: retry it, park it, or drop it; then settle it.
+
+    Every republish (tier retry, parking lot) is confirmed by the broker, and returned
+    if unroutable, before the original is acked; if anything fails the original stays
+    unacknowledged (the broker redelivers it) and the error propagates. The channel is
+    put in confirm mode if it is not (it must not be transactional).
+
+    Args:
+        channel: the channel the message was delivered on (the ack must go there).
+        message: the failed delivery (not yet acked).
+        exc: what the handler raised.
+        policy: the retry policy (the one given to ``Topology.with_retry``).
+        queue: the work queue (default: ``policy.queue``).
+        retryable: overrides ``policy.is_retryable(exc)``.
+        now: the failure time (default: now).
+        timeout: seconds to wait for the confirm.
+
+    Returns:
+        ``"retry"``, ``"park"`` or ``"drop"``.
+
+    Raises:
+        TopologyError: the republished message was unroutable (the retry topology is
+            not declared).
+        Nacked, Timeout, ChannelClosed...: the move was not confirmed.
+        InvalidStateError: the message was already acked or rejected.
+    """
+    if message.settled:
+        raise InvalidStateError(f"delivery {message.delivery_tag} was already settled")
+    decision = policy.plan(message, exc, now, queue=queue, retryable=retryable)
+    if decision.via == "nack":
+        channel.basic_nack(message.delivery_tag, requeue=False)
+        message.settled = True
+        return decision.kind
+    if decision.via == "ack":
+        logger.warning(
+            "dropping delivery %s after %d attempts (no parking lot): %r",
+            message.delivery_tag,
+            decision.attempts,
+            exc,
+        )
+        channel.basic_ack(message.delivery_tag)
+        message.settled = True
+        return decision.kind
+    if not channel.confirm_mode:
+        await channel.confirm_select(timeout=timeout)
+    watch = _watch(channel)
+    route = (decision.exchange, decision.routing_key)
+    before = watch.counts[route]
+    confirm = await channel.basic_publish(
+        decision.exchange,
+        decision.routing_key,
+        message.body,
+        properties=_properties(message.properties, decision.headers),
+        mandatory=True,
+    )
+    assert confirm is not None  # confirm mode
+    try:
+        async with asyncio.timeout(timeout):
+            await confirm
+    except PublishOutcomeUnknown as exc:
+        if isinstance(exc.__cause__, NotFound):  # the channel died of a 404 on publish
+            raise TopologyError(
+                f"moving a failed message failed: exchange {decision.exchange!r} does not "
+                "exist. Is the retry topology declared (Topology.with_retry(...).apply)? "
+                "The original was not acked; the broker will deliver it again."
+            ) from exc
+        raise
+    except TimeoutError:
+        raise Timeout(
+            f"the broker did not confirm the {decision.kind} move within {timeout} s"
+        ) from None
+    if watch.counts[route] != before:
+        raise TopologyError(
+            f"moving a failed message to exchange {decision.exchange!r} with routing key "
+            f"{decision.routing_key!r} failed: unroutable. Is the retry topology declared "
+            "(Topology.with_retry(...).apply)?"
+        )
+    channel.basic_ack(message.delivery_tag)
+    message.settled = True
+    return decision.kind

@@ -1,0 +1,330 @@
+"""Topology: a validated set of exchanges, queues and bindings, and its operations.
+
+The operations live in their own modules (imported when used): ``_definitions`` (load
+and save), ``_diff``, ``_apply`` (apply/verify/delete on a connection) and ``_retry``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from ..exceptions import TopologyValidationError
+from ._model import Binding, Exchange, Queue
+
+if TYPE_CHECKING:
+    import os
+
+    from ..aio.connection import AsyncConnection
+    from ..sync._portal import Portal
+    from ..sync.connection import Connection
+    from ._apply import ApplyResult, VerifyReport
+    from ._retry import RetryPolicy
+
+__all__ = ["Topology"]
+
+
+@dataclass(frozen=True, eq=True, init=False)
+class Topology:
+    """A set of exchanges, queues and bindings, applied in that order.
+
+    Build it directly, load it (:meth:`from_dict`, :meth:`load`, :meth:`from_definitions`)
+    and combine topologies with ``+``. An entity given twice identically is kept once;
+    the same name with different settings is an error.
+
+    Args:
+        exchanges: the exchanges, declared first, in order.
+        queues: the queues, declared next, in order.
+        bindings: the bindings, declared last, in order.
+
+    Raises:
+        TopologyValidationError: an entity is invalid, a name is defined twice with
+            different settings, or a binding refers to a server-named queue that is
+            not part of the topology.
+    """
+
+    exchanges: tuple[Exchange, ...]
+    queues: tuple[Queue, ...]
+    bindings: tuple[Binding, ...]
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(
+        self,
+        exchanges: Iterable[Exchange] = (),
+        queues: Iterable[Queue] = (),
+        bindings: Iterable[Binding] = (),
+    ) -> None:
+        kept_exchanges = _unique(exchanges, Exchange, "exchanges")
+        kept_queues = _unique(queues, Queue, "queues")
+        kept_bindings: list[Binding] = []
+        for binding in _items(bindings, Binding, "bindings"):
+            if not any(binding.same_as(seen) for seen in kept_bindings):
+                kept_bindings.append(binding)
+        for binding in kept_bindings:
+            target = binding.destination
+            if isinstance(target, Queue) and not any(target is q for q in kept_queues):
+                raise TopologyValidationError(
+                    binding.label,
+                    "destination",
+                    "refers to a server-named queue that is not in this topology's queues",
+                )
+        object.__setattr__(self, "exchanges", tuple(kept_exchanges))
+        object.__setattr__(self, "queues", tuple(kept_queues))
+        object.__setattr__(self, "bindings", tuple(kept_bindings))
+
+    def __add__(self, other: object) -> Topology:
+        if not isinstance(other, Topology):
+            return NotImplemented
+        return Topology(
+            self.exchanges + other.exchanges,
+            self.queues + other.queues,
+            self.bindings + other.bindings,
+        )
+
+    def __len__(self) -> int:
+        return len(self.exchanges) + len(self.queues) + len(self.bindings)
+
+    def exchange(self, name: str) -> Exchange | None:
+        """The exchange called ``name``, or ``None``."""
+        return next((x for x in self.exchanges if x.name == name), None)
+
+    def queue(self, name: str) -> Queue | None:
+        """The queue called ``name``, or ``None`` (server-named queues have no name)."""
+        if not name:
+            return None
+        return next((q for q in self.queues if q.name == name), None)
+
+    # ------------------------------------------------------------------ documents
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Topology:
+        """Build from our own form: ``{"exchanges": [...], "queues": [...], "bindings": [...]}``
+        with the constructors' keyword names. Unknown keys are errors.
+        """
+        from ._definitions import from_dict
+
+        return from_dict(data)
+
+    @classmethod
+    def from_definitions(cls, data: Mapping[str, Any], vhost: str = "/") -> Topology:
+        """Build from a RabbitMQ definitions export (``rabbitmqctl export_definitions``,
+        management ``/api/definitions``), taking the entities of ``vhost`` only."""
+        from ._definitions import from_definitions
+
+        return from_definitions(data, vhost)
+
+    @classmethod
+    def from_json(cls, text: str, vhost: str = "/") -> Topology:
+        """Parse JSON in our form or a definitions export (``vhost`` picks its entities)."""
+        from ._definitions import from_data, parse_text
+
+        return from_data(parse_text(text, "json"), vhost)
+
+    @classmethod
+    def from_yaml(cls, text: str, vhost: str = "/") -> Topology:
+        """Parse YAML (needs PyYAML: ``rabbitry[yaml]``); same shapes as :meth:`from_json`."""
+        from ._definitions import from_data, parse_text
+
+        return from_data(parse_text(text, "yaml"), vhost)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], vhost: str = "/") -> Topology:
+        """Read a ``.json``, ``.yaml`` or ``.yml`` file (our form or a definitions export)."""
+        from ._definitions import load
+
+        return load(path, vhost)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Our own form, with only the fields that differ from their defaults."""
+        from ._definitions import to_dict
+
+        return to_dict(self)
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        """:meth:`to_dict` as JSON text."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def to_yaml(self) -> str:
+        """:meth:`to_dict` as YAML text (needs PyYAML)."""
+        from ._definitions import dump_yaml
+
+        return dump_yaml(self.to_dict())
+
+    def to_definitions(self, vhost: str = "/") -> dict[str, Any]:
+        """A definitions document for ``rabbitmqctl import_definitions`` (exclusive and
+        server-named queues are left out, as RabbitMQ's own export does)."""
+        from ._definitions import to_definitions
+
+        return to_definitions(self, vhost)
+
+    # ------------------------------------------------------------------ composition
+
+    def with_retry(self, queue: str, policy: RetryPolicy) -> Topology:
+        """A new topology that also holds the retry machinery for ``queue``.
+
+        Adds ``<queue>.dlx``, one ``<queue>.retry.<delay>`` queue per distinct delay,
+        ``<queue>.parking-lot`` (if the policy has one) and their bindings, and makes
+        ``queue`` dead-letter to ``<queue>.dlx``. Give the consumer the same policy.
+        See :mod:`rabbitry.topology` for the design.
+
+        Raises:
+            TopologyValidationError: ``queue`` is not in this topology, is a stream, or
+                already dead-letters somewhere else.
+        """
+        from ._retry import build_retry
+
+        return build_retry(self, queue, policy)
+
+    def diff(
+        self, other: Topology | Mapping[str, Any], *, vhost: str = "/", extra: bool = True
+    ) -> list[str]:
+        """Readable differences between this topology and ``other``.
+
+        Args:
+            other: another topology, or a definitions export (what the broker has).
+            vhost: the vhost to read from a definitions export.
+            extra: also list what only ``other`` has (``... : not in ours``); pass
+                ``False`` against a whole broker's export.
+
+        Returns:
+            One line per difference, e.g. ``queue 'jobs': x-message-ttl: ours 1000,
+            theirs 2000``; empty when ``other`` matches.
+        """
+        from ._definitions import from_definitions
+        from ._diff import diff_topologies
+
+        theirs = other if isinstance(other, Topology) else from_definitions(other, vhost)
+        return diff_topologies(self, theirs, extra=extra)
+
+    # ------------------------------------------------------------------ the broker
+
+    async def aapply(
+        self, connection: AsyncConnection, *, timeout: float | None = None
+    ) -> ApplyResult:
+        """Declare everything on an :class:`~rabbitry.AsyncConnection`, idempotently.
+
+        Exchanges, then queues, then bindings, on a channel of its own (opened and
+        closed here). Each declared entity is added to ``connection.topology_record``
+        for recovery. A server-named queue's assigned name is used by the bindings that
+        refer to its ``Queue`` object and reported in the result.
+
+        Args:
+            connection: an open connection.
+            timeout: seconds per declaration.
+
+        Returns:
+            What was declared (:class:`ApplyResult`).
+
+        Raises:
+            TopologyConflict: an entity exists with other arguments (406); the
+                connection stays usable.
+            ChannelClosedByBroker: another refusal (e.g. 404 binding to a missing
+                exchange, 403); a note names the entity.
+        """
+        from ._apply import apply_topology
+
+        _require_async(connection, "aapply", "apply")
+        return await apply_topology(self, connection, timeout=timeout)
+
+    def apply(self, connection: Connection, *, timeout: float | None = None) -> ApplyResult:
+        """:meth:`aapply` for a thread-safe :class:`~rabbitry.Connection` (blocks)."""
+        portal = _require_sync(connection, "apply", "aapply")
+        return portal.call(self.aapply, connection._async, timeout=timeout)
+
+    async def averify(
+        self, connection: AsyncConnection, *, timeout: float | None = None
+    ) -> VerifyReport:
+        """Check with passive declares which exchanges and queues exist.
+
+        Bindings cannot be checked over AMQP (there is no passive bind) and arguments
+        are not returned by a passive declare: compare a definitions export with
+        :meth:`diff` for those.
+        """
+        from ._apply import verify_topology
+
+        _require_async(connection, "averify", "verify")
+        return await verify_topology(self, connection, timeout=timeout)
+
+    def verify(self, connection: Connection, *, timeout: float | None = None) -> VerifyReport:
+        """:meth:`averify` for a thread-safe :class:`~rabbitry.Connection` (blocks)."""
+        portal = _require_sync(connection, "verify", "averify")
+        return portal.call(self.averify, connection._async, timeout=timeout)
+
+    async def adelete(self, connection: AsyncConnection, *, timeout: float | None = None) -> None:
+        """Delete this topology's bindings, queues and exchanges, and forget them.
+
+        They are removed from ``connection.topology_record`` so recovery does not declare
+        them again. What is already gone is skipped. Server-named queues are skipped
+        unless this is ``ApplyResult.topology`` (which carries their names).
+        """
+        from ._apply import delete_topology
+
+        _require_async(connection, "adelete", "delete")
+        await delete_topology(self, connection, timeout=timeout)
+
+    def delete(self, connection: Connection, *, timeout: float | None = None) -> None:
+        """:meth:`adelete` for a thread-safe :class:`~rabbitry.Connection` (blocks)."""
+        portal = _require_sync(connection, "delete", "adelete")
+        portal.call(self.adelete, connection._async, timeout=timeout)
+
+
+def _require_async(connection: object, name: str, twin: str) -> None:
+    if hasattr(connection, "_require_portal"):
+        raise TypeError(
+            f"Topology.{name}() takes an AsyncConnection; use topology.{twin}(connection) "
+            "with a rabbitry.Connection"
+        )
+
+
+def _require_sync(connection: object, name: str, twin: str) -> Portal:
+    require = getattr(connection, "_require_portal", None)
+    if require is None:
+        raise TypeError(
+            f"Topology.{name}() takes a rabbitry.Connection; use await topology.{twin}"
+            "(connection) with an AsyncConnection"
+        )
+    portal: Portal = require()
+    return portal
+
+
+def _items(values: object, cls: type, name: str) -> list[Any]:
+    if isinstance(values, str | bytes | Mapping) or not isinstance(values, Iterable):
+        raise TopologyValidationError(
+            "topology", name, f"must be a sequence of {cls.__name__}, got {type(values).__name__}"
+        )
+    items = list(values)
+    for index, item in enumerate(items):
+        if not isinstance(item, cls):
+            raise TopologyValidationError(
+                "topology",
+                f"{name}[{index}]",
+                f"must be a {cls.__name__}, got {type(item).__name__}",
+            )
+    return items
+
+
+def _unique(values: object, cls: type, name: str) -> list[Any]:
+    kept: list[Any] = []
+    by_name: dict[str, Any] = {}
+    for item in _items(values, cls, name):
+        if not item.name:  # server-named: each object is its own queue
+            if not any(item is other for other in kept):
+                kept.append(item)
+            continue
+        seen = by_name.get(item.name)
+        if seen is None:
+            by_name[item.name] = item
+            kept.append(item)
+        elif seen != item:
+            changed = [
+                f"{f.name}: {getattr(seen, f.name)!r} vs {getattr(item, f.name)!r}"
+                for f in fields(item)
+                if getattr(seen, f.name) != getattr(item, f.name)
+            ]
+            raise TopologyValidationError(
+                item.label, "name", f"defined twice with different settings ({'; '.join(changed)})"
+            )
+    return kept
