@@ -419,13 +419,20 @@ class AsyncConsumer:
         self._pump()
 
     def _pump(self) -> None:
+        # Up to ``concurrency`` worker tasks, each draining the inbox. A handler that
+        # does not suspend lets its worker take the next message in the same loop
+        # iteration, so the acks of a burst leave in one write (not one send each).
+        while self._inbox and self._running < self.concurrency:
+            self._spawn(self._work())
+
+    async def _work(self) -> None:
         inbox = self._inbox
-        while inbox and self._running < self.concurrency:
+        while inbox and not self._stopping:
             work = inbox.popleft()
             if isinstance(work, list):
-                self._spawn(self._handle_batch(work))
+                await self._handle_batch(work)
             else:
-                self._spawn(self._handle(work))
+                await self._handle(work)
 
     def _spawn(self, work: Awaitable[None]) -> None:
         self._running += 1
