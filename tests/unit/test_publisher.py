@@ -694,3 +694,26 @@ def test_sync_publish_after_connection_lost_fails_the_future(
     assert isinstance(error, PublishOutcomeUnknown)
     assert isinstance(error.__cause__, InvalidStateError)
     assert pub.in_flight == 0
+
+
+def test_sync_close_releases_threads_blocked_on_the_window(
+    broker: FakeBroker, sync_conn: rabbitry.Connection
+) -> None:
+    pub = sync_conn.publisher(max_in_flight=1)
+    first = pub.publish(b"1", routing_key="q")
+    errors: list[BaseException] = []
+
+    def blocked() -> None:
+        try:
+            pub.publish(b"2", routing_key="q")
+        except InvalidStateError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=blocked)
+    thread.start()
+    time.sleep(0.05)
+    pub.close(timeout=0.1)
+    thread.join(WAIT)
+    assert not thread.is_alive() and len(errors) == 1
+    assert isinstance(first.exception(WAIT), PublishOutcomeUnknown)
+    assert len(broker.published) == 1

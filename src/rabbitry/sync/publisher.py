@@ -169,6 +169,9 @@ class Publisher:
             raise PublishTimeout(
                 f"could not publish within {timeout} s: no room in the window of {engine._max}"
             )
+        if engine._closing:  # closed while this thread waited for room
+            self._slots.release()
+            raise InvalidStateError("the publisher is closed")
         future: concurrent.futures.Future[None] = concurrent.futures.Future()
         try:
             self._portal.submit(
