@@ -24,6 +24,7 @@ from .exceptions import (
     ConnectionClosedByClient,
     ConnectionForced,
     ConnectionLost,
+    ConnectionRecovering,
     ConsumerCancelled,
     HandlerSignal,
     HeartbeatTimeout,
@@ -43,6 +44,7 @@ from .exceptions import (
     ResourceLocked,
     Retry,
     Timeout,
+    TLSError,
     TopologyConflict,
     TopologyError,
     TopologyValidationError,
@@ -52,6 +54,7 @@ from .message import Message, Properties
 from .pool import AsyncChannelPool
 from .protocol.frames import Float32, Int8, Int16, Int32, Int64, UInt8, UInt16, UInt32
 from .publisher import AsyncPublisher, OutgoingMessage
+from .recovery import RecoveryPolicy, State
 from .sync import Channel, Connection
 from .sync.consumer import Consumer
 from .sync.pool import ChannelPool
@@ -92,6 +95,7 @@ __all__ = [
     "ConnectionForced",
     "ConnectionLost",
     "ConnectionParameters",
+    "ConnectionRecovering",
     "Consumer",
     "ConsumerCancelled",
     "ConsumerStats",
@@ -120,12 +124,15 @@ __all__ = [
     "PublishTimeout",
     "Publisher",
     "Queue",
+    "RecoveryPolicy",
     "Reject",
     "RemoteProtocolError",
     "Requeue",
     "ResourceLocked",
     "Retry",
     "RetryPolicy",
+    "State",
+    "TLSError",
     "Timeout",
     "Topology",
     "TopologyConflict",

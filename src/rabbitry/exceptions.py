@@ -15,6 +15,9 @@ The tree::
     │   ├── AuthenticationError            the broker refused our credentials
     │   ├── HeartbeatTimeout               the peer went silent for 2 × heartbeat
     │   ├── ConnectionLost                 the socket failed or reached EOF
+    │   ├── ConnectionRecovering           recovering; the policy says fail fast
+    │   ├── TLSError                       the TLS handshake failed (untrusted CA, wrong
+    │   │                                     host name, bad client certificate)
     │   └── ConnectionClosed(reply_code, reply_text, class_id, method_id)
     │       ├── ConnectionClosedByClient
     │       └── ConnectionClosedByBroker
@@ -75,6 +78,7 @@ __all__ = [
     "ConnectionClosedByClient",
     "ConnectionForced",
     "ConnectionLost",
+    "ConnectionRecovering",
     "ConsumerCancelled",
     "ContentTooLarge",
     "FrameError",
@@ -101,6 +105,7 @@ __all__ = [
     "ResourceError",
     "ResourceLocked",
     "Retry",
+    "TLSError",
     "Timeout",
     "TopologyConflict",
     "TopologyError",
@@ -217,6 +222,19 @@ class HeartbeatTimeout(AMQPConnectionError):
 
 class ConnectionLost(AMQPConnectionError):
     """The socket failed, or the broker closed it without connection.close."""
+
+
+class ConnectionRecovering(AMQPConnectionError):
+    """The connection is recovering and the recovery policy says not to wait."""
+
+
+class TLSError(AMQPConnectionError):
+    """The TLS handshake with the broker failed: the certificate chain is not trusted,
+    the certificate does not match the host name, or the broker refused ours.
+
+    The message names the address and the reason; ``__cause__`` is the
+    :class:`ssl.SSLError` (or :class:`ssl.CertificateError`).
+    """
 
 
 class ConnectionClosed(_Close, AMQPConnectionError):

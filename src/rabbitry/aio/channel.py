@@ -61,13 +61,15 @@ _END = object()
 class _Consumer:
     """A registered consumer: where its deliveries go."""
 
-    __slots__ = ("callback", "is_async", "on_cancel", "on_close", "queue", "task")
+    __slots__ = ("callback", "is_async", "on_cancel", "on_close", "queue", "spec", "task")
 
     def __init__(self, callback: ConsumerCallback, on_cancel: CancelCallback | None) -> None:
         self.callback = callback
         self.on_cancel = on_cancel
         # Told when the channel ends under the consumer (the iterator form uses it).
         self.on_close: Callable[[AMQPError], None] | None = None
+        #: The basic.consume that made it, for recovery to send again.
+        self.spec: spec.BasicConsume | None = None
         self.is_async = inspect.iscoroutinefunction(callback)
         # Async callbacks run one at a time, in delivery order, on a worker task.
         self.queue: asyncio.Queue[Message | object] | None = None
@@ -97,6 +99,12 @@ class AsyncChannel:
         self._return_callbacks: list[ReturnCallback] = []
         self._closed: asyncio.Future[AMQPError] = loop.create_future()
         self.close_exc: AMQPError | None = None
+        # Recovery: the connection died under the channel and will bring it back with a
+        # new protocol object. Deliveries carry the epoch they arrived in; acks for an
+        # older epoch are dropped (their tags died with the old connection).
+        self.epoch = 0
+        self._suspended = False
+        self._qos: tuple[int, int, bool] | None = None
         self._register_rpc(None)  # channel.open, already queued by the protocol
 
     def __repr__(self) -> str:
@@ -175,11 +183,22 @@ class AsyncChannel:
         timeout: float | None,
         hook: Callable[[Any], None] | None = None,
     ) -> Any:
+        if self._suspended:
+            await self._conn._await_recovery(timeout, method.NAME)
         self._proto.send_method(method)
         self._register_rpc(hook)
         return await self._await_rpc(method.NAME, timeout)
 
     def _send(self, method: Method) -> None:
+        if self._suspended:
+            # Only acks, nacks and rejects come here; their delivery tags belonged to
+            # the connection that died, and the broker redelivers those messages.
+            logger.warning(
+                "channel %s: dropping %s during recovery (its delivery tag is stale)",
+                self.channel_id,
+                method.NAME,
+            )
+            return
         self._proto.send_method(method)
         self._conn._kick()
 
@@ -344,6 +363,7 @@ class AsyncChannel:
             prefetch_size=prefetch_size, prefetch_count=prefetch_count, global_=global_
         )
         result: spec.BasicQosOk = await self._rpc(method, timeout)
+        self._qos = (prefetch_count, prefetch_size, global_)  # replayed by recovery
         return result
 
     async def basic_publish(
@@ -368,6 +388,8 @@ class AsyncChannel:
             InvalidStateError: the channel is closed.
         """
         conn = self._conn
+        if self._suspended:
+            await conn._await_recovery(None, "basic.publish")
         if conn._write_paused:
             await conn._wait_writable()
         seq = self._proto.publish(exchange, routing_key, body, properties, mandatory)  # type: ignore[arg-type]
@@ -457,8 +479,19 @@ class AsyncChannel:
     ) -> str:
         consumer = _Consumer(callback, on_cancel)
         consumer.on_close = on_close
+        # What recovery needs to subscribe again (the tag is filled in on consume-ok).
+        consumer.spec = spec.BasicConsume(
+            queue=queue,
+            consumer_tag=consumer_tag,
+            no_local=no_local,
+            no_ack=no_ack,
+            exclusive=exclusive,
+            arguments=arguments,
+        )
 
         def register(reply: spec.BasicConsumeOk) -> None:
+            assert consumer.spec is not None
+            consumer.spec.consumer_tag = reply.consumer_tag
             self._consumers[reply.consumer_tag] = consumer
             if consumer.is_async:
                 consumer.queue = asyncio.Queue()
@@ -566,6 +599,7 @@ class AsyncChannel:
         reply = await self._rpc(spec.BasicGet(queue=queue, no_ack=no_ack), timeout)
         if isinstance(reply, Message):
             reply.channel = self
+            reply.epoch = self.epoch
             return reply
         return None
 
@@ -652,6 +686,7 @@ class AsyncChannel:
 
     def _on_delivery(self, message: Message) -> None:
         message.channel = self
+        message.epoch = self.epoch
         consumer = self._consumers.get(message.consumer_tag)
         if consumer is None:
             logger.warning(
@@ -735,12 +770,8 @@ class AsyncChannel:
     def _on_flow(self, active: bool) -> None:
         logger.info("channel %s: broker flow %s", self.channel_id, "on" if active else "off")
 
-    def _on_closed(self, exc: AMQPError) -> None:
-        if self._closed.done():
-            return
-        self.close_exc = exc
-        self._closed.set_result(exc)
-        self._conn._channels.pop(self.channel_id, None)
+    def _fail_pending(self, exc: AMQPError) -> None:
+        """Fail waiting requests and unconfirmed publishes with ``exc``."""
         rpcs, self._rpcs = self._rpcs, deque()
         for future, _ in rpcs:
             if not future.done():
@@ -754,6 +785,53 @@ class AsyncChannel:
                 unknown = PublishOutcomeUnknown(seq)
                 unknown.__cause__ = exc
                 waiter.set_exception(unknown)
+
+    def _suspend(self, exc: AMQPError) -> None:
+        """The connection died and is recovering: keep the channel, fail what was pending.
+
+        Consumers stay registered (recovery subscribes them again); a new epoch starts
+        so that acks for the deliveries received so far are not sent on the new channel.
+        """
+        if self._closed.done():
+            return
+        self._suspended = True
+        self.epoch += 1
+        self._fail_pending(exc)
+
+    async def _resume(self, protocol: ChannelProtocol) -> None:
+        """Recovery: adopt the re-opened channel; replay QoS and confirm/tx modes."""
+        confirm = self._proto.confirm_mode
+        transactional = self._proto.transactional
+        self._proto = protocol
+        self._register_rpc(None)  # channel.open, queued by the protocol
+        await self._await_rpc("channel.open", 30.0)
+        self._suspended = False
+        if self._qos is not None:
+            count, size, global_ = self._qos
+            await self.basic_qos(count, prefetch_size=size, global_=global_, timeout=30.0)
+        if confirm:
+            await self.confirm_select(timeout=30.0)
+        if transactional:
+            await self.tx_select(timeout=30.0)
+
+    async def _resubscribe(self, renamed: Mapping[str, str]) -> None:
+        """Recovery: subscribe every consumer again, same tag, following renamed queues."""
+        for tag, consumer in list(self._consumers.items()):
+            method = consumer.spec
+            if method is None:
+                continue
+            method.queue = renamed.get(method.queue, method.queue)
+            method.consumer_tag = tag
+            await self._rpc(method, 30.0)
+
+    def _on_closed(self, exc: AMQPError) -> None:
+        if self._closed.done():
+            return
+        self._suspended = False
+        self.close_exc = exc
+        self._closed.set_result(exc)
+        self._conn._channels.pop(self.channel_id, None)
+        self._fail_pending(exc)
         for tag in list(self._consumers):
             consumer = self._drop_consumer(tag)
             if consumer is not None and consumer.on_close is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -23,10 +24,15 @@ from ..exceptions import (
     AMQPConnectionError,
     AMQPError,
     AuthenticationError,
+    ChannelClosedByBroker,
     ConnectError,
     ConnectionClosedByClient,
+    ConnectionLost,
+    ConnectionRecovering,
     InvalidStateError,
+    ResourceLocked,
     Timeout,
+    TLSError,
 )
 from ..protocol import spec
 from ..protocol.connection import ConnectionProtocol, ConnectionState
@@ -45,6 +51,7 @@ from ..protocol.events import (
     RpcReply,
 )
 from ..record import TopologyRecord
+from ..recovery import RecoveryPolicy, State, is_recoverable
 from .channel import AsyncChannel
 
 if TYPE_CHECKING:
@@ -65,24 +72,41 @@ BlockedCallback = Callable[[str | None], Any]
 CloseCallback = Callable[[AMQPError], Any]
 
 
+class _RecoveryAborted(Exception):
+    """An entity failed to re-declare and the policy says abort."""
+
+    def __init__(self, cause: AMQPError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 class _Transport(asyncio.Protocol):
     """asyncio glue: forwards socket events to the connection."""
 
-    def __init__(self, connection: AsyncConnection) -> None:
+    def __init__(self, connection: AsyncConnection, proto: ConnectionProtocol) -> None:
         self._connection = connection
+        # The protocol object this socket serves: a late event from the socket of an
+        # earlier attempt (or of a connection that recovery replaced) must not reach
+        # the new one.
+        self._proto = proto
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
-        self._connection._on_connection_made(transport)
+        if self._connection._proto is self._proto:
+            self._connection._on_connection_made(transport)
+        else:
+            transport.abort()
 
     def data_received(self, data: bytes) -> None:
-        self._connection._on_data(data)
+        if self._connection._proto is self._proto:
+            self._connection._on_data(data)
 
     def eof_received(self) -> bool:
         return False  # let the transport close; connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._connection._on_connection_lost(exc)
+        if self._connection._proto is self._proto:
+            self._connection._on_connection_lost(exc)
 
     def pause_writing(self) -> None:
         self._connection._write_paused = True
@@ -112,6 +136,9 @@ class AsyncConnection:
         ssl_context: TLS settings; giving one turns TLS on for ``amqp://`` URLs too.
         client_properties: extra client-properties entries.
         max_message_size: largest message body sent or accepted (bytes; 0 = no limit).
+        recovery: a :class:`rabbitry.recovery.RecoveryPolicy` to reconnect and replay
+            channels, topology and consumers after a connection failure; ``None`` (the
+            default for now) ends the connection instead.
 
     Options given as keywords override the same options in the URLs' query strings.
     """
@@ -129,6 +156,7 @@ class AsyncConnection:
         ssl_context: ssl.SSLContext | None = None,
         client_properties: dict[str, Any] | None = None,
         max_message_size: int = 128 * 1024 * 1024,
+        recovery: RecoveryPolicy | None = None,
     ) -> None:
         options = {
             "heartbeat": heartbeat,
@@ -166,6 +194,15 @@ class AsyncConnection:
         self.close_exc: AMQPError | None = None
         # What apply() declared, in order; automatic recovery replays it.
         self.topology_record = TopologyRecord()
+        self.recovery = recovery
+        self._state = State.CONNECTING
+        self._closing = False
+        self._recovered: asyncio.Event | None = None
+        self._recovery_task: asyncio.Task[None] | None = None
+        self._dropped_exc: AMQPError | None = None
+        self._state_callbacks: list[Callable[[State, AMQPError | None], Any]] = []
+        self._rename_callbacks: list[Callable[[str, str], Any]] = []
+        self._recovery_error_callbacks: list[Callable[[str, str, AMQPError], Any]] = []
 
     def __repr__(self) -> str:
         state = self._proto.state.value if self._proto else "new"
@@ -251,6 +288,9 @@ class AsyncConnection:
                     try:
                         await self._connect_one(params)
                         self.params = params
+                        self._recovered = asyncio.Event()
+                        self._recovered.set()
+                        self._set_state(State.OPEN, None)
                         return
                     except AuthenticationError:
                         self._reset_attempt()
@@ -290,16 +330,19 @@ class AsyncConnection:
             max_message_size=self._max_message_size,
         )
         self._opened = loop.create_future()
-        self._terminated = loop.create_future()
+        if self._terminated is None or self._terminated.done():
+            self._terminated = loop.create_future()
         self._lost = loop.create_future()
-        self.close_exc = None
+        if self._state is not State.RECOVERING:
+            self.close_exc = None
         context: ssl.SSLContext | None = None
         if params.use_tls:
             context = params.ssl_context or ssl.create_default_context()
         try:
             async with asyncio.timeout(params.connection_timeout):
+                proto = self._proto
                 await loop.create_connection(
-                    lambda: _Transport(self),
+                    lambda: _Transport(self, proto),
                     params.host,
                     params.port,
                     ssl=context,
@@ -312,6 +355,12 @@ class AsyncConnection:
             ) from None
         except AMQPError:
             raise  # already ours (AuthenticationError is also an OSError: keep it as it is)
+        except (ssl.SSLError, ssl.CertificateError) as exc:  # before OSError: its subclass
+            reason = getattr(exc, "verify_message", None) or exc.reason or str(exc)
+            host = params.server_hostname
+            raise TLSError(
+                f"{params.address}: TLS handshake with {host!r} failed: {reason}"
+            ) from exc
         except OSError as exc:
             raise ConnectError(f"{params.address}: {exc}") from exc
 
@@ -334,6 +383,10 @@ class AsyncConnection:
         Idempotent. Past ``timeout`` (default 10 s) the socket is closed anyway, so this
         returns in bounded time even when the broker is gone.
         """
+        self._closing = True
+        if self._state is State.RECOVERING:
+            await self._stop_recovery(ConnectionClosedByClient(reply_code, reply_text))
+            return
         proto = self._proto
         if proto is None or self._terminated is None:
             return
@@ -390,6 +443,12 @@ class AsyncConnection:
         self, channel_id: int | None = None, *, timeout: float | None = None
     ) -> AsyncChannel:
         """Open a channel (the lowest free number unless ``channel_id`` is given)."""
+        if self._state is State.RECOVERING:
+            await self._await_recovery(timeout, "open a channel")
+        return await self._open_channel(channel_id, timeout)
+
+    async def _open_channel(self, channel_id: int | None, timeout: float | None) -> AsyncChannel:
+        """Open a channel now (recovery uses it while the connection is RECOVERING)."""
         proto = self._require_open()
         channel_proto = proto.open_channel(channel_id)
         channel = AsyncChannel(self, channel_proto)
@@ -603,6 +662,22 @@ class AsyncConnection:
 
     def _handle_events(self, events: list[Event]) -> None:
         channels = self._channels
+        dropped: AMQPError | None = None
+        proto = self._proto
+        if (
+            self.recovery is not None
+            and not self._closing
+            and (proto is None or proto.state is ConnectionState.CLOSED)
+        ):
+            # The connection just ended: if it will be recovered, its channels are
+            # suspended (kept for replay) rather than closed.
+            for event in events:
+                if type(event) is ConnectionTerminated:
+                    assert isinstance(event, ConnectionTerminated)
+                    if self._state is State.RECOVERING or (
+                        self._state is State.OPEN and is_recoverable(event.exc)
+                    ):
+                        dropped = event.exc
         for event in events:
             kind = type(event)
             if kind is Delivery:
@@ -643,6 +718,11 @@ class AsyncConnection:
                     channel._on_flow(event.active)
             elif kind is ChannelClosedEvent:
                 assert isinstance(event, ChannelClosedEvent)
+                if dropped is not None and event.exc is dropped:
+                    channel = channels.get(event.channel)
+                    if channel is not None:
+                        channel._suspend(event.exc)
+                    continue
                 channel = channels.pop(event.channel, None)
                 if channel is not None:
                     channel._on_closed(event.exc)
@@ -655,7 +735,293 @@ class AsyncConnection:
                 self._notify_blocked(None)
             elif kind is ConnectionTerminated:
                 assert isinstance(event, ConnectionTerminated)
-                self._on_terminated(event.exc)
+                if dropped is not None and event.exc is dropped:
+                    self._on_dropped(event.exc)
+                else:
+                    self._on_terminated(event.exc)
+
+    # ------------------------------------------------------------------ recovery
+
+    @property
+    def state(self) -> State:
+        """CONNECTING, OPEN, RECOVERING or CLOSED."""
+        return self._state
+
+    def on_state_change(self, callback: Callable[[State, AMQPError | None], Any]) -> None:
+        """Call ``callback(state, cause)`` on every state change (on the event loop)."""
+        self._state_callbacks.append(callback)
+
+    def on_queue_renamed(self, callback: Callable[[str, str], Any]) -> None:
+        """Call ``callback(old, new)`` when recovery gives a server-named queue a new name."""
+        self._rename_callbacks.append(callback)
+
+    def on_recovery_error(self, callback: Callable[[str, str, AMQPError], Any]) -> None:
+        """Call ``callback(kind, name, exc)`` when an entity fails to re-declare."""
+        self._recovery_error_callbacks.append(callback)
+
+    async def wait_recovered(self, timeout: float | None = None) -> None:
+        """Return once the connection is OPEN (at once if it is).
+
+        Raises:
+            InvalidStateError: the connection is closed (for good).
+            Timeout: still recovering after ``timeout`` seconds.
+        """
+        if self._state is State.RECOVERING:
+            assert self._recovered is not None
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._recovered.wait()
+            except TimeoutError:
+                raise Timeout(f"still recovering after {timeout} s") from None
+        if self._state is not State.OPEN:
+            raise InvalidStateError(f"the connection is {self._state.value}") from self.close_exc
+
+    async def _await_recovery(self, timeout: float | None, what: str) -> None:
+        """An operation met a recovering connection: wait or fail, by policy."""
+        if self._state is not State.RECOVERING:
+            return
+        assert self.recovery is not None
+        if self.recovery.during_recovery == "fail":
+            raise ConnectionRecovering(f"cannot {what}: the connection is recovering")
+        await self.wait_recovered(timeout)
+
+    def _set_state(self, state: State, cause: AMQPError | None) -> None:
+        if state is self._state:
+            return
+        self._state = state
+        for callback in list(self._state_callbacks):
+            try:
+                callback(state, cause)
+            except Exception:
+                logger.exception("state callback %r failed", callback)
+
+    def _on_dropped(self, exc: AMQPError) -> None:
+        """The connection died for a recoverable reason; its channels are suspended."""
+        self._cancel_timers()
+        transport = self._transport
+        self._transport = None
+        if transport is not None:
+            transport.abort()
+        self._resume_writing()
+        waiter = self._update_secret_waiter
+        self._update_secret_waiter = None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+        if self._opened is not None and not self._opened.done():
+            self._opened.set_exception(exc)  # an attempt during recovery failed
+        self.close_exc = exc
+        if self._state is State.RECOVERING:
+            return  # the recovery loop sees the failure and tries again
+        logger.warning("connection to %s lost (%r); recovering", self.params.address, exc)
+        assert self._recovered is not None and self._loop is not None
+        self._recovered.clear()
+        self._set_state(State.RECOVERING, exc)
+        self._recovery_task = self._loop.create_task(self._recover())
+
+    async def _recover(self) -> None:
+        policy = self.recovery
+        assert policy is not None
+        attempt = 0
+        last: BaseException | None = self.close_exc
+        while not self._closing:
+            await asyncio.sleep(policy.delay(attempt))
+            attempt += 1
+            candidates = list(self._candidates)
+            if policy.shuffle_hosts:
+                random.shuffle(candidates)
+            connected = False
+            for params in candidates:
+                try:
+                    await self._connect_one(params)
+                except AuthenticationError as exc:
+                    self._give_up(exc)
+                    return
+                except (AMQPError, OSError, TimeoutError) as exc:
+                    last = exc
+                    logger.info(
+                        "recovery attempt %d to %s failed: %r", attempt, params.address, exc
+                    )
+                    self._reset_attempt()
+                    continue
+                self.params = params
+                connected = True
+                break
+            if connected:
+                try:
+                    await self._replay()
+                except _RecoveryAborted as abort:
+                    self._give_up(abort.cause)
+                    return
+                except (AMQPError, OSError, TimeoutError) as exc:
+                    last = exc
+                    logger.info("recovery attempt %d failed during replay: %r", attempt, exc)
+                    if self._proto is not None and self._proto.state is ConnectionState.OPEN:
+                        self._proto.abort(ConnectionLost("recovery replay failed"))
+                        self._handle_events(self._proto.events_received())
+                    self._reset_attempt()
+                    continue
+                logger.warning("connection to %s recovered", self.params.address)
+                assert self._recovered is not None
+                self._set_state(State.OPEN, None)
+                self._recovered.set()
+                return
+            if policy.max_attempts is not None and attempt >= policy.max_attempts:
+                cause = last if isinstance(last, AMQPError) else ConnectionLost(str(last))
+                self._give_up(cause)
+                return
+
+    async def _replay(self) -> None:
+        """Re-open channels (numbers, QoS, modes), then the topology, then consumers."""
+        proto = self._proto
+        assert proto is not None
+        live = [self._channels[i] for i in sorted(self._channels)]
+        for channel in live:
+            if not channel.is_closed:
+                await channel._resume(proto.open_channel(channel.channel_id))
+        renamed = await self._replay_topology()
+        for channel in live:
+            if not channel.is_closed:
+                await channel._resubscribe(renamed)
+
+    async def _replay_topology(self) -> dict[str, str]:
+        record = self.topology_record
+        renamed: dict[str, str] = {}
+        if not len(record):
+            return renamed
+        assert self.recovery is not None
+        channel = await self._open_channel(None, 30.0)
+        try:
+            for exchange in record.exchanges:
+                if not exchange.name or exchange.name.startswith("amq."):
+                    continue
+                channel = await self._declare_entity(
+                    channel,
+                    "exchange",
+                    exchange.name,
+                    lambda ch, e=exchange: ch.exchange_declare(  # type: ignore[misc]
+                        e.name,
+                        e.type,
+                        durable=e.durable,
+                        auto_delete=e.auto_delete,
+                        internal=e.internal,
+                        arguments=dict(e.arguments) or None,
+                        timeout=30.0,
+                    ),
+                )
+            for queue in record.queues:
+                replies: list[Any] = []
+
+                async def declare(
+                    ch: AsyncChannel, q: Any = queue, replies: list[Any] = replies
+                ) -> None:
+                    replies.append(
+                        await ch.queue_declare(
+                            "" if q.server_named else q.name,
+                            durable=q.durable,
+                            exclusive=q.exclusive,
+                            auto_delete=q.auto_delete,
+                            arguments=dict(q.arguments) or None,
+                            timeout=30.0,
+                        )
+                    )
+
+                channel = await self._declare_entity(channel, "queue", queue.name, declare)
+                if replies and replies[0].queue != queue.name:
+                    old, new = queue.name, replies[0].queue
+                    record.rename_queue(old, new)
+                    renamed[old] = new
+                    for callback in list(self._rename_callbacks):
+                        try:
+                            callback(old, new)
+                        except Exception:
+                            logger.exception("rename callback %r failed", callback)
+            for binding in record.bindings:
+                if binding.destination_type == "exchange":
+
+                    async def bind(ch: AsyncChannel, b: Any = binding) -> None:
+                        await ch.exchange_bind(
+                            b.destination,
+                            b.source,
+                            b.routing_key,
+                            arguments=dict(b.arguments) or None,
+                            timeout=30.0,
+                        )
+                else:
+
+                    async def bind(ch: AsyncChannel, b: Any = binding) -> None:
+                        await ch.queue_bind(
+                            b.destination,
+                            b.source,
+                            b.routing_key,
+                            arguments=dict(b.arguments) or None,
+                            timeout=30.0,
+                        )
+
+                label = f"{binding.source}->{binding.destination}:{binding.routing_key}"
+                channel = await self._declare_entity(channel, "binding", label, bind)
+        finally:
+            if channel.is_open:
+                await channel.close(timeout=10.0)
+        return renamed
+
+    async def _declare_entity(
+        self,
+        channel: AsyncChannel,
+        kind: str,
+        name: str,
+        declare: Callable[[AsyncChannel], Awaitable[Any]],
+    ) -> AsyncChannel:
+        """Run one re-declaration; report and skip (or abort) if the broker refuses it."""
+        assert self.recovery is not None
+        for attempt in range(5):
+            try:
+                await declare(channel)
+                return channel
+            except ChannelClosedByBroker as exc:
+                channel = await self._open_channel(None, 30.0)
+                if isinstance(exc, ResourceLocked) and attempt < 4:
+                    # The dead connection's exclusive queue may not be gone yet.
+                    await asyncio.sleep(0.2 * (attempt + 1))
+                    continue
+                logger.error("recovery: could not re-declare %s %r: %r", kind, name, exc)
+                for callback in list(self._recovery_error_callbacks):
+                    try:
+                        callback(kind, name, exc)
+                    except Exception:
+                        logger.exception("recovery error callback %r failed", callback)
+                if self.recovery.on_entity_error == "abort":
+                    raise _RecoveryAborted(exc) from exc
+                return channel
+        return channel
+
+    def _give_up(self, exc: AMQPError) -> None:
+        """Recovery failed for good: end the connection with ``exc``."""
+        logger.error("giving up recovering the connection to %s: %r", self.params.address, exc)
+        self._finish_closed(exc)
+
+    async def _stop_recovery(self, exc: AMQPError) -> None:
+        task = self._recovery_task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._reset_attempt()
+        self._finish_closed(exc)
+
+    def _finish_closed(self, exc: AMQPError) -> None:
+        self.close_exc = exc
+        for channel in list(self._channels.values()):
+            channel._on_closed(exc)
+        self._channels.clear()
+        if self._terminated is not None and not self._terminated.done():
+            self._terminated.set_result(exc)
+        self._set_state(State.CLOSED, exc)
+        if self._recovered is not None:
+            self._recovered.set()
+        for callback in list(self._close_callbacks):
+            try:
+                callback(exc)
+            except Exception:
+                logger.exception("close callback %r failed", callback)
 
     def _on_opened(self) -> None:
         if self._opened is not None and not self._opened.done():
@@ -678,6 +1044,10 @@ class AsyncConnection:
 
     def _on_terminated(self, exc: AMQPError) -> None:
         self.close_exc = exc
+        if self._state is State.OPEN:
+            self._set_state(State.CLOSED, exc)
+        if self._recovered is not None:
+            self._recovered.set()
         self._cancel_timers()
         self._flush()  # e.g. the close-ok answering the broker's close
         transport = self._transport

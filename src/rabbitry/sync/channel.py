@@ -72,6 +72,11 @@ class Channel:
         return self._async.close_exc
 
     @property
+    def epoch(self) -> int:
+        """How many times the connection recovered under this channel (stale-ack guard)."""
+        return self._async.epoch
+
+    @property
     def confirm_mode(self) -> bool:
         """confirm.select was requested on this channel."""
         return self._async.confirm_mode

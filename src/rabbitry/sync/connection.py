@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ..config import ConnectionParameters
     from ..consumer import DedupStore
     from ..record import TopologyRecord
+    from ..recovery import RecoveryPolicy, State
     from .consumer import Consumer
     from .pool import ChannelPool
     from .publisher import Publisher
@@ -66,6 +67,7 @@ class Connection:
         ssl_context: ssl.SSLContext | None = None,
         client_properties: dict[str, Any] | None = None,
         max_message_size: int = 128 * 1024 * 1024,
+        recovery: RecoveryPolicy | None = None,
     ) -> None:
         self._async = AsyncConnection(
             url,
@@ -78,6 +80,7 @@ class Connection:
             ssl_context=ssl_context,
             client_properties=client_properties,
             max_message_size=max_message_size,
+            recovery=recovery,
         )
         self._id = next(_ids)
         self._portal: Portal | None = None
@@ -110,6 +113,39 @@ class Connection:
     def is_closed(self) -> bool:
         """The connection was opened and is now closed."""
         return self._async.is_closed
+
+    @property
+    def recovery(self) -> RecoveryPolicy | None:
+        """The recovery policy (``None``: a failed connection stays closed)."""
+        return self._async.recovery
+
+    @property
+    def state(self) -> State:
+        """CONNECTING, OPEN, RECOVERING or CLOSED."""
+        return self._async.state
+
+    def on_state_change(self, callback: Callable[[State, AMQPError | None], Any]) -> None:
+        """Call ``callback(state, cause)`` on every state change; on the dispatcher thread."""
+        self._require_portal().submit(
+            self._async.on_state_change, lambda state, cause: self._post(callback, state, cause)
+        )
+
+    def on_queue_renamed(self, callback: Callable[[str, str], Any]) -> None:
+        """Call ``callback(old, new)`` when recovery renames a server-named queue."""
+        self._require_portal().submit(
+            self._async.on_queue_renamed, lambda old, new: self._post(callback, old, new)
+        )
+
+    def on_recovery_error(self, callback: Callable[[str, str, AMQPError], Any]) -> None:
+        """Call ``callback(kind, name, exc)`` when an entity fails to re-declare."""
+        self._require_portal().submit(
+            self._async.on_recovery_error,
+            lambda kind, name, exc: self._post(callback, kind, name, exc),
+        )
+
+    def wait_recovered(self, timeout: float | None = None) -> None:
+        """Block until the connection is OPEN; see :meth:`AsyncConnection.wait_recovered`."""
+        self._require_portal().call(self._async.wait_recovered, timeout, wait=_wait(timeout))
 
     @property
     def is_blocked(self) -> bool:

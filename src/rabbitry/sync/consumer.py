@@ -41,6 +41,11 @@ class _PortalAcker:
         closed: bool = self._channel.is_closed
         return closed
 
+    @property
+    def epoch(self) -> int:
+        epoch: int = self._channel.epoch
+        return epoch
+
     def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
         self._portal.submit(self._channel.basic_ack, delivery_tag, multiple)
 

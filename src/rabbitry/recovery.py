@@ -1,0 +1,131 @@
+"""Automatic recovery: the policy, the connection states, and what triggers recovery.
+
+The mechanism lives in :class:`rabbitry.AsyncConnection` (the sync ``Connection``
+forwards to it). With ``recovery=RecoveryPolicy()`` a connection that dies for a reason
+worth retrying (socket error, missed heartbeats, a broker close such as 320
+CONNECTION_FORCED) is not closed: it goes to ``RECOVERING``, reconnects across all
+configured hosts with exponential backoff and jitter, and replays, in order:
+
+1. channels, with their numbers, QoS, confirm and tx modes;
+2. the topology record: exchanges, queues (a server-named queue gets a new name and the
+   bindings and consumers follow it; rename callbacks fire), bindings;
+3. consumers, with the same tags and callbacks.
+
+It never recovers from an application ``close()``, an authentication failure or an
+access refusal: those need a person, not a retry. An entity that fails to re-declare is
+reported to the recovery-error callbacks and skipped (``on_entity_error="skip"``) or
+ends the connection (``"abort"``). Deliveries of the old channels cannot be acked any
+more (their tags died with the old connection and the broker redelivers them): each
+channel has an *epoch*, and an ack for a message of an older epoch is dropped with a
+warning instead of being sent, where it would close the new channel with 406.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+from .exceptions import (
+    AuthenticationError,
+    ConfigurationError,
+    ConnectionAccessRefused,
+    ConnectionClosedByBroker,
+    ConnectionLost,
+    HeartbeatTimeout,
+    InvalidPath,
+    RemoteProtocolError,
+)
+
+__all__ = ["RecoveryPolicy", "State", "is_recoverable"]
+
+
+class State(enum.Enum):
+    """What a connection is doing."""
+
+    CONNECTING = "connecting"
+    OPEN = "open"
+    RECOVERING = "recovering"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryPolicy:
+    """How a connection recovers.
+
+    Args:
+        initial_delay: seconds before the first reconnect attempt.
+        max_delay: the cap of the exponential backoff, in seconds.
+        multiplier: growth of the delay per failed attempt.
+        jitter: each delay is multiplied by a random factor in ``1 ± jitter``.
+        max_attempts: give up (the connection ends ``CLOSED``) after this many failed
+            reconnect attempts; ``None`` keeps trying.
+        shuffle_hosts: try the configured addresses in random order on each attempt
+            (otherwise in the given order).
+        on_entity_error: ``"skip"`` an entity that fails to re-declare (after reporting
+            it), or ``"abort"`` recovery and close.
+        during_recovery: operations issued while recovering ``"wait"`` (up to their own
+            timeout) for the connection to come back, or ``"fail"`` at once with
+            :class:`rabbitry.ConnectionRecovering`.
+    """
+
+    initial_delay: float = 0.1
+    max_delay: float = 30.0
+    multiplier: float = 2.0
+    jitter: float = 0.25
+    max_attempts: int | None = None
+    shuffle_hosts: bool = False
+    on_entity_error: Literal["skip", "abort"] = "skip"
+    during_recovery: Literal["wait", "fail"] = "wait"
+
+    def __post_init__(self) -> None:
+        if not self.initial_delay >= 0:
+            raise ConfigurationError(f"initial_delay: must be >= 0, got {self.initial_delay}")
+        if not self.max_delay >= self.initial_delay:
+            raise ConfigurationError(
+                f"max_delay: must be >= initial_delay ({self.initial_delay}), got {self.max_delay}"
+            )
+        if not self.multiplier >= 1:
+            raise ConfigurationError(f"multiplier: must be >= 1, got {self.multiplier}")
+        if not 0 <= self.jitter < 1:
+            raise ConfigurationError(f"jitter: must be in [0, 1), got {self.jitter}")
+        if self.max_attempts is not None and (
+            isinstance(self.max_attempts, bool) or self.max_attempts < 1
+        ):
+            raise ConfigurationError(f"max_attempts: must be >= 1 or None, got {self.max_attempts}")
+        if self.on_entity_error not in ("skip", "abort"):
+            raise ConfigurationError(
+                f"on_entity_error: must be 'skip' or 'abort', got {self.on_entity_error!r}"
+            )
+        if self.during_recovery not in ("wait", "fail"):
+            raise ConfigurationError(
+                f"during_recovery: must be 'wait' or 'fail', got {self.during_recovery!r}"
+            )
+
+    def delay(self, attempt: int, rand: float | None = None) -> float:
+        """Seconds to wait before reconnect attempt ``attempt`` (0 is the first).
+
+        Args:
+            attempt: how many attempts failed before this one.
+            rand: a number in [0, 1) for the jitter (default: ``random.random()``).
+        """
+        base = min(self.max_delay, self.initial_delay * self.multiplier**attempt)
+        if not self.jitter:
+            return base
+        factor = 1 + self.jitter * (2 * (random.random() if rand is None else rand) - 1)
+        return min(self.max_delay, base * factor)
+
+
+def is_recoverable(exc: BaseException) -> bool:
+    """Whether a connection that ended with ``exc`` should be recovered.
+
+    Yes for a lost socket, missed heartbeats, a broker-side close (320 and the like) and
+    a protocol violation by the broker; no for our own close, refused credentials,
+    refused access and an unknown virtual host.
+    """
+    if isinstance(exc, AuthenticationError | ConnectionAccessRefused | InvalidPath):
+        return False
+    return isinstance(
+        exc, ConnectionLost | HeartbeatTimeout | ConnectionClosedByBroker | RemoteProtocolError
+    )

@@ -1,0 +1,304 @@
+"""Automatic recovery against a throw-away node (research/reliability.md §3.2, §3.5).
+
+Each test connects with a fast ``RecoveryPolicy``, breaks the connection (forced close by
+connection name, or a TCP reset through the fault proxy) and checks what came back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from typing import TYPE_CHECKING
+
+import pytest
+from tests.support.proxy import TcpProxy
+
+import rabbitry
+from rabbitry import (
+    AsyncConnection,
+    Binding,
+    Exchange,
+    Message,
+    Queue,
+    RecoveryPolicy,
+    State,
+    Topology,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from tests.support.node import BrokerNode
+
+FAST = RecoveryPolicy(initial_delay=0.05, max_delay=0.5, jitter=0.1)
+WAIT = 15.0
+
+
+def unique(prefix: str) -> str:
+    return f"rabbitry-rec-{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def recovering(broker_node: BrokerNode) -> AsyncIterator[AsyncConnection]:
+    conn = AsyncConnection(
+        broker_node.url, connection_name=unique("conn"), heartbeat=5, recovery=FAST
+    )
+    await conn.connect()
+    try:
+        yield conn
+    finally:
+        await conn.close(timeout=5)
+
+
+async def eventually(predicate: object, timeout: float = WAIT) -> bool:
+    assert callable(predicate)
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(0.02)
+    return bool(predicate())
+
+
+async def force_close(node: BrokerNode, conn: AsyncConnection) -> None:
+    name = conn.params.connection_name
+    assert name
+    closed = await asyncio.to_thread(node.close_connection_by_name, name, "recovery test")
+    assert closed == 1
+
+
+async def test_forced_close_recovers_channels_topology_and_consumers(
+    broker_node: BrokerNode, recovering: AsyncConnection
+) -> None:
+    """R1 + T5: numbers, QoS, confirm mode, topology (server-named rename) and consumers."""
+    conn = recovering
+    states: list[State] = []
+    renames: list[tuple[str, str]] = []
+    conn.on_state_change(lambda state, cause: states.append(state))
+    conn.on_queue_renamed(lambda old, new: renames.append((old, new)))
+
+    direct, topic, fanout = unique("direct"), unique("topic"), unique("fanout")
+    durable = unique("durable")
+    server_named = Queue("", exclusive=True, durable=False)
+    topology = Topology(
+        exchanges=[
+            Exchange(direct, "direct", durable=False, auto_delete=False),
+            Exchange(topic, "topic", durable=False),
+            Exchange(fanout, "fanout", durable=False),
+        ],
+        queues=[Queue(durable), server_named],
+        bindings=[
+            Binding(direct, durable, "d"),
+            Binding(topic, server_named, "t.#"),
+            Binding(fanout, durable),
+            Binding(topic, fanout, "f.*", destination_type="exchange"),
+        ],
+    )
+    result = await topology.aapply(conn)
+    first_name = result.name_of(server_named)
+
+    channels = [await conn.channel() for _ in range(4)]
+    await channels[1].close()
+    await channels[3].close()
+    publisher, consumer_channel = channels[0], channels[2]
+    await publisher.confirm_select()
+    await consumer_channel.basic_qos(7)
+    got: list[bytes] = []
+    numbers = [c.channel_id for c in channels]
+    tag = await consumer_channel.basic_consume(first_name, lambda m: (got.append(m.body), m.ack()))
+
+    await force_close(broker_node, conn)
+    assert await eventually(lambda: conn.state is State.RECOVERING or states[-1:] == [State.OPEN])
+    await conn.wait_recovered(WAIT)
+
+    assert states[:2] == [State.RECOVERING, State.OPEN]
+    assert [c.channel_id for c in channels] == numbers
+    assert sorted(conn._proto.channels) == [numbers[0], numbers[2]]  # closed stay closed
+    assert publisher.is_open and consumer_channel.is_open
+    assert channels[1].is_closed and channels[3].is_closed
+    assert publisher.confirm_mode
+    assert consumer_channel._qos == (7, 0, False)
+    assert len(renames) == 1 and renames[0][0] == first_name
+    new_name = renames[0][1]
+    assert new_name != first_name
+
+    # Every binding routes again, the consumer follows the renamed queue (same tag).
+    confirm = await publisher.basic_publish(topic, "t.x", b"via-topic")
+    assert confirm is not None
+    await confirm
+    assert await eventually(lambda: got == [b"via-topic"])
+    assert tag in consumer_channel._consumers
+    for exchange, key in ((direct, "d"), (fanout, ""), (topic, "f.a")):
+        confirm = await publisher.basic_publish(exchange, key, b"to-durable")
+        assert confirm is not None
+        await confirm
+    ok = await publisher.queue_declare(durable, passive=True)
+    assert ok.message_count == 3
+    await topology.adelete(conn)
+
+
+async def test_ack_of_a_delivery_from_before_recovery_is_dropped(
+    broker_node: BrokerNode, recovering: AsyncConnection
+) -> None:
+    """C1: a stale delivery tag is never sent on the new channel (no 406)."""
+    conn = recovering
+    queue = unique("stale")
+    channel = await conn.channel()
+    await channel.queue_declare(queue)
+    await channel.confirm_select()
+    confirm = await channel.basic_publish("", queue, b"one")
+    assert confirm is not None
+    await confirm
+    before = await channel.basic_get(queue)
+    assert before is not None
+
+    await force_close(broker_node, conn)
+    await asyncio.sleep(0.05)
+    await conn.wait_recovered(WAIT)
+
+    before.ack()  # dropped with a warning: its tag belongs to the dead connection
+    again = await channel.basic_get(queue)  # the broker redelivered it
+    assert again is not None and again.redelivered and again.body == b"one"
+    again.ack()
+    await asyncio.sleep(0.2)
+    assert channel.is_open, channel.close_exc
+    await channel.queue_delete(queue)
+
+
+async def test_tcp_reset_recovers_and_pending_requests_fail(broker_node: BrokerNode) -> None:
+    """R2: a reset is detected at once; in-flight confirms fail as outcome unknown."""
+    with TcpProxy("127.0.0.1", broker_node.port) as proxy:
+        conn = AsyncConnection(proxy.url(), recovery=FAST, heartbeat=5)
+        await conn.connect()
+        try:
+            channel = await conn.channel()
+            queue = unique("reset")
+            await channel.queue_declare(queue)
+            await channel.confirm_select()
+            proxy.drop("downstream")  # the confirm never arrives
+            pending = await channel.basic_publish("", queue, b"x")
+            assert pending is not None
+            await asyncio.sleep(0.1)
+            proxy.reset()
+            proxy.heal()
+            with pytest.raises(rabbitry.PublishOutcomeUnknown):
+                await asyncio.wait_for(pending, WAIT)
+            await conn.wait_recovered(WAIT)
+            assert conn.state is State.OPEN
+            ok = await channel.queue_declare(queue, passive=True)
+            assert ok.message_count == 1  # it was routed: at-least-once, not lost
+            await channel.queue_delete(queue)
+        finally:
+            await conn.close(timeout=5)
+
+
+async def test_operations_wait_for_recovery_or_fail_fast(broker_node: BrokerNode) -> None:
+    """P5: during an outage requests wait (policy "wait") or fail at once ("fail")."""
+    with TcpProxy("127.0.0.1", broker_node.port) as proxy:
+        waiting = AsyncConnection(proxy.url(), recovery=FAST)
+        failing = AsyncConnection(
+            proxy.url(), recovery=RecoveryPolicy(initial_delay=0.05, during_recovery="fail")
+        )
+        await waiting.connect()
+        await failing.connect()
+        try:
+            wait_channel = await waiting.channel()
+            fail_channel = await failing.channel()
+            proxy.refuse(True)
+            proxy.reset()
+            assert await eventually(
+                lambda: waiting.state is State.RECOVERING and failing.state is State.RECOVERING
+            )
+            with pytest.raises(rabbitry.ConnectionRecovering):
+                await fail_channel.queue_declare("", exclusive=True)
+            with pytest.raises(rabbitry.Timeout):
+                await wait_channel.queue_declare("", exclusive=True, timeout=0.3)
+            declare = asyncio.ensure_future(wait_channel.queue_declare("", exclusive=True))
+            await asyncio.sleep(0.3)
+            assert not declare.done()
+            proxy.refuse(False)
+            ok = await asyncio.wait_for(declare, WAIT)
+            assert ok.queue.startswith("amq.gen-")
+        finally:
+            await waiting.close(timeout=5)
+            await failing.close(timeout=5)
+
+
+async def test_gives_up_after_max_attempts(broker_node: BrokerNode) -> None:
+    """R5/R8: with max_attempts the connection ends CLOSED with the last error."""
+    with TcpProxy("127.0.0.1", broker_node.port) as proxy:
+        conn = AsyncConnection(
+            proxy.url(),
+            connection_timeout=1,
+            recovery=RecoveryPolicy(initial_delay=0.05, max_delay=0.1, max_attempts=3),
+        )
+        await conn.connect()
+        closed: list[rabbitry.AMQPError] = []
+        conn.add_close_callback(closed.append)
+        channel = await conn.channel()
+        proxy.refuse(True)
+        proxy.reset()
+        exc = await conn.wait_closed(WAIT)
+        assert conn.state is State.CLOSED
+        assert isinstance(exc, rabbitry.AMQPConnectionError)
+        assert closed == [exc]
+        assert channel.is_closed
+        with pytest.raises(rabbitry.InvalidStateError):
+            await conn.wait_recovered(1)
+        await conn.close()
+
+
+async def test_application_close_and_deleted_entities_are_not_recovered(
+    broker_node: BrokerNode, recovering: AsyncConnection
+) -> None:
+    """T1: deleted entities do not reappear; close() never triggers recovery."""
+    conn = recovering
+    keep, gone = unique("keep"), unique("gone")
+    topology = Topology(queues=[Queue(keep, durable=False), Queue(gone, durable=False)])
+    await topology.aapply(conn)
+    await Topology(queues=[Queue(gone, durable=False)]).adelete(conn)
+    await force_close(broker_node, conn)
+    await asyncio.sleep(0.05)
+    await conn.wait_recovered(WAIT)
+    channel = await conn.channel()
+    await channel.queue_declare(keep, passive=True)
+    with pytest.raises(rabbitry.NotFound):
+        await channel.queue_declare(gone, passive=True)
+    states: list[State] = []
+    conn.on_state_change(lambda state, cause: states.append(state))
+    fresh = await conn.channel()
+    await fresh.queue_delete(keep)
+    await conn.close()
+    assert conn.state is State.CLOSED
+    assert states == [State.CLOSED]
+
+
+def test_sync_connection_recovers_and_consumer_resumes(broker_node: BrokerNode) -> None:
+    """The sync facade: same recovery, callbacks on the dispatcher thread."""
+    name = unique("sync")
+    with rabbitry.Connection(broker_node.url, connection_name=name, recovery=FAST) as conn:
+        channel = conn.channel()
+        queue = channel.queue_declare(unique("syncq")).queue
+        got: list[bytes] = []
+        seen = threading.Event()
+
+        def on_message(message: Message) -> None:
+            got.append(message.body)
+            message.ack()
+            seen.set()
+
+        channel.basic_consume(queue, on_message)
+        states: list[State] = []
+        conn.on_state_change(lambda state, cause: states.append(state))
+        assert broker_node.close_connection_by_name(name, "sync recovery test") == 1
+        deadline = threading.Event()
+        for _ in range(200):
+            if conn.state is State.OPEN and states:
+                break
+            deadline.wait(0.05)
+        conn.wait_recovered(WAIT)
+        channel.basic_publish("", queue, b"after")
+        assert seen.wait(WAIT)
+        assert got == [b"after"]
+        channel.queue_delete(queue)
