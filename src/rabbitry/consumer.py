@@ -43,6 +43,7 @@ from .exceptions import (
     AMQPError,
     ConfigurationError,
     InvalidStateError,
+    NotFound,
     PreconditionFailed,
     Reject,
     Requeue,
@@ -70,6 +71,8 @@ Handler = Callable[[Any], Awaitable[Any]]
 
 _ACK_TIMEOUT_TEXT = "delivery acknowledgement"
 _RESUBSCRIBE_BACKOFF = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+#: Seconds to wait before requeueing a message whose retry/parking move failed.
+_FAILED_MOVE_PAUSE = 1.0
 
 
 class DedupStore(Protocol):
@@ -265,6 +268,10 @@ class AsyncConsumer:
         self._stopping = False
         self._resubscribe_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Future[Any]] = set()
+        self._queue_gone = False
+        #: False in the sync facade: a cancelled handler's thread may still be running,
+        #: so its message must not be requeued behind its back (see stop()).
+        self._release_on_cancel = True
         self._attempt = 0
 
     def __repr__(self) -> str:
@@ -359,6 +366,13 @@ class AsyncConsumer:
                     await asyncio.wait_for(self._idle.wait(), timeout)
                 except TimeoutError:
                     logger.warning("consumer %s: handlers still running after %s s", self, timeout)
+            if self._tasks and not self._release_on_cancel:
+                # Sync facade: a handler thread cannot be interrupted. Return now, as
+                # promised, but keep the channel open until the running handlers have
+                # settled their messages; closing it earlier would requeue a message while
+                # its handler still works on it (a second, concurrent processing).
+                self._spawn_background(self._close_when_idle(channel, timeout))
+                return
             for task in list(self._tasks):
                 task.cancel()
             if self._tasks:
@@ -368,6 +382,15 @@ class AsyncConsumer:
                 await channel.close(timeout=timeout)
             except AMQPError as exc:
                 logger.debug("channel.close during stop failed: %r", exc)
+
+    async def _close_when_idle(self, channel: AsyncChannel | None, timeout: float | None) -> None:
+        assert self._idle is not None
+        await self._idle.wait()
+        if channel is not None and channel.is_open:
+            try:
+                await channel.close(timeout=timeout)
+            except AMQPError as exc:
+                logger.debug("channel.close after the last handler failed: %r", exc)
 
     def _release_waiting(self) -> None:
         """Requeue what was prefetched but not handed to the handler."""
@@ -466,9 +489,12 @@ class AsyncConsumer:
             if inspect.isawaitable(result):
                 await result
         except asyncio.CancelledError:
-            # stop(drain=False) or a timed-out drain: hand the message back.
-            self._settle(message, "nack", requeue=True)
-            self.stats.released += 1
+            # stop(drain=False) or a timed-out drain: hand the message back, unless a
+            # thread still runs the handler on it (sync facade): then it stays unacked
+            # and the broker requeues it when stop() closes the channel.
+            if self._release_on_cancel:
+                self._settle(message, "nack", requeue=True)
+                self.stats.released += 1
             raise
         except Exception as exc:
             await self._fail(message, exc)
@@ -490,8 +516,9 @@ class AsyncConsumer:
             if result is not None:
                 failed = self._failed_items(batch, result)
         except asyncio.CancelledError:
-            for message in batch:
-                self._settle(message, "nack", requeue=True)
+            if self._release_on_cancel:
+                for message in batch:
+                    self._settle(message, "nack", requeue=True)
             raise
         except Exception as exc:
             if isinstance(exc, InvalidStateError):
@@ -570,6 +597,19 @@ class AsyncConsumer:
         if message.settled:
             return False
         channel = message.channel
+        if channel is not None and getattr(channel, "epoch", 0) != message.epoch:
+            # The connection recovered since this delivery: its tag died with the old
+            # connection (the broker redelivers the message). Sending it now would ack
+            # whatever has that number on the new channel, or close it with 406.
+            logger.warning(
+                "consumer %s: not %sing delivery %s: it arrived before the connection "
+                "recovered (the broker redelivers it)",
+                self,
+                how,
+                message.delivery_tag,
+            )
+            message.settled = True
+            return False
         if channel is None or channel.is_closed:
             # The channel (and its delivery tags) are gone: the broker requeues the
             # message itself; sending the tag on another channel would be a 406.
@@ -630,9 +670,20 @@ class AsyncConsumer:
                 retryable=False if isinstance(exc, Reject) else None,
             )
         except (AMQPError, ValueError) as failure:
-            # The move was not confirmed: leave the original unacked so the broker
-            # redelivers it (at-least-once), never ack what was not safely moved.
-            logger.error("consumer %s: could not move a failed message: %r", self, failure)
+            # The move was not confirmed, so the original must not be acked. Leaving it
+            # unacked would hold a prefetch slot until the channel closes (a stalled
+            # consumer) and a later batch's multiple-ack could cover it (a lost message):
+            # put it back on its queue instead, after a pause so that a move that keeps
+            # failing (retry topology not declared) is not a hot loop.
+            logger.error(
+                "consumer %s: could not move a failed message (%r); requeueing it in %.1f s",
+                self,
+                failure,
+                _FAILED_MOVE_PAUSE,
+            )
+            await asyncio.sleep(_FAILED_MOVE_PAUSE)
+            if self._settle(message, "nack", requeue=True):
+                self.stats.requeued += 1
             return
         message.settled = True
         if outcome == "park":
@@ -654,6 +705,10 @@ class AsyncConsumer:
             except Exception:
                 logger.exception("on_cancel callback failed")
         self._release_waiting()
+        # A broker cancel usually means the queue was deleted: declare it again (from
+        # the topology record) before subscribing. Other resubscribes keep the queue:
+        # re-declaring a server-named queue would move the consumer to a new, empty one.
+        self._queue_gone = True
         if self.resubscribe and not self._stopping:
             self._schedule_resubscribe()
 
@@ -701,8 +756,15 @@ class AsyncConsumer:
             if self._stopping:
                 return
             try:
-                await self._redeclare()
+                if self._queue_gone:
+                    await self._redeclare()
+                    self._queue_gone = False
                 await self._subscribe(timeout=30.0)
+            except NotFound as exc:
+                # The queue does not exist (any more): declare it from the record first.
+                self._queue_gone = True
+                logger.warning("consumer %s: resubscribe attempt %d: %r", self, self._attempt, exc)
+                continue
             except AMQPError as exc:
                 logger.warning(
                     "consumer %s: resubscribe attempt %d failed: %r", self, self._attempt, exc

@@ -111,6 +111,7 @@ class Consumer:
             on_cancel=cancel_hook,
             resubscribe=resubscribe,
         )
+        self._async._release_on_cancel = False
 
     def __repr__(self) -> str:
         return repr(self._async).replace("AsyncConsumer", "Consumer", 1)
@@ -231,5 +232,8 @@ class Consumer:
             self._portal.call(self._async.stop, drain, timeout, wait=_wait(timeout))
         finally:
             if self._executor is not None:
-                self._executor.shutdown(wait=drain, cancel_futures=True)
+                # Never wait here: stop() promised to return within its timeout. A handler
+                # still running finishes on its thread; its message was not acked, and the
+                # broker redelivers it now that the channel is closed.
+                self._executor.shutdown(wait=False, cancel_futures=True)
                 self._executor = None

@@ -567,6 +567,13 @@ async def handle_failure(
     """
     if message.settled:
         raise InvalidStateError(f"delivery {message.delivery_tag} was already settled")
+    if getattr(channel, "epoch", 0) != message.epoch:
+        # The connection recovered since the delivery: its tag is dead and the broker
+        # redelivers the message; moving it now would leave a copy behind, and acking
+        # the stale tag would hit another delivery on the new channel.
+        raise InvalidStateError(
+            f"delivery {message.delivery_tag} arrived before the connection recovered"
+        )
     decision = policy.plan(message, exc, now, queue=queue, retryable=retryable)
     if decision.via == "nack":
         channel.basic_nack(message.delivery_tag, requeue=False)
