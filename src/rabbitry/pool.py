@@ -26,7 +26,6 @@ when picked, so after a reconnect the pool refills on the new connection.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 from collections import deque
 from typing import TYPE_CHECKING
@@ -43,7 +42,6 @@ __all__ = ["AsyncChannelPool"]
 logger = logging.getLogger("rabbitry.pool")
 
 _OPEN = ChannelState.OPEN
-_POLL = 0.01
 
 
 class AsyncChannelPool:
@@ -192,12 +190,17 @@ class AsyncChannelPool:
 
     async def _open(self) -> AsyncChannel:
         """Open a channel for a place already counted in ``_owned``."""
+        channel: AsyncChannel | None = None
         try:
             channel = await self._conn.channel()
             if self._confirm:
                 await channel.confirm_select()
         except BaseException:
             self._discard()
+            if channel is not None:
+                # Opened, but confirm.select failed or was cancelled (acquire timed
+                # out): the pool no longer counts it, so it must not stay open.
+                self._close_soon(channel)
             raise
         self._lent.add(channel)
         return channel
@@ -249,23 +252,12 @@ class AsyncChannelPool:
 
     async def _settle_then_return(self, channel: AsyncChannel) -> None:
         try:
+            # Wait for the channel's signal that its confirm table is empty (every
+            # publish acked, nacked or failed with the channel), not for the futures in
+            # it: one may be done already (e.g. cancelled by its owner) while its entry
+            # stays until the broker confirms it, and waiting on it would spin.
             while channel._confirms and channel._proto.state is _OPEN:
-                awaitables = []
-                wrappers = []
-                for settleable in list(channel._confirms.values()):
-                    if isinstance(settleable, asyncio.Future):
-                        awaitables.append(settleable)
-                    elif isinstance(settleable, concurrent.futures.Future):
-                        wrapper = asyncio.wrap_future(settleable)
-                        awaitables.append(wrapper)
-                        wrappers.append(wrapper)
-                if awaitables:
-                    await asyncio.wait(awaitables)
-                    for wrapper in wrappers:
-                        if wrapper.done() and not wrapper.cancelled():
-                            wrapper.exception()  # seen: the original carries the outcome
-                else:  # another kind of waiter: poll
-                    await asyncio.sleep(_POLL)
+                await channel._confirms_settled()
         finally:
             self._lent.add(channel)
             self._release(channel)

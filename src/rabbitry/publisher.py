@@ -411,6 +411,9 @@ class AsyncPublisher:
             self._unblocked.set()
         self._block_hooks: list[Callable[[str | None], None]] = []
         self._closing = False
+        # close() has given up waiting (or _create failed): nothing will use or close a
+        # channel that finishes opening from now on, so it is closed on arrival.
+        self._detached = False
         self._release_slot_cb = self._release_slot
         connection.add_blocked_callback(self._on_blocked)
         connection.add_close_callback(self._on_connection_closed)
@@ -956,12 +959,19 @@ class AsyncPublisher:
             self._fail_backlog(exc)
             raise
         self._opening = None
+        if self._detached:
+            # close() is past waiting for confirms (it closed the channel it knew of):
+            # adopting this one would leave it open forever.
+            self._fail_backlog(InvalidStateError("the publisher is closed"), closing=True)
+            if channel._proto.state is _OPEN and self._conn.is_open:
+                self._loop.create_task(channel.close()).add_done_callback(_retrieve)
+            raise InvalidStateError("the publisher is closed")
         self._channel = channel
         self._enc = (channel.channel_id, {}, self._conn.frame_max)
         self._cid_bytes = channel.channel_id.to_bytes(2, "big")
-        if self._closing:
-            self._fail_backlog(InvalidStateError("the publisher is closed"), closing=True)
-        elif self._backlog:
+        if self._backlog:
+            # Also while closing: publish() accepted these messages and close() waits for
+            # their confirms (then closes this channel); only _detach fails what is left.
             backlog, self._backlog = self._backlog, deque()
             for item in backlog:
                 self._send_now(channel, *item)
@@ -1178,6 +1188,7 @@ class AsyncPublisher:
     def _detach(self) -> None:
         """Stop listening to the connection and release everyone waiting (closing)."""
         self._closing = True
+        self._detached = True
         for hooks, callback in (
             (self._conn._blocked_callbacks, self._on_blocked),
             (self._conn._close_callbacks, self._on_connection_closed),

@@ -333,11 +333,6 @@ async def test_consumer_sends_stale_ack_after_recovery() -> None:
 # =========================================================================== pool
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: AsyncChannelPool._open leaks an open channel when acquire times out "
-    "during confirm_select",
-)
 async def test_pool_acquire_timeout_during_confirm_select_leaks_channel() -> None:
     with _StallConfirmBroker() as broker:
         connection = rabbitry.AsyncConnection(broker.url, heartbeat=0, connection_timeout=5)
@@ -398,11 +393,6 @@ def test_sync_consumer_stop_timeout_is_not_kept() -> None:
 # =========================================================================== publisher
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Publisher.close() fails messages accepted by publish() (waiting for a "
-    "fresh channel) with InvalidStateError instead of sending them and waiting for confirms",
-)
 def test_sync_publisher_close_drops_accepted_backlog(broker: FakeBroker) -> None:
     broker.auto_ack = True
     connection = rabbitry.Connection(broker.url, heartbeat=0, connection_timeout=5)
@@ -424,11 +414,6 @@ def test_sync_publisher_close_drops_accepted_backlog(broker: FakeBroker) -> None
         connection.close(timeout=2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: AsyncPublisher.close() while a replacement channel is opening leaves that "
-    "channel open forever (assigned to the closed publisher after close() returned)",
-)
 async def test_publisher_close_during_channel_reopen_leaks_channel() -> None:
     with _StallConfirmBroker() as broker:
         broker.stall = False
@@ -456,11 +441,6 @@ async def test_publisher_close_during_channel_reopen_leaks_channel() -> None:
             await connection.close(timeout=2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: AsyncChannelPool._settle_then_return busy-loops while a confirm future in "
-    "channel._confirms is already done (e.g. cancelled by wait_for) until the broker acks",
-)
 async def test_pool_settle_busy_loops_on_cancelled_confirm(broker: FakeBroker) -> None:
     connection = rabbitry.AsyncConnection(broker.url, heartbeat=0, connection_timeout=5)
     await connection.connect()

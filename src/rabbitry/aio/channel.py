@@ -96,6 +96,8 @@ class AsyncChannel:
         self._consumers: dict[str, _Consumer] = {}
         self._confirms: dict[int, Settleable] = {}
         self._confirm_order: deque[int] = deque()
+        # Told when the confirm table becomes empty (see _confirms_settled).
+        self._settled_waiters: list[asyncio.Future[None]] = []
         self._return_callbacks: list[ReturnCallback] = []
         self._closed: asyncio.Future[AMQPError] = loop.create_future()
         self.close_exc: AMQPError | None = None
@@ -749,6 +751,26 @@ class AsyncChannel:
                 _settle(future, tag, ack)
             while order and order[0] not in confirms:
                 order.popleft()
+        if self._settled_waiters and not confirms:
+            self._notify_settled()
+
+    def _confirms_settled(self) -> asyncio.Future[None]:
+        """A future resolved once the confirm table is empty (every publish settled).
+
+        The table also empties when the channel ends (its publishes fail).
+        """
+        future: asyncio.Future[None] = self._loop.create_future()
+        if self._confirms:
+            self._settled_waiters.append(future)
+        else:
+            future.set_result(None)
+        return future
+
+    def _notify_settled(self) -> None:
+        waiters, self._settled_waiters = self._settled_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _on_return(self, message: Message) -> None:
         if not self._return_callbacks:
@@ -785,6 +807,8 @@ class AsyncChannel:
                 unknown = PublishOutcomeUnknown(seq)
                 unknown.__cause__ = exc
                 waiter.set_exception(unknown)
+        if self._settled_waiters:
+            self._notify_settled()
 
     def _suspend(self, exc: AMQPError) -> None:
         """The connection died and is recovering: keep the channel, fail what was pending.
