@@ -302,3 +302,40 @@ def test_sync_connection_recovers_and_consumer_resumes(broker_node: BrokerNode) 
         assert seen.wait(WAIT)
         assert got == [b"after"]
         channel.queue_delete(queue)
+
+
+async def test_channel_pool_works_after_a_reconnect(
+    broker_node: BrokerNode, recovering: AsyncConnection
+) -> None:
+    """Issue 5: after a reconnect the pool's channels are back on the new connection."""
+    conn = recovering
+    queue = unique("pool")
+    pool = await conn.channel_pool(size=3)
+    async with pool.acquire(timeout=5) as channel:
+        await channel.queue_declare(queue)
+    held = []
+    for _ in range(3):
+        held.append(pool.acquire(timeout=5))
+    channels = [await lease.__aenter__() for lease in held]
+    for lease in held:
+        await lease.__aexit__(None, None, None)
+    assert pool.open_channels == 3
+
+    await force_close(broker_node, conn)
+    await asyncio.sleep(0.05)
+    await conn.wait_recovered(WAIT)
+
+    async def publish_one(index: int) -> None:
+        async with pool.acquire(timeout=WAIT) as channel:
+            confirm = await channel.basic_publish("", queue, b"%d" % index)
+            assert confirm is not None
+            await confirm
+
+    await asyncio.gather(*(publish_one(i) for i in range(30)))
+    assert pool.open_channels <= 3
+    assert all(c.is_open for c in channels if not c.is_closed)
+    async with pool.acquire(timeout=5) as channel:
+        ok = await channel.queue_declare(queue, passive=True)
+        assert ok.message_count == 30
+        await channel.queue_delete(queue)
+    await pool.close()
