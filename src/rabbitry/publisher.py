@@ -233,6 +233,11 @@ class _Pending:
     def done(self) -> bool:
         return self.settled
 
+    @property
+    def resend_on_recovery(self) -> bool:
+        """Recovery keeps this message and sends it again (``republish_unconfirmed``)."""
+        return self.owner._republish
+
     def set_result(self, _result: None, /) -> None:
         self.settled = True
         future = self.future
@@ -949,6 +954,22 @@ class AsyncPublisher:
         return await asyncio.shield(task)
 
     async def _open_channel(self) -> AsyncChannel:
+        old = self._channel
+        if old is not None and old._suspended and not old.is_closed:
+            # The connection is recovering and brings this channel back (same number,
+            # confirm mode, return callback): wait for it rather than open another.
+            try:
+                await self._conn.wait_recovered()
+            except AMQPError:
+                pass
+            if old._proto.state is _OPEN:
+                self._opening = None
+                if self._backlog:
+                    backlog, self._backlog = self._backlog, deque()
+                    for item in backlog:
+                        self._send_now(old, *item)
+                    self._conn._kick()
+                return old
         try:
             channel = await self._conn.channel()
             if self._confirm:

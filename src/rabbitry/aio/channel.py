@@ -106,6 +106,9 @@ class AsyncChannel:
         # older epoch are dropped (their tags died with the old connection).
         self.epoch = 0
         self._suspended = False
+        #: Unconfirmed publishes to send again after recovery, and how many were.
+        self._resend: list[Settleable] = []
+        self.republished = 0
         self._qos: tuple[int, int, bool] | None = None
         self._register_rpc(None)  # channel.open, already queued by the protocol
 
@@ -792,8 +795,12 @@ class AsyncChannel:
     def _on_flow(self, active: bool) -> None:
         logger.info("channel %s: broker flow %s", self.channel_id, "on" if active else "off")
 
-    def _fail_pending(self, exc: AMQPError) -> None:
-        """Fail waiting requests and unconfirmed publishes with ``exc``."""
+    def _fail_pending(self, exc: AMQPError, *, keep_resendable: bool = False) -> None:
+        """Fail waiting requests and unconfirmed publishes with ``exc``.
+
+        With ``keep_resendable`` (the connection is recovering), unconfirmed publishes
+        whose owner asked for it (``resend_on_recovery``) are kept for :meth:`_republish`.
+        """
         rpcs, self._rpcs = self._rpcs, deque()
         for future, _ in rpcs:
             if not future.done():
@@ -802,11 +809,18 @@ class AsyncChannel:
                 future.set_exception(copy.copy(exc))
         confirms, self._confirms = self._confirms, {}
         self._confirm_order.clear()
+        if not keep_resendable and self._resend:
+            resend, self._resend = self._resend, []
+            confirms.update((-i - 1, waiter) for i, waiter in enumerate(resend))
         for seq, waiter in confirms.items():
-            if not waiter.done():
-                unknown = PublishOutcomeUnknown(seq)
-                unknown.__cause__ = exc
-                waiter.set_exception(unknown)
+            if waiter.done():
+                continue
+            if keep_resendable and getattr(waiter, "resend_on_recovery", False):
+                self._resend.append(waiter)
+                continue
+            unknown = PublishOutcomeUnknown(max(seq, 0))
+            unknown.__cause__ = exc
+            waiter.set_exception(unknown)
         if self._settled_waiters:
             self._notify_settled()
 
@@ -820,7 +834,7 @@ class AsyncChannel:
             return
         self._suspended = True
         self.epoch += 1
-        self._fail_pending(exc)
+        self._fail_pending(exc, keep_resendable=True)
 
     async def _resume(self, protocol: ChannelProtocol) -> None:
         """Recovery: adopt the re-opened channel; replay QoS and confirm/tx modes."""
@@ -837,6 +851,28 @@ class AsyncChannel:
             await self.confirm_select(timeout=30.0)
         if transactional:
             await self.tx_select(timeout=30.0)
+
+    def _republish(self) -> int:
+        """Recovery: send again the unconfirmed messages kept at suspension, in order.
+
+        They keep their ``message_id``; the broker may now hold two copies of some
+        (at-least-once: the consumer's dedup store or idempotency handles them).
+        Returns how many were sent.
+        """
+        resend, self._resend = self._resend, []
+        sent = 0
+        for record in resend:
+            if record.done():
+                continue
+            seq = self._proto.send_publish(record.frames)  # type: ignore[attr-defined]
+            record.seq = seq  # type: ignore[attr-defined]
+            self._confirms[seq] = record
+            self._confirm_order.append(seq)
+            sent += 1
+        if sent:
+            self.republished += sent
+            self._conn._kick()
+        return sent
 
     async def _resubscribe(self, renamed: Mapping[str, str]) -> None:
         """Recovery: subscribe every consumer again, same tag, following renamed queues."""

@@ -882,6 +882,9 @@ class AsyncConnection:
         for channel in live:
             if not channel.is_closed:
                 await channel._resubscribe(renamed)
+        for channel in live:  # last: their queues and consumers exist again
+            if not channel.is_closed:
+                channel._republish()
 
     async def _replay_topology(self) -> dict[str, str]:
         record = self.topology_record

@@ -72,6 +72,11 @@ class Channel:
         return self._async.close_exc
 
     @property
+    def republished(self) -> int:
+        """Unconfirmed messages this channel sent again after a recovery."""
+        return self._async.republished
+
+    @property
     def epoch(self) -> int:
         """How many times the connection recovered under this channel (stale-ack guard)."""
         return self._async.epoch
