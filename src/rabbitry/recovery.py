@@ -38,7 +38,7 @@ from .exceptions import (
     RemoteProtocolError,
 )
 
-__all__ = ["RecoveryPolicy", "State", "is_recoverable"]
+__all__ = ["DEFAULT_RECOVERY", "RecoveryPolicy", "State", "is_recoverable"]
 
 
 class State(enum.Enum):
@@ -115,6 +115,10 @@ class RecoveryPolicy:
             return base
         factor = 1 + self.jitter * (2 * (random.random() if rand is None else rand) - 1)
         return min(self.max_delay, base * factor)
+
+
+#: The policy a connection uses unless it is given another one or ``recovery=None``.
+DEFAULT_RECOVERY = RecoveryPolicy()
 
 
 def is_recoverable(exc: BaseException) -> bool:

@@ -134,9 +134,11 @@ async def test_alarm_blocks_a_publisher_until_cleared(
 
 def test_forced_close_by_connection_name(broker_node: BrokerNode) -> None:
     victim_name, bystander_name = unique("victim"), unique("bystander")
-    victim = rabbitry.Connection(broker_node.url, connection_name=victim_name, connection_timeout=5)
+    victim = rabbitry.Connection(
+        broker_node.url, connection_name=victim_name, connection_timeout=5, recovery=None
+    )
     bystander = rabbitry.Connection(
-        broker_node.url, connection_name=bystander_name, connection_timeout=5
+        broker_node.url, connection_name=bystander_name, connection_timeout=5, recovery=None
     )
     victim.connect()
     bystander.connect()
@@ -162,7 +164,9 @@ def test_forced_close_by_connection_name(broker_node: BrokerNode) -> None:
 
 
 async def test_paused_node_ends_in_heartbeat_timeout(broker_node: BrokerNode) -> None:
-    conn = AsyncConnection(broker_node.url, heartbeat=HEARTBEAT, connection_timeout=5)
+    conn = AsyncConnection(
+        broker_node.url, heartbeat=HEARTBEAT, connection_timeout=5, recovery=None
+    )
     await conn.connect()
     try:
         assert conn.heartbeat == HEARTBEAT
@@ -195,7 +199,7 @@ async def test_kill9_is_noticed_and_durable_data_survives_restarts(
     queue = unique("durable")
     persistent = Properties(delivery_mode=2)
 
-    conn = AsyncConnection(url, connection_timeout=5)
+    conn = AsyncConnection(url, connection_timeout=5, recovery=None)
     await conn.connect()
     try:
         ch = await conn.channel()

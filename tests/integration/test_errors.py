@@ -357,7 +357,7 @@ def _close_connection_named(name: str, reason: str) -> bool:
 async def test_connection_closed_by_the_broker(url: str, names: Names) -> None:
     """connection.close from the broker: ConnectionForced (320) reaches everyone."""
     name = names.queue("conn")  # just a unique string; no queue is declared
-    async with AsyncConnection(url, connection_name=name) as conn:
+    async with AsyncConnection(url, connection_name=name, recovery=None) as conn:
         ended: list[rabbitry.AMQPError] = []
         conn.add_close_callback(ended.append)
         ch = await conn.channel()

@@ -44,7 +44,9 @@ def proxied_url(proxy: TcpProxy, url: str) -> str:
 @pytest.fixture
 async def hb_conn(proxy: TcpProxy, url: str) -> AsyncIterator[AsyncConnection]:
     """A connection through the proxy with a 1-second heartbeat."""
-    conn = AsyncConnection(proxied_url(proxy, url), heartbeat=HEARTBEAT, connection_timeout=5)
+    conn = AsyncConnection(
+        proxied_url(proxy, url), heartbeat=HEARTBEAT, connection_timeout=5, recovery=None
+    )
     await conn.connect()
     assert conn.heartbeat == HEARTBEAT
     try:
@@ -114,7 +116,9 @@ async def test_idle_connection_stays_open(
 
 async def test_reset_ends_in_connection_lost(proxy: TcpProxy, url: str, names: Names) -> None:
     # A long heartbeat: only the reset itself can end the connection within WAIT.
-    conn = AsyncConnection(proxied_url(proxy, url), heartbeat=60, connection_timeout=5)
+    conn = AsyncConnection(
+        proxied_url(proxy, url), heartbeat=60, connection_timeout=5, recovery=None
+    )
     await conn.connect()
     try:
         ch = await conn.channel()

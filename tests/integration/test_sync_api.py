@@ -698,7 +698,7 @@ def test_close_while_other_threads_are_mid_call(url: str, names: Names) -> None:
 
 
 def test_connection_lost_wakes_a_blocked_consumer(proxy: TcpProxy, names: Names) -> None:
-    conn = Connection(proxy.url())
+    conn = Connection(proxy.url(), recovery=None)
     conn.connect(timeout=WAIT)
     try:
         ch = conn.channel(timeout=WAIT)

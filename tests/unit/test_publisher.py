@@ -53,7 +53,9 @@ def broker() -> Iterator[FakeBroker]:
 
 @pytest.fixture
 async def conn(broker: FakeBroker) -> AsyncIterator[rabbitry.AsyncConnection]:
-    connection = rabbitry.AsyncConnection(broker.url, heartbeat=0, connection_timeout=5)
+    connection = rabbitry.AsyncConnection(
+        broker.url, heartbeat=0, connection_timeout=5, recovery=None
+    )
     await connection.connect()
     try:
         yield connection
@@ -533,7 +535,7 @@ async def test_context_manager_and_repr(broker: FakeBroker, conn: rabbitry.Async
 
 @pytest.fixture
 def sync_conn(broker: FakeBroker) -> Iterator[rabbitry.Connection]:
-    connection = rabbitry.Connection(broker.url, heartbeat=0, connection_timeout=5)
+    connection = rabbitry.Connection(broker.url, heartbeat=0, connection_timeout=5, recovery=None)
     connection.connect()
     try:
         yield connection

@@ -51,7 +51,7 @@ from ..protocol.events import (
     RpcReply,
 )
 from ..record import TopologyRecord
-from ..recovery import RecoveryPolicy, State, is_recoverable
+from ..recovery import DEFAULT_RECOVERY, RecoveryPolicy, State, is_recoverable
 from .channel import AsyncChannel
 
 if TYPE_CHECKING:
@@ -136,9 +136,9 @@ class AsyncConnection:
         ssl_context: TLS settings; giving one turns TLS on for ``amqp://`` URLs too.
         client_properties: extra client-properties entries.
         max_message_size: largest message body sent or accepted (bytes; 0 = no limit).
-        recovery: a :class:`rabbitry.recovery.RecoveryPolicy` to reconnect and replay
-            channels, topology and consumers after a connection failure; ``None`` (the
-            default for now) ends the connection instead.
+        recovery: how to reconnect and replay channels, topology and consumers after a
+            connection failure (:class:`rabbitry.RecoveryPolicy`; on by default);
+            ``None`` ends the connection instead.
 
     Options given as keywords override the same options in the URLs' query strings.
     """
@@ -156,7 +156,7 @@ class AsyncConnection:
         ssl_context: ssl.SSLContext | None = None,
         client_properties: dict[str, Any] | None = None,
         max_message_size: int = 128 * 1024 * 1024,
-        recovery: RecoveryPolicy | None = None,
+        recovery: RecoveryPolicy | None = DEFAULT_RECOVERY,
     ) -> None:
         options = {
             "heartbeat": heartbeat,

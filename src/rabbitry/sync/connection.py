@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..aio.connection import AsyncConnection
 from ..exceptions import AMQPError, InvalidStateError, Timeout
+from ..recovery import DEFAULT_RECOVERY
 from ._portal import Dispatcher, Portal
 from .channel import Channel, _wait
 
@@ -67,7 +68,7 @@ class Connection:
         ssl_context: ssl.SSLContext | None = None,
         client_properties: dict[str, Any] | None = None,
         max_message_size: int = 128 * 1024 * 1024,
-        recovery: RecoveryPolicy | None = None,
+        recovery: RecoveryPolicy | None = DEFAULT_RECOVERY,
     ) -> None:
         self._async = AsyncConnection(
             url,
