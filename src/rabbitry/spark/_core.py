@@ -1,0 +1,539 @@
+"""The broker side of the data source, without pyspark: consuming, offsets, publishing.
+
+Everything here uses rabbitry's thread-safe sync API and is unit-testable with fakes.
+Connections are opened lazily in the process that uses them and never pickled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import queue as queue_module
+import time
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from ..exceptions import AMQPError, ConfigurationError, ConsumerCancelled, NotFound
+from ._rows import message_to_row, row_to_message
+
+if TYPE_CHECKING:
+    import concurrent.futures
+    from collections.abc import Callable, Iterable, Iterator, Mapping
+
+    from ..protocol.message import Message
+    from ..sync.channel import Channel
+    from ..sync.connection import Connection
+    from ._options import ConnectOptions, ReadOptions, WriteOptions
+
+__all__ = [
+    "AckLedger",
+    "DataLossError",
+    "PublishFailed",
+    "PublishResult",
+    "QueueConsumer",
+    "SourceCancelled",
+    "publish_rows",
+    "read_queue_quota",
+    "read_stream_range",
+    "split_range",
+    "stream_bounds",
+]
+
+logger = logging.getLogger("rabbitry.spark")
+
+Row = tuple[Any, ...]
+
+
+class DataLossError(RuntimeError):
+    """Offsets of a stream queue were asked for that retention already removed."""
+
+
+class SourceCancelled(RuntimeError):
+    """The broker cancelled the consumer of a streaming query (e.g. its queue was deleted)."""
+
+
+class PublishFailed(RuntimeError):
+    """A write task could not get every message confirmed (Spark retries the task)."""
+
+
+# ---------------------------------------------------------------- classic / quorum queues
+
+
+class AckLedger:
+    """Which delivery tag acknowledges which micro-batch (driver-side, one channel).
+
+    Offsets of a queue read are ``{"seq": n}``: the number of rows handed to Spark so far.
+    ``add(end, tag)`` records that the batch ending at ``end`` ended with delivery ``tag``;
+    ``through(seq)`` pops every batch ending at or before ``seq`` and returns the tag that
+    acknowledges them all with ``multiple=True`` (``None`` when there is nothing to ack).
+    """
+
+    def __init__(self) -> None:
+        self._batches: list[tuple[int, int]] = []
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    def add(self, end: int, tag: int) -> None:
+        """Batch ending at ``end`` (exclusive seq) ended with delivery ``tag``."""
+        self._batches.append((end, tag))
+
+    def through(self, seq: int) -> int | None:
+        """Pop the batches ending ≤ ``seq``; the highest of their tags, or ``None``."""
+        done = [tag for end, tag in self._batches if end <= seq]
+        if not done:
+            return None
+        self._batches = [(end, tag) for end, tag in self._batches if end > seq]
+        return max(done)
+
+    def reset(self) -> int:
+        """Forget everything (the channel is gone, its tags are void); how many batches."""
+        count = len(self._batches)
+        self._batches = []
+        return count
+
+
+class QueueConsumer:
+    """The driver-side consumer of a classic or quorum queue for a streaming query.
+
+    At-least-once: deliveries are acknowledged only once Spark has the batch that holds
+    them in its commit log, i.e. when it asks for the next batch (``read(start)``) or
+    calls ``commit(end)``. If the process or the connection dies first, the broker
+    requeues them and they come back with ``redelivered=True``.
+    """
+
+    def __init__(
+        self,
+        options: ReadOptions,
+        connect: Callable[[ConnectOptions], Connection] | None = None,
+    ) -> None:
+        self.options = options
+        self._connect = connect or (lambda c: c.connect(" [spark source]"))
+        self._conn: Connection | None = None
+        self._channel: Channel | None = None
+        self._inbox: queue_module.SimpleQueue[Message] | None = None
+        self._ledger = AckLedger()
+        self._budget: int | None = None
+        self.reconnects = 0
+        self.cancelled: str | None = None
+
+    # state that must never be pickled (the reader is copied to executors for replays)
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_conn=None, _channel=None, _inbox=None, _ledger=AckLedger())
+        return state
+
+    def _alive(self) -> bool:
+        return (
+            self._conn is not None
+            and self._conn.is_open
+            and self._channel is not None
+            and self._channel.is_open
+        )
+
+    def _open(self) -> Channel:
+        if self._alive():
+            assert self._channel is not None
+            return self._channel
+        if self._conn is not None:
+            # The connection died: the broker requeued everything unacked; those tags
+            # are void on any new channel.
+            lost = self._ledger.reset()
+            self.reconnects += 1
+            logger.warning(
+                "rabbitmq source %r: connection lost (%s); %d unacknowledged batch(es) will "
+                "be redelivered",
+                self.options.queue,
+                self._conn.close_exc,
+                lost,
+            )
+            self.close()
+        self._conn = self._connect(self.options.connect)
+        self._channel = self._conn.channel()
+        return self._channel
+
+    def _subscribe(self) -> tuple[Channel, queue_module.SimpleQueue[Message]]:
+        channel = self._open()
+        if self._inbox is None:
+            inbox: queue_module.SimpleQueue[Message] = queue_module.SimpleQueue()
+            channel.basic_qos(self.options.prefetch)
+            channel.basic_consume(self.options.queue, inbox.put, on_cancel=self._on_cancel)
+            self._inbox = inbox
+        return channel, self._inbox
+
+    def _on_cancel(self, consumer_tag: str) -> None:
+        self.cancelled = consumer_tag
+
+    def prepare_available_now(self) -> int:
+        """Fix the number of messages an AvailableNow run reads: the queue depth now.
+
+        Measured before consuming starts, otherwise prefetched deliveries would no
+        longer count as ready.
+        """
+        if self._inbox is None:
+            channel = self._open()
+            self._budget = channel.queue_declare(self.options.queue, passive=True).message_count
+        else:  # already consuming (not expected): take what is buffered as the target
+            self._budget = self._inbox.qsize()
+        return self._budget
+
+    def ack_through(self, seq: int) -> None:
+        """Acknowledge every batch ending at or before ``seq`` (idempotent)."""
+        tag = self._ledger.through(seq)
+        if tag is None:
+            return
+        if not self._alive():
+            # Void tags: those deliveries were requeued when the connection died.
+            return
+        assert self._channel is not None
+        try:
+            self._channel.basic_ack(tag, multiple=True)
+        except AMQPError as exc:
+            logger.warning("rabbitmq source: ack of tag %d failed: %s", tag, exc)
+
+    def read(self, start: int) -> tuple[list[Row], int]:
+        """Ack through ``start``, then take up to one batch: ``(rows, end)``."""
+        self.ack_through(start)
+        if self._conn is not None and not self._alive():
+            self._inbox = None
+        want = self.options.max_messages_per_batch
+        if self._budget is not None:
+            want = min(want, self._budget)
+        if want <= 0:
+            return [], start
+        channel, inbox = self._subscribe()
+        del channel
+        taken = _drain(inbox, want, self.options.poll_timeout, self.options.idle_timeout)
+        if not taken and self.cancelled is not None:
+            raise SourceCancelled(
+                f"rabbitmq source: the broker cancelled the consumer of queue "
+                f"{self.options.queue!r} (queue deleted?)"
+            ) from ConsumerCancelled(self.cancelled)
+        queue = self.options.queue
+        rows = [message_to_row(m, queue, start + i) for i, m in enumerate(taken)]
+        end = start + len(rows)
+        if taken:
+            self._ledger.add(end, taken[-1].delivery_tag)
+            if self._budget is not None:
+                self._budget -= len(taken)
+        return rows, end
+
+    def close(self) -> None:
+        """Close the connection; unacknowledged deliveries go back to the queue."""
+        conn, self._conn, self._channel, self._inbox = self._conn, None, None, None
+        if conn is not None:
+            conn.close(timeout=5)
+
+
+def _drain(
+    inbox: queue_module.SimpleQueue[Message], want: int, poll: float, idle: float
+) -> list[Message]:
+    """Up to ``want`` messages: wait ``poll`` for the first, then stop after ``idle`` gaps."""
+    taken: list[Message] = []
+    get = inbox.get
+    try:
+        taken.append(get(timeout=poll))
+        while len(taken) < want:
+            taken.append(get(timeout=idle))
+    except queue_module.Empty:
+        pass
+    return taken
+
+
+def read_queue_quota(options: ReadOptions, quota: int, first_offset: int) -> Iterator[Row]:
+    """Batch read on an executor: consume up to ``quota`` messages and yield their rows.
+
+    Acks (one ``multiple=True`` ack) only after the last row was handed to Spark; if the
+    task fails first, the connection closes and the broker requeues the messages.
+    """
+    if quota <= 0:
+        return
+    conn = options.connect.connect(" [spark batch read]")
+    try:
+        channel = conn.channel()
+        inbox: queue_module.SimpleQueue[Message] = queue_module.SimpleQueue()
+        # Prefetch no more than the quota: other partitions consume the same queue.
+        channel.basic_qos(max(1, min(65535, options.prefetch, quota)))
+        channel.basic_consume(options.queue, inbox.put)
+        last_tag = 0
+        for index in range(quota):
+            try:
+                message = inbox.get(timeout=options.poll_timeout)
+            except queue_module.Empty:
+                break
+            last_tag = message.delivery_tag
+            yield message_to_row(message, options.queue, first_offset + index)
+        if last_tag:
+            channel.basic_ack(last_tag, multiple=True)
+            # A round trip after the ack: it is on the wire before the connection closes.
+            channel.basic_qos(1)
+    finally:
+        conn.close(timeout=5)
+
+
+def queue_depth(options: ReadOptions) -> int:
+    """Ready messages in the queue now (``queue.declare`` passive)."""
+    conn = options.connect.connect(" [spark planner]")
+    try:
+        channel = conn.channel()
+        try:
+            return channel.queue_declare(options.queue, passive=True).message_count
+        except NotFound:
+            raise ConfigurationError(
+                f"option queue: queue {options.queue!r} does not exist"
+            ) from None
+    finally:
+        conn.close(timeout=5)
+
+
+# ---------------------------------------------------------------- stream queues
+
+
+def split_range(start: int, end: int, parts: int) -> list[tuple[int, int]]:
+    """Split ``[start, end)`` into at most ``parts`` contiguous non-empty ranges."""
+    total = end - start
+    if total <= 0:
+        return []
+    parts = max(1, min(parts, total))
+    size, extra = divmod(total, parts)
+    ranges = []
+    low = start
+    for index in range(parts):
+        high = low + size + (1 if index < extra else 0)
+        ranges.append((low, high))
+        low = high
+    return ranges
+
+
+def _stream_offset(message: Message) -> int | None:
+    headers = message.properties.headers
+    if not headers:
+        return None
+    offset = headers.get("x-stream-offset")
+    return offset if isinstance(offset, int) else None
+
+
+def _probe(
+    options: ReadOptions, spec: Any, *, first_only: bool, max_seconds: float = 3.0
+) -> int | None:
+    """Consume a stream from ``spec``: the first offset delivered, or the highest seen.
+
+    A short-lived connection is used and closed without cancel or reject (a reject
+    closes the connection on a stream queue).
+    """
+    conn = options.connect.connect(" [spark stream probe]")
+    try:
+        channel = conn.channel()
+        inbox: queue_module.SimpleQueue[Message] = queue_module.SimpleQueue()
+        prefetch = 2000
+        channel.basic_qos(prefetch)
+        try:
+            channel.basic_consume(options.queue, inbox.put, arguments={"x-stream-offset": spec})
+        except NotFound:
+            raise ConfigurationError(
+                f"option queue: stream queue {options.queue!r} does not exist"
+            ) from None
+        highest: int | None = None
+        deadline = time.monotonic() + max_seconds
+        wait = max(options.poll_timeout, 0.5)
+        count = 0
+        while time.monotonic() < deadline:
+            try:
+                message = inbox.get(timeout=wait)
+            except queue_module.Empty:
+                break
+            wait = options.idle_timeout
+            offset = _stream_offset(message)
+            count += 1
+            if count % (prefetch // 2) == 0:
+                channel.basic_ack(message.delivery_tag, multiple=True)
+            if offset is None:
+                continue
+            if first_only:
+                return offset
+            highest = offset if highest is None else max(highest, offset)
+        return highest
+    finally:
+        conn.close(timeout=5)
+
+
+def stream_tail(options: ReadOptions) -> int:
+    """The next offset after the last message now in the stream (0 when empty)."""
+    highest = _probe(options, "last", first_only=False)
+    return 0 if highest is None else highest + 1
+
+
+def stream_first(options: ReadOptions) -> int:
+    """The first offset still in the stream (0 when empty)."""
+    first = _probe(options, "first", first_only=True)
+    return 0 if first is None else first
+
+
+def resolve_start(options: ReadOptions, spec: str) -> int:
+    """``startingOffsets`` (earliest, latest, n, timestamp:s) → an offset."""
+    if spec == "earliest":
+        return stream_first(options)
+    if spec == "latest":
+        return stream_tail(options)
+    if spec.startswith("timestamp:"):
+        seconds = int(spec.split(":", 1)[1])
+        when = datetime.fromtimestamp(seconds, UTC)
+        found = _probe(options, when, first_only=True)
+        return stream_tail(options) if found is None else found
+    return int(spec)
+
+
+def stream_bounds(options: ReadOptions) -> tuple[int, int]:
+    """Batch read of a stream: ``[startingOffsets, endingOffsets)`` as numbers."""
+    start = resolve_start(options, options.starting_offsets)
+    if options.ending_offsets == "latest":
+        end = stream_tail(options)
+    else:
+        end = int(options.ending_offsets)
+    return start, max(start, end)
+
+
+def read_stream_range(options: ReadOptions, start: int, end: int) -> Iterator[Row]:
+    """Executor side: the rows of offsets ``[start, end)`` of a stream queue.
+
+    Acks serve as credit only. Offsets can have gaps, so the read stops at the first
+    offset ≥ ``end - 1``. A first offset above ``start`` means retention removed data:
+    :class:`DataLossError` unless ``failOnDataLoss=false``.
+    """
+    if end <= start:
+        return
+    conn = options.connect.connect(f" [spark stream {start}-{end}]")
+    try:
+        channel = conn.channel()
+        inbox: queue_module.SimpleQueue[Message] = queue_module.SimpleQueue()
+        prefetch = options.prefetch
+        channel.basic_qos(prefetch)
+        channel.basic_consume(options.queue, inbox.put, arguments={"x-stream-offset": start})
+        credit = max(1, prefetch // 2)
+        since_ack = 0
+        first = True
+        timeout = max(30.0, options.poll_timeout)
+        queue = options.queue
+        while True:
+            try:
+                message = inbox.get(timeout=timeout)
+            except queue_module.Empty:
+                raise DataLossError(
+                    f"stream queue {queue!r}: no delivery for {timeout:.0f} s while reading "
+                    f"offsets [{start}, {end})"
+                ) from None
+            since_ack += 1
+            if since_ack >= credit:
+                channel.basic_ack(message.delivery_tag, multiple=True)
+                since_ack = 0
+            offset = _stream_offset(message)
+            if offset is None:
+                continue
+            if first:
+                first = False
+                if offset > start and options.fail_on_data_loss:
+                    raise DataLossError(
+                        f"stream queue {queue!r}: offsets [{start}, {offset}) are gone "
+                        "(retention); set failOnDataLoss=false to skip them"
+                    )
+            if offset < start:
+                continue
+            if offset >= end:
+                break
+            yield message_to_row(message, queue, offset)
+            if offset >= end - 1:
+                break
+    finally:
+        # Close without cancel: a delivery for a cancelled consumer would be rejected,
+        # and a reject on a stream queue closes the connection with an error.
+        conn.close(timeout=5)
+
+
+# ---------------------------------------------------------------- writes
+
+
+@dataclasses.dataclass
+class PublishResult:
+    """What one write task published (all confirmed)."""
+
+    partition_id: int
+    attempt: int
+    published: int
+    confirmed: int
+    first_message_id: str | None
+    last_message_id: str | None
+
+
+def publish_rows(
+    options: WriteOptions,
+    rows: Iterable[Mapping[str, Any]],
+    id_prefix: str,
+    partition_id: int,
+    attempt: int,
+) -> PublishResult:
+    """Publish every row with pipelined confirms; raise :class:`PublishFailed` otherwise.
+
+    ``message_id`` defaults to ``f"{id_prefix}:{index}"`` (deterministic per task, so a
+    retried task publishes the same ids).
+    """
+    conn = options.connect.connect(f" [spark writer p{partition_id}]")
+    futures: list[concurrent.futures.Future[None]] = []
+    first_id: str | None = None
+    last_id: str | None = None
+    try:
+        if options.check_exchange and options.exchange:
+            probe = conn.channel()
+            try:
+                probe.exchange_declare(options.exchange, passive=True)
+            except NotFound:
+                raise PublishFailed(
+                    f"option exchange: exchange {options.exchange!r} does not exist"
+                ) from None
+            probe.close()
+        publisher = conn.publisher(
+            confirm=True,
+            max_in_flight=options.max_in_flight,
+            mandatory=options.mandatory,
+            timeout=options.confirm_timeout,
+        )
+        routing_key = options.routing_key or ""
+        exchange = options.exchange
+        mode = 2 if options.persistent else 1
+        publish = publisher.publish
+        try:
+            for index, row in enumerate(rows):
+                body, to_exchange, key, props = row_to_message(
+                    row, routing_key, exchange, f"{id_prefix}:{index}", mode
+                )
+                if first_id is None:
+                    first_id = props.message_id
+                last_id = props.message_id
+                futures.append(
+                    publish(body, exchange=to_exchange, routing_key=key, properties=props)
+                )
+        except AMQPError as exc:
+            raise PublishFailed(
+                f"rabbitmq write (partition {partition_id}): publishing failed after "
+                f"{len(futures)} message(s): {exc}"
+            ) from exc
+        deadline = time.monotonic() + options.confirm_timeout
+        failed = 0
+        first_error: BaseException | None = None
+        for future in futures:
+            try:
+                future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception as exc:
+                failed += 1
+                if first_error is None:
+                    first_error = exc
+        if first_error is not None:
+            raise PublishFailed(
+                f"rabbitmq write (partition {partition_id}, exchange {exchange!r}): "
+                f"{failed} of {len(futures)} message(s) not confirmed: "
+                f"{type(first_error).__name__}: {first_error}"
+            ) from first_error
+        return PublishResult(partition_id, attempt, len(futures), len(futures), first_id, last_id)
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close(timeout=5)

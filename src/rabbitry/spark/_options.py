@@ -1,0 +1,367 @@
+"""Options of the ``rabbitmq`` data source: parsing, validation and connecting.
+
+Pure Python (no pyspark import), so it is unit-tested without Spark. Spark hands options
+over as strings with lower-cased keys; every lookup here is case-insensitive and every
+error names the option as documented (``maxMessagesPerBatch``, not ``maxmessagesperbatch``).
+The parsed objects are frozen dataclasses of plain values: they pickle to executors
+without sockets, and connections are opened from them per task (:meth:`ConnectOptions.connect`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import ssl
+from typing import TYPE_CHECKING, Literal
+from urllib.parse import quote
+
+from ..config import parse_urls
+from ..exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ..sync.connection import Connection
+
+__all__ = [
+    "ConnectOptions",
+    "ReadOptions",
+    "WriteOptions",
+    "parse_read_options",
+    "parse_write_options",
+]
+
+QueueType = Literal["classic", "quorum", "stream"]
+
+_DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+# Documented spelling of every option, keyed by its lower-cased form.
+_CONNECT_KEYS = (
+    "url",
+    "connectionName",
+    "heartbeat",
+    "tlsCaFile",
+    "tlsCertFile",
+    "tlsKeyFile",
+    "tlsVerify",
+    "tlsServerName",
+)
+_READ_KEYS = (
+    "queue",
+    "queueType",
+    "prefetch",
+    "maxMessagesPerBatch",
+    "maxRecordsPerTrigger",
+    "startingOffsets",
+    "endingOffsets",
+    "numPartitions",
+    "pollTimeoutMs",
+    "idleTimeoutMs",
+    "failOnDataLoss",
+    "maxMessages",
+)
+_WRITE_KEYS = (
+    "exchange",
+    "routingKey",
+    "maxInFlight",
+    "confirmTimeoutMs",
+    "mandatory",
+    "jobId",
+    "persistent",
+    "checkExchange",
+)
+# Read options given to a write (and the reverse) are ignored rather than refused: the
+# same option map is often reused for both directions.
+KNOWN_OPTIONS = {key.lower(): key for key in (*_CONNECT_KEYS, *_READ_KEYS, *_WRITE_KEYS)}
+
+
+class _Opts:
+    """Case-insensitive access to the raw string options, with errors naming the option."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        # Unknown keys are ignored, not refused: Spark adds its own (path,
+        # checkpointLocation, ...) to the options of sources and sinks.
+        self._raw = {str(key).lower(): value for key, value in options.items()}
+
+    def text(self, name: str, default: str | None = None) -> str | None:
+        value = self._raw.get(name.lower())
+        if value is None:
+            return default
+        return str(value)
+
+    def required(self, name: str) -> str:
+        value = self.text(name)
+        if value is None or not value.strip():
+            raise ConfigurationError(f"option {name}: required")
+        return value.strip()
+
+    def integer(self, name: str, default: int, low: int, high: int = 2**31 - 1) -> int:
+        text = self.text(name)
+        if text is None:
+            return default
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise ConfigurationError(f"option {name}: not an integer: {text!r}") from None
+        if not low <= value <= high:
+            raise ConfigurationError(f"option {name}: must be in {low}..{high}, got {value}")
+        return value
+
+    def opt_int(self, name: str, low: int, high: int = 2**63 - 1) -> int | None:
+        if self.text(name) is None:
+            return None
+        return self.integer(name, 0, low, high)
+
+    def flag(self, name: str, default: bool) -> bool:
+        text = self.text(name)
+        if text is None:
+            return default
+        lowered = text.strip().lower()
+        if lowered in ("true", "1", "yes"):
+            return True
+        if lowered in ("false", "0", "no"):
+            return False
+        raise ConfigurationError(f"option {name}: must be true or false, got {text!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectOptions:
+    """How to reach the broker; a plain value object (the password is not in repr)."""
+
+    urls: tuple[str, ...] = dataclasses.field(default=(_DEFAULT_URL,), repr=False)
+    connection_name: str | None = None
+    heartbeat: int | None = None
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_verify: bool = True
+    tls_server_name: str | None = None
+
+    @property
+    def uses_tls_options(self) -> bool:
+        """Any TLS option was given."""
+        return bool(
+            self.tls_ca_file or self.tls_cert_file or self.tls_key_file or not self.tls_verify
+        )
+
+    def effective_urls(self) -> list[str]:
+        """The URLs to connect to, with ``tlsServerName`` as their SNI when given."""
+        if not self.tls_server_name:
+            return list(self.urls)
+        sni = f"server_name_indication={quote(self.tls_server_name, safe='')}"
+        return [f"{url}{'&' if '?' in url else '?'}{sni}" for url in self.urls]
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context built from the options (in the calling process), or ``None``."""
+        if not self.uses_tls_options:
+            return None
+        context = ssl.create_default_context(cafile=self.tls_ca_file)
+        if self.tls_cert_file:
+            context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        if not self.tls_verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return context
+
+    def connect(self, suffix: str = "") -> Connection:
+        """Open a new connection (the caller closes it)."""
+        from ..sync.connection import Connection
+
+        name = self.connection_name or "rabbitry-spark"
+        conn = Connection(
+            self.effective_urls(),
+            heartbeat=self.heartbeat,
+            connection_name=f"{name}{suffix}",
+            ssl_context=self.ssl_context(),
+        )
+        conn.connect(timeout=30)
+        return conn
+
+
+def _parse_connect(opts: _Opts) -> ConnectOptions:
+    text = opts.text("url", _DEFAULT_URL) or _DEFAULT_URL
+    urls = tuple(part.strip() for part in text.replace(";", ",").split(",") if part.strip())
+    if not urls:
+        raise ConfigurationError("option url: at least one URL is required")
+    try:
+        params = parse_urls(list(urls))
+    except ConfigurationError as exc:
+        # The message of parse_urls names the field; it never contains the password.
+        raise ConfigurationError(f"option url: {exc}") from None
+    heartbeat = opts.opt_int("heartbeat", 0, 65535)
+    result = ConnectOptions(
+        urls=urls,
+        connection_name=opts.text("connectionName"),
+        heartbeat=heartbeat,
+        tls_ca_file=opts.text("tlsCaFile"),
+        tls_cert_file=opts.text("tlsCertFile"),
+        tls_key_file=opts.text("tlsKeyFile"),
+        tls_verify=opts.flag("tlsVerify", True),
+        tls_server_name=opts.text("tlsServerName"),
+    )
+    if result.tls_server_name:
+        try:
+            parse_urls(result.effective_urls())
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"option tlsServerName: {exc}") from None
+    for option, path in (
+        ("tlsCaFile", result.tls_ca_file),
+        ("tlsCertFile", result.tls_cert_file),
+        ("tlsKeyFile", result.tls_key_file),
+    ):
+        # Paths are checked on the driver only when they exist there; executors may
+        # have them at the same path without the driver having them.
+        if path is not None and not path.strip():
+            raise ConfigurationError(f"option {option}: empty path")
+    if result.tls_key_file and not result.tls_cert_file:
+        raise ConfigurationError("option tlsKeyFile: requires tlsCertFile")
+    if (result.uses_tls_options or result.tls_server_name) and not all(p.use_tls for p in params):
+        raise ConfigurationError(
+            "option tlsCaFile/tlsCertFile/tlsKeyFile/tlsVerify/tlsServerName: "
+            "TLS options need amqps:// URLs in option url"
+        )
+    return result
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadOptions:
+    """Validated options of a read (batch or streaming)."""
+
+    connect: ConnectOptions
+    queue: str
+    queue_type: QueueType = "classic"
+    prefetch: int = 2000
+    max_messages_per_batch: int = 1000
+    max_records_per_trigger: int = 100_000
+    starting_offsets: str = "earliest"
+    ending_offsets: str = "latest"
+    num_partitions: int = 1
+    poll_timeout: float = 1.0
+    idle_timeout: float = 0.2
+    fail_on_data_loss: bool = True
+    max_messages: int | None = None
+
+
+def _offset_spec(name: str, text: str, allowed: tuple[str, ...]) -> str:
+    value = text.strip().lower()
+    if value in allowed:
+        return value
+    if value.startswith("timestamp:") and "earliest" in allowed:
+        try:
+            int(value.split(":", 1)[1])
+        except ValueError:
+            raise ConfigurationError(
+                f"option {name}: timestamp:<epoch seconds> expected, got {text!r}"
+            ) from None
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigurationError(
+            f"option {name}: must be {', '.join(allowed)} or an offset (integer ≥ 0), got {text!r}"
+        ) from None
+    if number < 0:
+        raise ConfigurationError(f"option {name}: offset must be ≥ 0, got {number}")
+    return str(number)
+
+
+def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
+    """Validate the options of a read; raises ``ConfigurationError`` naming the option."""
+    opts = _Opts(options)
+    connect = _parse_connect(opts)
+    queue = opts.required("queue")
+    queue_type = (opts.text("queueType", "classic") or "classic").strip().lower()
+    if queue_type not in ("classic", "quorum", "stream"):
+        raise ConfigurationError(
+            f"option queueType: must be classic, quorum or stream, got {queue_type!r}"
+        )
+    max_batch = opts.integer("maxMessagesPerBatch", 1000, 1, 10_000_000)
+    default_prefetch = min(65535, max(2 * max_batch, 1000))
+    prefetch = opts.integer("prefetch", default_prefetch, 1, 65535)
+    if queue_type != "stream" and prefetch < max_batch:
+        raise ConfigurationError(
+            f"option prefetch ({prefetch}) must be ≥ maxMessagesPerBatch ({max_batch}): "
+            "deliveries are acknowledged only after Spark commits the batch, so a smaller "
+            "prefetch could never fill a batch (2 × maxMessagesPerBatch is recommended)"
+        )
+    starting = _offset_spec(
+        "startingOffsets", opts.text("startingOffsets", "earliest") or "", ("earliest", "latest")
+    )
+    ending = _offset_spec("endingOffsets", opts.text("endingOffsets", "latest") or "", ("latest",))
+    if queue_type != "stream":
+        for name in ("startingOffsets", "endingOffsets"):
+            if opts.text(name) is not None:
+                raise ConfigurationError(
+                    f"option {name}: only for queueType=stream (a {queue_type} queue has "
+                    "no offsets)"
+                )
+    if starting.isdigit() and ending.isdigit() and int(ending) < int(starting):
+        raise ConfigurationError(
+            f"option endingOffsets ({ending}) must be ≥ startingOffsets ({starting})"
+        )
+    return ReadOptions(
+        connect=connect,
+        queue=queue,
+        queue_type=queue_type,  # type: ignore[arg-type]  # checked above
+        prefetch=prefetch,
+        max_messages_per_batch=max_batch,
+        max_records_per_trigger=opts.integer("maxRecordsPerTrigger", 100_000, 1, 2**31 - 1),
+        starting_offsets=starting,
+        ending_offsets=ending,
+        num_partitions=opts.integer("numPartitions", 1, 1, 1024),
+        poll_timeout=opts.integer("pollTimeoutMs", 1000, 1, 3_600_000) / 1000.0,
+        idle_timeout=opts.integer("idleTimeoutMs", 200, 1, 3_600_000) / 1000.0,
+        fail_on_data_loss=opts.flag("failOnDataLoss", True),
+        max_messages=opts.opt_int("maxMessages", 0),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteOptions:
+    """Validated options of a write (batch or streaming)."""
+
+    connect: ConnectOptions
+    exchange: str = ""
+    routing_key: str | None = None
+    max_in_flight: int = 1000
+    confirm_timeout: float = 30.0
+    mandatory: bool = False
+    job_id: str | None = None
+    persistent: bool = True
+    check_exchange: bool = True
+
+
+def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
+    """Validate the options of a write; raises ``ConfigurationError`` naming the option."""
+    opts = _Opts(options)
+    connect = _parse_connect(opts)
+    exchange = opts.text("exchange", "") or ""
+    if len(exchange.encode()) > 255:
+        raise ConfigurationError("option exchange: longer than 255 bytes")
+    routing_key = opts.text("routingKey")
+    if routing_key is not None and len(routing_key.encode()) > 255:
+        raise ConfigurationError("option routingKey: longer than 255 bytes")
+    return WriteOptions(
+        connect=connect,
+        exchange=exchange,
+        routing_key=routing_key,
+        max_in_flight=opts.integer("maxInFlight", 1000, 1, 1_000_000),
+        confirm_timeout=opts.integer("confirmTimeoutMs", 30_000, 1, 86_400_000) / 1000.0,
+        mandatory=opts.flag("mandatory", False),
+        job_id=opts.text("jobId"),
+        persistent=opts.flag("persistent", True),
+        check_exchange=opts.flag("checkExchange", True),
+    )
+
+
+def tls_paths_exist(connect: ConnectOptions) -> list[str]:
+    """Names of TLS file options whose path does not exist in this process."""
+    missing = []
+    for option, path in (
+        ("tlsCaFile", connect.tls_ca_file),
+        ("tlsCertFile", connect.tls_cert_file),
+        ("tlsKeyFile", connect.tls_key_file),
+    ):
+        if path and not os.path.isfile(path):
+            missing.append(option)
+    return missing

@@ -1,0 +1,180 @@
+"""Row schema of reads, message → row conversion, and row → message for writes.
+
+Pure Python (no pyspark import). Read rows are tuples in the order of :data:`READ_SCHEMA`.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from ..exceptions import ConfigurationError
+from ..protocol.spec import BasicProperties
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+    from ..protocol.message import Message
+
+__all__ = [
+    "PROPERTY_FIELDS",
+    "READ_SCHEMA",
+    "WRITE_COLUMNS",
+    "check_write_columns",
+    "message_to_row",
+    "row_to_message",
+]
+
+# content_type ... app_id: the basic properties besides headers, message_id, timestamp
+# (own columns) and the deprecated cluster_id.
+PROPERTY_FIELDS: tuple[tuple[str, str], ...] = (
+    ("content_type", "STRING"),
+    ("content_encoding", "STRING"),
+    ("delivery_mode", "INT"),
+    ("priority", "INT"),
+    ("correlation_id", "STRING"),
+    ("reply_to", "STRING"),
+    ("expiration", "STRING"),
+    ("type", "STRING"),
+    ("user_id", "STRING"),
+    ("app_id", "STRING"),
+)
+
+READ_SCHEMA = (
+    "body BINARY, routing_key STRING, exchange STRING, queue STRING, offset BIGINT, "
+    "delivery_tag BIGINT, redelivered BOOLEAN, delivery_count INT, message_id STRING, "
+    "timestamp TIMESTAMP, headers MAP<STRING, STRING>, properties STRUCT<"
+    + ", ".join(f"{name}: {kind}" for name, kind in PROPERTY_FIELDS)
+    + ">"
+)
+
+# Columns a write accepts; ``body`` or ``value`` is required.
+WRITE_COLUMNS = ("body", "value", "routing_key", "exchange", "message_id", "headers", "properties")
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, str):
+        return value
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict | list | tuple):
+        return json.dumps(value, default=str, sort_keys=True)
+    return str(value)
+
+
+def headers_to_map(headers: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """Header table → map<string,string>: nested tables and arrays become JSON."""
+    if not headers:
+        return None
+    return {key: _text(value) for key, value in headers.items() if value is not None}
+
+
+def message_to_row(
+    message: Message, queue: str, offset: int, *, stream_offset: bool = False
+) -> tuple[Any, ...]:
+    """One delivery as a row tuple of :data:`READ_SCHEMA`."""
+    props = message.properties
+    headers = props.headers
+    delivery_count = None
+    if headers:
+        count = headers.get("x-delivery-count")
+        if isinstance(count, int):
+            delivery_count = count
+        if stream_offset:
+            found = headers.get("x-stream-offset")
+            if isinstance(found, int):
+                offset = found
+    timestamp = props.timestamp
+    if isinstance(timestamp, int):
+        timestamp = datetime.fromtimestamp(timestamp, UTC)
+    return (
+        message.body,
+        message.routing_key,
+        message.exchange,
+        queue,
+        offset,
+        message.delivery_tag,
+        message.redelivered,
+        delivery_count,
+        props.message_id,
+        timestamp,
+        headers_to_map(headers),
+        tuple(getattr(props, name) for name, _ in PROPERTY_FIELDS),
+    )
+
+
+def check_write_columns(columns: Iterable[str]) -> None:
+    """Refuse a write schema with unknown columns or without a body column."""
+    names = [name.lower() for name in columns]
+    unknown = [name for name in names if name not in WRITE_COLUMNS]
+    if unknown:
+        raise ConfigurationError(
+            f"format 'rabbitmq' write: unknown column(s) {', '.join(unknown)}; "
+            f"allowed: {', '.join(WRITE_COLUMNS)} (select or drop columns first)"
+        )
+    if "body" not in names and "value" not in names:
+        raise ConfigurationError(
+            "format 'rabbitmq' write: a column 'body' (or 'value'), binary or string, is required"
+        )
+    if "body" in names and "value" in names:
+        raise ConfigurationError("format 'rabbitmq' write: give either 'body' or 'value', not both")
+
+
+def _as_dict(value: Any) -> dict[str, Any] | None:
+    """A Spark map / struct value as a dict (Row, dict, or Arrow's list of pairs)."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return value
+    as_dict = getattr(value, "asDict", None)
+    if as_dict is not None:
+        return dict(as_dict())
+    if isinstance(value, list):
+        return dict(value)
+    raise ConfigurationError(f"format 'rabbitmq' write: expected a map or struct, got {value!r}")
+
+
+def row_to_message(
+    row: Mapping[str, Any],
+    default_routing_key: str,
+    default_exchange: str,
+    message_id: str,
+    delivery_mode: int = 2,
+) -> tuple[bytes, str, str, BasicProperties]:
+    """A write row → (body, exchange, routing key, properties).
+
+    ``message_id`` is used when the row has no ``message_id`` value.
+    """
+    body = row.get("body")
+    if body is None:
+        body = row.get("value")
+    if body is None:
+        raise ConfigurationError("format 'rabbitmq' write: a row has a null body")
+    if isinstance(body, str):
+        body = body.encode()
+    elif not isinstance(body, bytes):
+        body = bytes(body)
+    routing_key = row.get("routing_key") or default_routing_key
+    exchange = row.get("exchange")
+    if exchange is None:
+        exchange = default_exchange
+    fields: dict[str, Any] = {}
+    extra = _as_dict(row.get("properties"))
+    if extra:
+        for name, _ in PROPERTY_FIELDS:
+            value = extra.get(name)
+            if value is not None:
+                fields[name] = value
+        for name in ("timestamp", "message_id", "cluster_id"):
+            if extra.get(name) is not None:
+                fields[name] = extra[name]
+    headers = _as_dict(row.get("headers"))
+    if headers:
+        fields["headers"] = headers
+    fields["message_id"] = row.get("message_id") or fields.get("message_id") or message_id
+    if "delivery_mode" not in fields:
+        fields["delivery_mode"] = delivery_mode
+    return body, exchange, routing_key, BasicProperties(**fields)

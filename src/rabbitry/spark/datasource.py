@@ -1,0 +1,393 @@
+"""The PySpark classes of format ``rabbitmq`` (the only module that imports pyspark).
+
+Where each piece runs (Spark's Python Data Source API, 4.x):
+
+* ``RabbitMQDataSource``: short-lived planner workers on the driver.
+* ``QueueStreamReader`` (classic/quorum, a ``SimpleDataSourceStreamReader``): the one
+  long-lived streaming-source process of the query on the driver; it keeps a consumer
+  open between micro-batches and acks when Spark has committed a batch.
+* ``StreamQueueReader`` (stream queues): offsets are planned on the driver, offset ranges
+  are read on executors (``read`` is stateless).
+* Writers: ``write`` runs on executors, one connection per task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from pyspark.errors import PySparkNotImplementedError
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    InputPartition,
+    SimpleDataSourceStreamReader,
+    WriterCommitMessage,
+)
+
+from ._core import (
+    PublishResult,
+    QueueConsumer,
+    publish_rows,
+    queue_depth,
+    read_queue_quota,
+    read_stream_range,
+    resolve_start,
+    split_range,
+    stream_bounds,
+    stream_tail,
+)
+from ._options import ReadOptions, WriteOptions, parse_read_options, parse_write_options
+from ._rows import READ_SCHEMA, check_write_columns
+
+try:  # Spark 4.2+: admission control and AvailableNow for Python sources
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadLimit,
+        ReadMaxRows,
+        SupportsTriggerAvailableNow,
+    )
+except ImportError:  # pragma: no cover - Spark 4.0/4.1
+    ReadLimit = object  # type: ignore[assignment,misc]
+    ReadAllAvailable = ReadMaxRows = None  # type: ignore[assignment,misc]
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        """Stand-in: Spark < 4.2 runs AvailableNow as a single batch."""
+
+
+try:  # Spark 4.1+
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
+
+    _STREAM_ARROW = True
+except ImportError:  # pragma: no cover - Spark 4.0
+    _StreamWriterBase = DataSourceStreamWriter  # type: ignore[assignment,misc]
+    _STREAM_ARROW = False
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+
+    from pyarrow import RecordBatch
+    from pyspark.sql import Row, SparkSession
+    from pyspark.sql.types import StructType
+
+__all__ = [
+    "PublishCommit",
+    "QueueStreamReader",
+    "RabbitMQDataSource",
+    "StreamQueueReader",
+    "register",
+]
+
+logger = logging.getLogger("rabbitry.spark")
+
+Offset = dict[str, Any]
+
+
+class RabbitMQDataSource(DataSource):
+    """Format ``rabbitmq``: batch and streaming reads and writes of RabbitMQ queues.
+
+    Options are documented in ``docs/spark.md``; they are validated when the query is
+    planned, and errors name the option.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "rabbitmq"
+
+    def schema(self) -> str:
+        return READ_SCHEMA
+
+    def _read_options(self) -> ReadOptions:
+        return parse_read_options(self.options)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return BatchReader(self._read_options())
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        options = self._read_options()
+        if options.queue_type == "stream":
+            return StreamQueueReader(options)
+        # Spark falls back to simpleStreamReader() on exactly this exception type.
+        raise PySparkNotImplementedError(
+            errorClass="NOT_IMPLEMENTED",
+            messageParameters={"feature": "streamReader for classic and quorum queues"},
+        )
+
+    def simpleStreamReader(self, schema: StructType) -> SimpleDataSourceStreamReader:
+        options = self._read_options()
+        if options.queue_type == "stream":  # pragma: no cover - streamReader wins
+            raise PySparkNotImplementedError(
+                errorClass="NOT_IMPLEMENTED",
+                messageParameters={"feature": "simpleStreamReader for stream queues"},
+            )
+        return QueueStreamReader(options)
+
+    def writer(self, schema: StructType, overwrite: bool) -> BatchWriter:
+        check_write_columns(schema.fieldNames())
+        options = parse_write_options(self.options)
+        # One id for the whole job, made here on the driver and pickled into every task,
+        # so a retried task publishes the same message ids as its failed attempt.
+        job_id = options.job_id or uuid.uuid4().hex
+        return BatchWriter(options, job_id)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        check_write_columns(schema.fieldNames())
+        return StreamWriter(parse_write_options(self.options))
+
+
+def register(spark: SparkSession) -> None:
+    """Register format ``rabbitmq`` in ``spark`` (not needed when the package is installed
+    where Spark's Python runs: ``pyspark_rabbitmq`` registers it automatically)."""
+    spark.dataSource.register(RabbitMQDataSource)
+
+
+# ---------------------------------------------------------------- partitions
+
+
+@dataclasses.dataclass
+class OffsetRange(InputPartition):
+    """Offsets ``[start, end)`` of a stream queue."""
+
+    start: int
+    end: int
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start = start
+        self.end = end
+
+
+@dataclasses.dataclass
+class QueueQuota(InputPartition):
+    """Up to ``quota`` messages of a queue; row offsets start at ``first_offset``."""
+
+    quota: int
+    first_offset: int
+
+    def __init__(self, quota: int, first_offset: int) -> None:
+        self.quota = quota
+        self.first_offset = first_offset
+
+
+# ---------------------------------------------------------------- batch read
+
+
+class BatchReader(DataSourceReader):
+    """Batch read: a stream's offset range, or a queue drained up to what is there now."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        options = self.options
+        if options.queue_type == "stream":
+            start, end = stream_bounds(options)
+            if options.max_messages is not None:
+                end = min(end, start + options.max_messages)
+            ranges = split_range(start, end, options.num_partitions)
+            return [OffsetRange(low, high) for low, high in ranges] or [OffsetRange(0, 0)]
+        total = queue_depth(options)
+        if options.max_messages is not None:
+            total = min(total, options.max_messages)
+        quotas = split_range(0, total, options.num_partitions)
+        return [QueueQuota(high - low, low) for low, high in quotas] or [QueueQuota(0, 0)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        if isinstance(partition, OffsetRange):
+            return read_stream_range(self.options, partition.start, partition.end)
+        assert isinstance(partition, QueueQuota)
+        return read_queue_quota(self.options, partition.quota, partition.first_offset)
+
+
+# ---------------------------------------------------------------- streaming: queues
+
+
+class QueueStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Classic/quorum queues: one driver-side consumer, manual acks, at-least-once.
+
+    Offsets are ``{"seq": n}`` (rows handed to Spark so far). ``read(start)`` first acks
+    every batch ending at or before ``start``: Spark asks for the next batch only after the
+    previous one is in its commit log. ``commit(end)`` acks too (idempotent). Acking only
+    in ``commit`` would deadlock when prefetch ≤ batch size, because Spark commits batch N
+    to the source only after planning a non-empty batch N+1, and it never commits the
+    last batch of an AvailableNow run.
+    """
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+        self.consumer = QueueConsumer(options)
+
+    def initialOffset(self) -> Offset:
+        return {"seq": 0}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        target = self.consumer.prepare_available_now()
+        logger.info(
+            "rabbitmq source %r: AvailableNow reads %d message(s)", self.options.queue, target
+        )
+
+    def read(self, start: Offset) -> tuple[Iterator[tuple[Any, ...]], Offset]:
+        rows, end = self.consumer.read(int(start["seq"]))
+        # A list iterator: Spark copies cached iterators (a generator cannot be copied).
+        return iter(rows), {"seq": end}
+
+    def readBetweenOffsets(self, start: Offset, end: Offset) -> Iterator[tuple[Any, ...]]:
+        # Only called after a restart, for a batch that was planned but not committed,
+        # in a copy of this reader on an executor. The old connection is gone, so the
+        # broker has requeued those messages: they come back through read(), flagged
+        # redelivered. Nothing is lost; the replayed batch is empty.
+        return iter([])
+
+    def commit(self, end: Offset) -> None:
+        self.consumer.ack_through(int(end["seq"]))
+
+    def stop(self) -> None:
+        self.consumer.close()
+
+
+# ---------------------------------------------------------------- streaming: streams
+
+
+class StreamQueueReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Stream queues: offsets ``{"offset": next}``, ranges read on executors, exact replay."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+        self._target: int | None = None
+
+    def initialOffset(self) -> Offset:
+        return {"offset": resolve_start(self.options, self.options.starting_offsets)}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.options.max_records_per_trigger)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = stream_tail(self.options)
+
+    def latestOffset(self, start: Offset | None = None, limit: ReadLimit | None = None) -> Offset:
+        tail = self._target if self._target is not None else stream_tail(self.options)
+        if start is None:  # Spark < 4.2: no admission control
+            return {"offset": tail}
+        begin = int(start["offset"])
+        end = max(begin, tail)
+        max_rows = getattr(limit, "max_rows", None)
+        if isinstance(max_rows, int):
+            end = min(end, begin + max_rows)
+        return {"offset": end}
+
+    def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
+        ranges = split_range(int(start["offset"]), int(end["offset"]), self.options.num_partitions)
+        return [OffsetRange(low, high) for low, high in ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, OffsetRange)
+        return read_stream_range(self.options, partition.start, partition.end)
+
+    def commit(self, end: Offset) -> None:
+        """Nothing to do: Spark's checkpoint is the source of truth for stream offsets."""
+
+
+# ---------------------------------------------------------------- writes
+
+
+@dataclasses.dataclass
+class PublishCommit(WriterCommitMessage):
+    """Sent from a write task to the driver: what the task published (all confirmed)."""
+
+    partition_id: int
+    attempt: int
+    published: int
+    confirmed: int
+    first_message_id: str | None
+    last_message_id: str | None
+
+    @classmethod
+    def of(cls, result: PublishResult) -> PublishCommit:
+        return cls(**dataclasses.asdict(result))
+
+
+def _task() -> tuple[int, int, Any]:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:  # pragma: no cover - only outside a Spark task
+        return 0, 0, None
+    return context.partitionId(), context.attemptNumber(), context
+
+
+def _arrow_rows(batches: Iterator[RecordBatch]) -> Iterator[dict[str, Any]]:
+    for batch in batches:
+        yield from batch.to_pylist()
+
+
+def _summary(messages: Sequence[WriterCommitMessage | None]) -> tuple[int, int]:
+    done = [m for m in messages if isinstance(m, PublishCommit)]
+    return len(done), sum(m.confirmed for m in done)
+
+
+class BatchWriter(DataSourceArrowWriter):
+    """Batch write; message ids ``{jobId}:{partition}:{index}`` unless a column gives them."""
+
+    def __init__(self, options: WriteOptions, job_id: str) -> None:
+        self.options = options
+        self.job_id = job_id
+
+    def write(self, iterator: Iterator[RecordBatch]) -> PublishCommit:
+        partition, attempt, _ = _task()
+        prefix = f"{self.job_id}:{partition}"
+        result = publish_rows(self.options, _arrow_rows(iterator), prefix, partition, attempt)
+        return PublishCommit.of(result)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        tasks, confirmed = _summary(messages)
+        logger.info(
+            "rabbitmq write %s: %d task(s), %d message(s) confirmed", self.job_id, tasks, confirmed
+        )
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        tasks, confirmed = _summary(messages)
+        logger.warning(
+            "rabbitmq write %s aborted: %d message(s) of %d successful task(s) were already "
+            "confirmed and stay in RabbitMQ",
+            self.job_id,
+            confirmed,
+            tasks,
+        )
+
+
+class StreamWriter(_StreamWriterBase):
+    """Streaming write; message ids ``{queryId}:{batchId}:{partition}:{index}``."""
+
+    def __init__(self, options: WriteOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[Any]) -> PublishCommit:
+        partition, attempt, context = _task()
+        query_id = context.getLocalProperty("sql.streaming.queryId") if context else None
+        batch_id = context.getLocalProperty("streaming.sql.batchId") if context else None
+        prefix = f"{query_id or self.options.job_id or 'query'}:{batch_id or 0}:{partition}"
+        rows: Iterator[Any] = _arrow_rows(iterator) if _STREAM_ARROW else _row_dicts(iterator)
+        result = publish_rows(self.options, rows, prefix, partition, attempt)
+        return PublishCommit.of(result)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        _tasks, confirmed = _summary(messages)
+        logger.info("rabbitmq stream write batch %d: %d message(s) confirmed", batchId, confirmed)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        _tasks, confirmed = _summary(messages)
+        logger.warning(
+            "rabbitmq stream write batch %d aborted: %d message(s) already confirmed stay in "
+            "RabbitMQ (the batch is re-run on restart with the same message ids)",
+            batchId,
+            confirmed,
+        )
+
+
+def _row_dicts(rows: Iterator[Row]) -> Iterator[dict[str, Any]]:  # pragma: no cover - 4.0
+    for row in rows:
+        yield row.asDict()

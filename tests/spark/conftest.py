@@ -1,0 +1,111 @@
+"""Fixtures of the Spark tests: one local SparkSession per run, a real broker.
+
+Every test here gets the ``spark`` marker. Spark's Python workers must run this venv's
+interpreter (``PYSPARK_PYTHON``), otherwise they fail with a bare "worker failed to
+connect back".
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+import rabbitry
+from rabbitry.config import default_url
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+_HERE = Path(__file__).resolve().parent
+_ROOT = _HERE.parent.parent
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _HERE in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.spark)
+
+
+def spark_env() -> dict[str, str]:
+    """Environment for a Spark subprocess (driver scripts of the crash tests)."""
+    env = dict(os.environ)
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    env["PYTHONPATH"] = os.pathsep.join([str(_ROOT / "src"), str(_ROOT)])
+    return env
+
+
+@pytest.fixture(scope="session")
+def url() -> str:
+    return default_url()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    pytest.importorskip("pyspark")
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2,3]")  # 2 threads, tasks retried
+        .appName("rabbitry-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.streaming.stopTimeout", "30s")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def conn(url: str) -> Iterator[rabbitry.Connection]:
+    with rabbitry.Connection(url) as connection:
+        yield connection
+
+
+@pytest.fixture
+def make_queue(conn: rabbitry.Connection) -> Iterator[Callable[..., str]]:
+    """``make_queue(kind="classic")`` declares a uniquely named queue, deleted afterwards."""
+    channel = conn.channel()
+    names: list[str] = []
+
+    def make(kind: str = "classic") -> str:
+        name = f"rabbitry-spark-{kind}-{uuid.uuid4().hex[:10]}"
+        arguments = {} if kind == "classic" else {"x-queue-type": kind}
+        channel.queue_declare(name, durable=True, arguments=arguments)
+        names.append(name)
+        return name
+
+    yield make
+    for name in names:
+        channel.queue_delete(name)
+
+
+def publish(conn: rabbitry.Connection, queue: str, count: int, start: int = 0) -> None:
+    """Publish ``count`` messages ``b"<n>"`` (n from ``start``) to ``queue``, confirmed."""
+    with conn.publisher(max_in_flight=2000) as publisher:
+        outcomes = publisher.publish_batch(
+            [str(n).encode() for n in range(start, start + count)], routing_key=queue
+        )
+    assert not [o for o in outcomes if o is not None]
+
+
+def depth(conn: rabbitry.Connection, queue: str) -> int:
+    channel = conn.channel()
+    try:
+        return channel.queue_declare(queue, passive=True).message_count
+    finally:
+        channel.close()

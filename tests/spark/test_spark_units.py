@@ -1,0 +1,326 @@
+"""Unit tests of rabbitry.spark that need neither Spark nor a broker."""
+
+from __future__ import annotations
+
+import pickle
+import queue as queue_module
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from rabbitry.exceptions import ConfigurationError
+from rabbitry.protocol.message import Message
+from rabbitry.protocol.spec import BasicProperties
+from rabbitry.spark._core import AckLedger, QueueConsumer, SourceCancelled, split_range
+from rabbitry.spark._options import parse_read_options, parse_write_options
+from rabbitry.spark._rows import (
+    READ_SCHEMA,
+    check_write_columns,
+    message_to_row,
+    row_to_message,
+)
+
+# ---------------------------------------------------------------- options
+
+
+def test_defaults_and_lower_cased_keys() -> None:
+    # Spark lower-cases keys; values are strings.
+    opts = parse_read_options({"queue": "q", "maxmessagesperbatch": "500", "queuetype": "Quorum"})
+    assert opts.queue == "q"
+    assert opts.queue_type == "quorum"
+    assert opts.max_messages_per_batch == 500
+    assert opts.prefetch >= 500
+    assert opts.connect.urls == ("amqp://guest:guest@127.0.0.1:5672/",)
+
+
+def test_several_urls() -> None:
+    opts = parse_read_options({"queue": "q", "url": "amqp://a/, amqp://b/"})
+    assert opts.connect.urls == ("amqp://a/", "amqp://b/")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, "option queue: required"),
+        ({"queue": "q", "queuetype": "lazy"}, "option queueType"),
+        ({"queue": "q", "prefetch": "10", "maxmessagesperbatch": "100"}, "option prefetch"),
+        ({"queue": "q", "prefetch": "x"}, "option prefetch: not an integer"),
+        ({"queue": "q", "prefetch": "0"}, "option prefetch: must be in"),
+        ({"queue": "q", "numpartitions": "0"}, "option numPartitions"),
+        ({"queue": "q", "startingoffsets": "first"}, "option startingOffsets"),
+        ({"queue": "q", "queuetype": "stream", "startingoffsets": "-1"}, "startingOffsets"),
+        ({"queue": "q", "startingoffsets": "5"}, "only for queueType=stream"),
+        (
+            {"queue": "q", "queuetype": "stream", "startingoffsets": "9", "endingoffsets": "3"},
+            "option endingOffsets",
+        ),
+        ({"queue": "q", "failondataloss": "maybe"}, "option failOnDataLoss"),
+        ({"queue": "q", "url": "http://x/"}, "option url"),
+        ({"queue": "q", "tlscafile": "/ca.pem"}, "TLS options need amqps://"),
+        ({"queue": "q", "url": "amqps://h/", "tlskeyfile": "/k"}, "option tlsKeyFile"),
+    ],
+)
+def test_read_option_errors_name_the_option(options: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        parse_read_options(options)
+
+
+def test_tls_server_name_becomes_the_sni_of_every_url() -> None:
+    opts = parse_read_options(
+        {
+            "queue": "q",
+            "url": "amqps://a/,amqps://b/?heartbeat=5",
+            "tlsservername": "rabbit.example",
+        }
+    )
+    assert opts.connect.effective_urls() == [
+        "amqps://a/?server_name_indication=rabbit.example",
+        "amqps://b/?heartbeat=5&server_name_indication=rabbit.example",
+    ]
+    with pytest.raises(ConfigurationError, match=r"option tlsServerName: .*amqps://"):
+        parse_read_options({"queue": "q", "tlsservername": "x"})
+
+
+def test_stream_offsets() -> None:
+    opts = parse_read_options(
+        {"queue": "s", "queuetype": "stream", "startingoffsets": "10", "endingoffsets": "20"}
+    )
+    assert (opts.starting_offsets, opts.ending_offsets) == ("10", "20")
+    opts = parse_read_options(
+        {"queue": "s", "queuetype": "stream", "startingoffsets": "timestamp:1700000000"}
+    )
+    assert opts.starting_offsets == "timestamp:1700000000"
+    # stream queues: prefetch is only credit, it may be below the batch size
+    parse_read_options(
+        {"queue": "s", "queuetype": "stream", "prefetch": "10", "maxmessagesperbatch": "100"}
+    )
+
+
+def test_write_options() -> None:
+    opts = parse_write_options(
+        {"exchange": "x", "routingkey": "k", "maxinflight": "50", "confirmtimeoutms": "1500"}
+    )
+    assert (opts.exchange, opts.routing_key, opts.max_in_flight) == ("x", "k", 50)
+    assert opts.confirm_timeout == 1.5
+    assert opts.mandatory is False
+    with pytest.raises(ConfigurationError, match="option mandatory"):
+        parse_write_options({"mandatory": "sure"})
+    with pytest.raises(ConfigurationError, match="option maxInFlight"):
+        parse_write_options({"maxinflight": "0"})
+    with pytest.raises(ConfigurationError, match="option confirmTimeoutMs"):
+        parse_write_options({"confirmtimeoutms": "soon"})
+
+
+def test_options_pickle_without_secrets_in_repr() -> None:
+    opts = parse_read_options({"queue": "q", "url": "amqp://u:secret@h/"})
+    assert pickle.loads(pickle.dumps(opts)) == opts
+    assert "secret" not in repr(opts)
+
+
+# ---------------------------------------------------------------- rows
+
+
+def _message(tag: int = 1, **props: Any) -> Message:
+    return Message(
+        body=b"hi",
+        properties=BasicProperties(**props),
+        delivery_tag=tag,
+        redelivered=True,
+        exchange="ex",
+        routing_key="rk",
+    )
+
+
+def test_message_to_row_matches_schema() -> None:
+    when = datetime(2024, 1, 2, tzinfo=UTC)
+    message = _message(
+        7,
+        message_id="m1",
+        timestamp=when,
+        content_type="text/plain",
+        delivery_mode=2,
+        headers={"x-delivery-count": 3, "n": 1, "t": {"a": [1, 2]}, "b": b"raw"},
+    )
+    row = message_to_row(message, "q", 41)
+    assert READ_SCHEMA.startswith("body BINARY, routing_key STRING")
+    assert READ_SCHEMA.count(", headers MAP<STRING, STRING>, properties STRUCT<") == 1
+    assert len(row) == 12
+    assert row[:9] == (b"hi", "rk", "ex", "q", 41, 7, True, 3, "m1")
+    assert row[9] == when
+    assert row[10] == {"x-delivery-count": "3", "n": "1", "t": '{"a": [1, 2]}', "b": "raw"}
+    assert row[11][0] == "text/plain" and row[11][2] == 2
+
+
+def test_stream_row_takes_the_stream_offset() -> None:
+    row = message_to_row(_message(headers={"x-stream-offset": 99}), "s", 0, stream_offset=True)
+    assert row[4] == 99
+
+
+def test_write_columns() -> None:
+    check_write_columns(["body", "routing_key", "headers"])
+    check_write_columns(["VALUE"])
+    with pytest.raises(ConfigurationError, match="unknown column"):
+        check_write_columns(["body", "key"])
+    with pytest.raises(ConfigurationError, match="'body'"):
+        check_write_columns(["routing_key"])
+    with pytest.raises(ConfigurationError, match="not both"):
+        check_write_columns(["body", "value"])
+
+
+def test_row_to_message() -> None:
+    body, exchange, key, props = row_to_message(
+        {"value": "text", "headers": [("a", "1")], "properties": {"content_type": "t/p"}},
+        "default-key",
+        "ex",
+        "job:0:5",
+    )
+    assert (body, exchange, key) == (b"text", "ex", "default-key")
+    assert props.message_id == "job:0:5"
+    assert props.headers == {"a": "1"}
+    assert props.content_type == "t/p"
+    assert props.delivery_mode == 2
+    _, _, key, props = row_to_message(
+        {"body": b"x", "routing_key": "rk", "message_id": "mine"}, "", "", "gen", 1
+    )
+    assert (key, props.message_id, props.delivery_mode) == ("rk", "mine", 1)
+    with pytest.raises(ConfigurationError, match="null body"):
+        row_to_message({"body": None}, "", "", "id")
+
+
+# ---------------------------------------------------------------- offsets and acks
+
+
+def test_split_range() -> None:
+    assert split_range(0, 10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert split_range(5, 7, 4) == [(5, 6), (6, 7)]
+    assert split_range(3, 3, 2) == []
+
+
+def test_ack_ledger() -> None:
+    ledger = AckLedger()
+    ledger.add(10, 10)
+    ledger.add(20, 20)
+    assert ledger.through(5) is None
+    assert ledger.through(10) == 10
+    assert ledger.through(10) is None  # idempotent
+    ledger.add(30, 31)
+    assert ledger.through(30) == 31  # both remaining batches at once
+    assert len(ledger) == 0
+    ledger.add(40, 45)
+    assert ledger.reset() == 1
+    assert ledger.through(40) is None
+
+
+class _FakeChannel:
+    def __init__(self, messages: list[Message], depth: int = 0) -> None:
+        self.messages = messages
+        self.depth = depth
+        self.acks: list[tuple[int, bool]] = []
+        self.is_open = True
+        self.qos = 0
+
+    def basic_qos(self, prefetch: int) -> None:
+        self.qos = prefetch
+
+    def basic_consume(self, queue: str, callback: Any, on_cancel: Any = None) -> str:
+        self.on_cancel = on_cancel
+        for message in self.messages:
+            callback(message)
+        return "tag"
+
+    def basic_ack(self, tag: int, multiple: bool = False) -> None:
+        self.acks.append((tag, multiple))
+
+    def queue_declare(self, queue: str, passive: bool = False) -> Any:
+        class Ok:
+            message_count = self.depth
+
+        return Ok()
+
+
+class _FakeConnection:
+    def __init__(self, channel: _FakeChannel) -> None:
+        self._channel = channel
+        self.is_open = True
+        self.close_exc = None
+
+    def channel(self) -> _FakeChannel:
+        return self._channel
+
+    def close(self, timeout: float | None = None) -> None:
+        self.is_open = False
+
+
+def _consumer(channel: _FakeChannel, batch: int = 3) -> QueueConsumer:
+    opts = parse_read_options(
+        {
+            "queue": "q",
+            "maxmessagesperbatch": str(batch),
+            "polltimeoutms": "1",
+            "idletimeoutms": "1",
+        }
+    )
+    return QueueConsumer(opts, connect=lambda _c: _FakeConnection(channel))  # type: ignore[arg-type,return-value]
+
+
+def test_queue_consumer_acks_previous_batch_on_next_read() -> None:
+    channel = _FakeChannel([_message(tag) for tag in range(1, 8)])
+    consumer = _consumer(channel)
+    rows, end = consumer.read(0)
+    assert [r[5] for r in rows] == [1, 2, 3] and end == 3
+    assert channel.acks == []  # not committed yet
+    rows, end = consumer.read(3)  # Spark asks for batch 2: batch 1 is in the commit log
+    assert channel.acks == [(3, True)] and end == 6
+    consumer.ack_through(6)  # commit(end)
+    consumer.ack_through(6)  # idempotent
+    assert channel.acks == [(3, True), (6, True)]
+    rows, end = consumer.read(6)
+    assert [r[4] for r in rows] == [6] and end == 7
+    rows, end = consumer.read(7)  # no data: acks the last batch, returns start
+    assert rows == [] and end == 7
+    assert channel.acks[-1] == (7, True)
+
+
+def test_available_now_budget_is_measured_before_consuming() -> None:
+    channel = _FakeChannel([_message(tag) for tag in range(1, 8)], depth=4)
+    consumer = _consumer(channel)
+    assert consumer.prepare_available_now() == 4
+    assert channel.qos == 0  # not consuming yet
+    _, end = consumer.read(0)
+    _, end = consumer.read(end)
+    assert end == 4
+    rows, end2 = consumer.read(end)
+    assert rows == [] and end2 == 4
+    assert channel.acks[-1] == (4, True)  # the last batch is acked too
+
+
+def test_connection_loss_voids_tags_and_reconnects() -> None:
+    channel = _FakeChannel([_message(tag) for tag in range(1, 4)])
+    consumer = _consumer(channel)
+    consumer.read(0)
+    assert consumer._conn is not None
+    consumer._conn.is_open = False  # type: ignore[misc]  # the connection died while Spark ran batch 1
+    channel.is_open = True
+    consumer.read(3)
+    assert channel.acks == []  # the old tags are never sent on the new channel
+    assert consumer.reconnects == 1
+
+
+def test_consumer_pickles_without_connection() -> None:
+    channel = _FakeChannel([_message(1)])
+    consumer = _consumer(channel)
+    consumer._connect = None  # type: ignore[assignment]  # lambdas don't pickle
+    consumer._conn = _FakeConnection(channel)  # type: ignore[assignment]
+    consumer._inbox = queue_module.SimpleQueue()
+    copy = pickle.loads(pickle.dumps(consumer))
+    assert copy._conn is None and copy._inbox is None and len(copy._ledger) == 0
+
+
+def test_broker_cancel_fails_the_read() -> None:
+    channel = _FakeChannel([_message(1)])
+    consumer = _consumer(channel)
+    consumer.read(0)
+    channel.on_cancel("ctag")
+    with pytest.raises(SourceCancelled, match="queue 'q'"):
+        consumer.read(1)
