@@ -114,11 +114,6 @@ def test_configuration_errors_hide_the_password() -> None:
         _assert_hidden(secret, _exception_texts(info.value))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="generated Method.__repr__ prints start-ok.response and update-secret.new_secret "
-    "(docs/security.md, known gaps); rabbitry never logs these methods",
-)
 def test_method_reprs_hide_secrets() -> None:
     secret = _secret()
     start_ok = spec.ConnectionStartOk(

@@ -303,9 +303,13 @@ class AsyncConnection:
             self._reset_attempt()
             raise Timeout(f"could not connect within {timeout} s") from None
         summary = "; ".join(f"{address}: {exc!r}" for address, exc in errors)
-        raise ConnectError(f"could not connect to any broker ({summary})", errors) from (
-            errors[-1][1] if errors else None
-        )
+        failure = ConnectError(f"could not connect to any broker ({summary})", errors)
+        tls = [exc for _, exc in errors if isinstance(exc, TLSError)]
+        if errors and len(tls) == len(errors):
+            # Every address refused us at TLS: a configuration problem, shown as such
+            # (its __cause__ stays the ssl error that explains it).
+            raise tls[-1]
+        raise failure from (errors[-1][1] if errors else None)
 
     def _reset_attempt(self) -> None:
         if self._transport is not None:

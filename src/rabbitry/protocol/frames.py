@@ -487,9 +487,14 @@ class Method:
         return hash((self.INDEX, *(repr(getattr(self, n)) for n in self.FIELDS)))
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.FIELDS)
+        args = ", ".join(
+            f"{n}={'***' if n in _SECRET_FIELDS else repr(getattr(self, n))}" for n in self.FIELDS
+        )
         return f"<{self.NAME}({args})>"
 
+
+#: Method arguments that carry credentials: never shown by ``repr``.
+_SECRET_FIELDS = frozenset({"response", "challenge", "new_secret"})
 
 _LIMITS = {
     "octet": 0xFF,
