@@ -13,6 +13,7 @@ The tree::
     ├── AMQPConnectionError (ConnectionError)
     │   ├── ConnectError                   no configured address accepted us
     │   ├── AuthenticationError            the broker refused our credentials
+    │   ├── CredentialsError               the credentials_provider failed
     │   ├── HeartbeatTimeout               the peer went silent for 2 × heartbeat
     │   ├── ConnectionLost                 the socket failed or reached EOF
     │   ├── ConnectionRecovering           recovering; the policy says fail fast
@@ -81,6 +82,7 @@ __all__ = [
     "ConnectionRecovering",
     "ConsumerCancelled",
     "ContentTooLarge",
+    "CredentialsError",
     "FrameError",
     "HandlerSignal",
     "HeartbeatTimeout",
@@ -214,6 +216,16 @@ class ConnectError(AMQPConnectionError):
 
 class AuthenticationError(AMQPConnectionError):
     """The broker refused our credentials or our SASL mechanism."""
+
+
+class CredentialsError(AMQPConnectionError):
+    """The ``credentials_provider`` failed or returned something that is not a
+    ``(username, password)`` pair of strings.
+
+    On the first connect it ends ``connect()``; during recovery it counts as a failed
+    attempt and the next one calls the provider again. ``__cause__`` is the provider's
+    own exception, if it raised one.
+    """
 
 
 class HeartbeatTimeout(AMQPConnectionError):

@@ -413,3 +413,38 @@ async def test_headline_10k_confirmed_connection_killed_twice_all_delivered(
     assert not lost, f"lost {len(lost)} confirmed messages"
     assert not unexpected
     assert duplicates <= 2 * 1000, duplicates
+
+
+async def test_credentials_provider_is_asked_again_on_reconnect(broker_node: BrokerNode) -> None:
+    """Issue 12: a rotated password is picked up by the reconnect, not only the first connect."""
+    user = unique("user")
+    passwords = ["first-" + uuid.uuid4().hex, "second-" + uuid.uuid4().hex]
+    current = passwords[0]
+    calls: list[str] = []
+    await asyncio.to_thread(broker_node.ctl, "add_user", user, current)
+    await asyncio.to_thread(broker_node.ctl, "set_permissions", "-p", "/", user, ".*", ".*", ".*")
+
+    async def provider() -> tuple[str, str]:
+        calls.append(current)
+        return (user, current)
+
+    conn = AsyncConnection(
+        broker_node.url,  # guest/guest: never used, the provider wins
+        connection_name=unique("conn"),
+        recovery=FAST,
+        credentials_provider=provider,
+    )
+    await conn.connect()
+    try:
+        await asyncio.to_thread(broker_node.ctl, "change_password", user, passwords[1])
+        current = passwords[1]
+        await force_close(broker_node, conn)
+        await conn.wait_recovered(WAIT)
+        channel = await conn.channel()
+        await channel.queue_declare("", exclusive=True)
+        assert calls[0] == passwords[0]
+        assert calls[-1] == passwords[1]
+        assert conn.state is State.OPEN
+    finally:
+        await conn.close(timeout=5)
+        await asyncio.to_thread(broker_node.ctl, "delete_user", user)

@@ -13,6 +13,7 @@ publishers wait while the transport's buffer is above its high-water mark.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import random
 import ssl
@@ -25,10 +26,12 @@ from ..exceptions import (
     AMQPError,
     AuthenticationError,
     ChannelClosedByBroker,
+    ConfigurationError,
     ConnectError,
     ConnectionClosedByClient,
     ConnectionLost,
     ConnectionRecovering,
+    CredentialsError,
     InvalidStateError,
     ResourceLocked,
     Timeout,
@@ -70,6 +73,8 @@ _CLOSE_TIMEOUT = 10.0
 
 BlockedCallback = Callable[[str | None], Any]
 CloseCallback = Callable[[AMQPError], Any]
+#: Returns ``(username, password)``; called before every connect and reconnect attempt.
+CredentialsProvider = Callable[[], "tuple[str, str] | Awaitable[tuple[str, str]]"]
 
 
 class _RecoveryAborted(Exception):
@@ -139,6 +144,11 @@ class AsyncConnection:
         recovery: how to reconnect and replay channels, topology and consumers after a
             connection failure (:class:`rabbitry.RecoveryPolicy`; on by default);
             ``None`` ends the connection instead.
+        credentials_provider: a callable returning ``(username, password)``, called
+            before each connect and reconnect attempt (e.g. to fetch a short-lived token);
+            what it returns replaces the URL's user and password. It may be a coroutine
+            function. If it raises, the attempt fails with :class:`CredentialsError`
+            (recovery then tries again after its backoff).
 
     Options given as keywords override the same options in the URLs' query strings.
     """
@@ -157,7 +167,14 @@ class AsyncConnection:
         client_properties: dict[str, Any] | None = None,
         max_message_size: int = 128 * 1024 * 1024,
         recovery: RecoveryPolicy | None = DEFAULT_RECOVERY,
+        credentials_provider: CredentialsProvider | None = None,
     ) -> None:
+        if credentials_provider is not None and not callable(credentials_provider):
+            raise ConfigurationError(
+                "credentials_provider: must be a callable returning (username, password), "
+                f"not {type(credentials_provider).__name__}"
+            )
+        self._credentials_provider = credentials_provider
         options = {
             "heartbeat": heartbeat,
             "connection_timeout": connection_timeout,
@@ -189,6 +206,8 @@ class AsyncConnection:
         # Called (loop thread) when the transport accepts writes again.
         self._writable_hooks: list[Callable[[], None]] = []
         self._update_secret_waiter: asyncio.Future[None] | None = None
+        # An ssl.SSLError that ended the socket before connection.open-ok (see connect).
+        self._handshake_tls_error: ssl.SSLError | None = None
         self._blocked_callbacks: list[BlockedCallback] = []
         self._close_callbacks: list[CloseCallback] = []
         self.close_exc: AMQPError | None = None
@@ -304,12 +323,33 @@ class AsyncConnection:
             raise Timeout(f"could not connect within {timeout} s") from None
         summary = "; ".join(f"{address}: {exc!r}" for address, exc in errors)
         failure = ConnectError(f"could not connect to any broker ({summary})", errors)
-        tls = [exc for _, exc in errors if isinstance(exc, TLSError)]
-        if errors and len(tls) == len(errors):
-            # Every address refused us at TLS: a configuration problem, shown as such
-            # (its __cause__ stays the ssl error that explains it).
-            raise tls[-1]
+        for kind in (TLSError, CredentialsError):
+            same = [exc for _, exc in errors if isinstance(exc, kind)]
+            if errors and len(same) == len(errors):
+                # Every address failed the same local way (TLS configuration, or the
+                # credentials provider): shown as such, its __cause__ explaining it.
+                raise same[-1]
         raise failure from (errors[-1][1] if errors else None)
+
+    async def _provided_credentials(self) -> tuple[str, str]:
+        provider = self._credentials_provider
+        assert provider is not None
+        try:
+            result = provider()
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as exc:  # the provider is user code: any failure is reported
+            raise CredentialsError(f"credentials_provider raised {type(exc).__name__}") from exc
+        if (
+            not isinstance(result, tuple)
+            or len(result) != 2
+            or not all(isinstance(part, str) for part in result)
+        ):
+            raise CredentialsError(
+                "credentials_provider: must return a (username, password) tuple of two "
+                f"strings, got {type(result).__name__}"
+            )
+        return result
 
     def _reset_attempt(self) -> None:
         if self._transport is not None:
@@ -320,9 +360,13 @@ class AsyncConnection:
 
     async def _connect_one(self, params: ConnectionParameters) -> None:
         loop = asyncio.get_running_loop()
+        self._handshake_tls_error = None
+        username, password = params.username, params.password
+        if self._credentials_provider is not None:
+            username, password = await self._provided_credentials()
         self._proto = ConnectionProtocol(
-            username=params.username,
-            password=params.password,
+            username=username,
+            password=password,
             virtual_host=params.virtual_host,
             heartbeat=params.heartbeat,
             channel_max=params.channel_max,
@@ -357,7 +401,16 @@ class AsyncConnection:
             raise Timeout(
                 f"{params.address}: no open connection within {params.connection_timeout} s"
             ) from None
-        except AMQPError:
+        except AMQPError as exc:
+            alert = self._handshake_tls_error
+            if alert is not None and not isinstance(exc, AuthenticationError):
+                # TLS 1.3: the broker checks our certificate after our side of the
+                # handshake finished, so its refusal arrives as an alert on the first read.
+                reason = alert.reason or str(alert)
+                raise TLSError(
+                    f"{params.address}: the broker ended the TLS session during the AMQP "
+                    f"handshake: {reason} (is a valid client certificate configured?)"
+                ) from alert
             raise  # already ours (AuthenticationError is also an OSError: keep it as it is)
         except (ssl.SSLError, ssl.CertificateError) as exc:  # before OSError: its subclass
             reason = getattr(exc, "verify_message", None) or exc.reason or str(exc)
@@ -625,6 +678,9 @@ class AsyncConnection:
             self._lost.set_result(None)
         if exc is not None:
             logger.debug("socket closed: %r", exc)
+            if isinstance(exc, ssl.SSLError) and self._opened is not None:
+                if not self._opened.done() or self._opened.exception() is not None:
+                    self._handshake_tls_error = exc
 
     def _on_tick(self) -> None:
         self._tick_handle = None

@@ -6,10 +6,12 @@ One IO thread per connection runs the asyncio engine; this class only forwards t
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import itertools
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..aio.connection import AsyncConnection
+from ..aio.connection import AsyncConnection, CredentialsProvider
 from ..exceptions import AMQPError, InvalidStateError, Timeout
 from ..recovery import DEFAULT_RECOVERY
 from ._portal import Dispatcher, Portal
@@ -69,7 +71,15 @@ class Connection:
         client_properties: dict[str, Any] | None = None,
         max_message_size: int = 128 * 1024 * 1024,
         recovery: RecoveryPolicy | None = DEFAULT_RECOVERY,
+        credentials_provider: CredentialsProvider | None = None,
     ) -> None:
+        provider: CredentialsProvider | None = None
+        if credentials_provider is not None and callable(credentials_provider):
+            # A plain function may block (an HTTP call for a token): it runs in a worker
+            # thread so the IO thread keeps serving the other connections' heartbeats.
+            provider = _off_loop(credentials_provider)
+        elif credentials_provider is not None:
+            provider = credentials_provider  # AsyncConnection reports the type error
         self._async = AsyncConnection(
             url,
             heartbeat=heartbeat,
@@ -82,6 +92,7 @@ class Connection:
             client_properties=client_properties,
             max_message_size=max_message_size,
             recovery=recovery,
+            credentials_provider=provider,
         )
         self._id = next(_ids)
         self._portal: Portal | None = None
@@ -382,3 +393,13 @@ class Connection:
         dispatcher = self._dispatcher
         if dispatcher is not None:
             dispatcher.post(fn, *args)
+
+
+def _off_loop(provider: CredentialsProvider) -> CredentialsProvider:
+    async def call() -> tuple[str, str]:
+        result = await asyncio.to_thread(provider)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+    return call
