@@ -55,7 +55,7 @@ from .message import Message, Properties
 from .pool import AsyncChannelPool
 from .protocol.frames import Float32, Int8, Int16, Int32, Int64, UInt8, UInt16, UInt32
 from .publisher import AsyncPublisher, OutgoingMessage
-from .recovery import RecoveryPolicy, State
+from .recovery import NackRetry, RecoveryPolicy, State
 from .sync import Channel, Connection
 from .sync.consumer import Consumer
 from .sync.pool import ChannelPool
@@ -114,6 +114,7 @@ __all__ = [
     "LocalProtocolError",
     "MemoryDedupStore",
     "Message",
+    "NackRetry",
     "Nacked",
     "NotFound",
     "OutgoingMessage",

@@ -54,7 +54,7 @@ from ..protocol.events import (
     RpcReply,
 )
 from ..record import TopologyRecord
-from ..recovery import DEFAULT_RECOVERY, RecoveryPolicy, State, is_recoverable
+from ..recovery import DEFAULT_RECOVERY, NackRetry, RecoveryPolicy, State, is_recoverable
 from .channel import AsyncChannel
 
 if TYPE_CHECKING:
@@ -521,6 +521,7 @@ class AsyncConnection:
         mandatory: bool = False,
         timeout: float | None = None,
         republish_unconfirmed: bool = False,
+        nack_retry: NackRetry | None = None,
     ) -> AsyncPublisher:
         """A publisher on its own channel (see :class:`rabbitry.AsyncPublisher`).
 
@@ -537,6 +538,7 @@ class AsyncConnection:
             mandatory=mandatory,
             timeout=timeout,
             republish_unconfirmed=republish_unconfirmed,
+            nack_retry=nack_retry,
         )
 
     async def channel_pool(self, size: int = 10, *, confirm: bool = True) -> AsyncChannelPool:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ..config import ConnectionParameters
     from ..consumer import DedupStore
     from ..record import TopologyRecord
-    from ..recovery import RecoveryPolicy, State
+    from ..recovery import NackRetry, RecoveryPolicy, State
     from .consumer import Consumer
     from .pool import ChannelPool
     from .publisher import Publisher
@@ -303,6 +303,7 @@ class Connection:
         mandatory: bool = False,
         timeout: float | None = None,
         republish_unconfirmed: bool = False,
+        nack_retry: NackRetry | None = None,
     ) -> Publisher:
         """A publisher on its own channel (see :class:`rabbitry.Publisher`).
 
@@ -318,6 +319,7 @@ class Connection:
             mandatory=mandatory,
             timeout=timeout,
             republish_unconfirmed=republish_unconfirmed,
+            nack_retry=nack_retry,
             wait=_wait(timeout),
         )
         return Publisher(self, engine)
