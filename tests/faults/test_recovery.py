@@ -12,6 +12,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 import pytest
+from tests.faults.helpers import FAST, WAIT, eventually, force_close, unique
 from tests.support.proxy import TcpProxy
 
 import rabbitry
@@ -31,13 +32,6 @@ if TYPE_CHECKING:
 
     from tests.support.node import BrokerNode
 
-FAST = RecoveryPolicy(initial_delay=0.05, max_delay=0.5, jitter=0.1)
-WAIT = 15.0
-
-
-def unique(prefix: str) -> str:
-    return f"rabbitry-rec-{prefix}-{uuid.uuid4().hex[:8]}"
-
 
 @pytest.fixture
 async def recovering(broker_node: BrokerNode) -> AsyncIterator[AsyncConnection]:
@@ -49,23 +43,6 @@ async def recovering(broker_node: BrokerNode) -> AsyncIterator[AsyncConnection]:
         yield conn
     finally:
         await conn.close(timeout=5)
-
-
-async def eventually(predicate: object, timeout: float = WAIT) -> bool:
-    assert callable(predicate)
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.02)
-    return bool(predicate())
-
-
-async def force_close(node: BrokerNode, conn: AsyncConnection) -> None:
-    name = conn.params.connection_name
-    assert name
-    closed = await asyncio.to_thread(node.close_connection_by_name, name, "recovery test")
-    assert closed == 1
 
 
 async def test_forced_close_recovers_channels_topology_and_consumers(

@@ -307,6 +307,13 @@ class AsyncConnection:
                     try:
                         await self._connect_one(params)
                         self.params = params
+                        if not self.heartbeat:
+                            logger.warning(
+                                "heartbeats are off on the connection to %s: a dead peer "
+                                "behind a silent network is only noticed when TCP gives up "
+                                "(about 11 minutes on Linux), and recovery waits as long",
+                                params.address,
+                            )
                         self._recovered = asyncio.Event()
                         self._recovered.set()
                         self._set_state(State.OPEN, None)
@@ -931,6 +938,20 @@ class AsyncConnection:
                 cause = last if isinstance(last, AMQPError) else ConnectionLost(str(last))
                 self._give_up(cause)
                 return
+
+    def _forget_if_auto_deleted(self, queue: str) -> None:
+        """A consumer of ``queue`` was cancelled: if it was the last one on this
+        connection and the record holds ``queue`` as auto-delete, the broker has deleted
+        the queue, so recovery must not declare it again (reliability.md §3.5 T4)."""
+        recorded = self.topology_record.queue(queue)
+        if recorded is None or not recorded.auto_delete:
+            return
+        for channel in self._channels.values():
+            for consumer in channel._consumers.values():
+                if consumer.spec is not None and consumer.spec.queue == queue:
+                    return
+        logger.debug("auto-delete queue %r lost its last consumer: forgotten", queue)
+        self.topology_record.forget_queue(queue)
 
     async def _replay(self) -> None:
         """Re-open channels (numbers, QoS, modes), then the topology, then consumers."""
