@@ -59,7 +59,7 @@ from .exceptions import (
 from .protocol import spec
 from .protocol.channel import ChannelState
 from .protocol.frames import content_frames, method_frame
-from .recovery import NackRetry
+from .recovery import NackRetry, State
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -721,6 +721,10 @@ class AsyncPublisher:
         out: list[UnconfirmedMessage] = []
         channel = self._channel
         if channel is not None:
+            # Kept for the resend while the connection recovers (seq of the old channel).
+            for kept in channel._resend:
+                if isinstance(kept, _Pending) and not kept.settled:
+                    out.append(UnconfirmedMessage(kept.seq, kept.message_id, kept.frames))
             confirms = channel._confirms
             for seq in channel._confirm_order:
                 record = confirms.get(seq)
@@ -740,7 +744,9 @@ class AsyncPublisher:
             return
         self._closing = True
         try:
-            if self._confirm and self._conn.is_open:
+            # While the connection recovers, the unconfirmed messages kept for the resend
+            # are still ours: wait for them too instead of abandoning them.
+            if self._confirm and (self._conn.is_open or self._conn.state is State.RECOVERING):
                 try:
                     await self.wait_for_confirms(timeout=timeout)
                 except PublishTimeout:
