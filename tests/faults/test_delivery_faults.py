@@ -377,3 +377,113 @@ async def test_t4_auto_delete_queue_forgotten_after_its_last_consumer(
                 await (await admin.channel()).queue_declare(queue, passive=True)
     finally:
         await conn.close(timeout=5)
+
+
+async def test_c3_consumer_timeout_closes_the_channel_and_the_consumer_comes_back(
+    broker_node: BrokerNode,
+) -> None:
+    """C3: a handler holds a delivery past the broker's consumer_timeout (3 s here; the
+    broker checks every channel tick, set to 1 s). The broker closes the channel with 406;
+    the consumer subscribes again on a new channel and the message is redelivered."""
+
+    def set_env(key: str, value: int) -> None:
+        broker_node.eval(f"application:set_env(rabbit, {key}, {value}).")
+
+    await asyncio.to_thread(set_env, "consumer_timeout", 3000)
+    await asyncio.to_thread(set_env, "channel_tick_interval", 1000)
+    queue = unique("c3")
+    checker = Checker()
+    conn = AsyncConnection(broker_node.url, heartbeat=5, recovery=FAST)
+    try:
+        await _declare(broker_node, queue)
+        async with AsyncConnection(broker_node.url, recovery=None) as feeder:
+            publisher = await feeder.publisher()
+            for i in range(5):
+                checker.attempt(str(i))
+                await (
+                    await publisher.publish(
+                        b"x", routing_key=queue, properties=Properties(message_id=str(i))
+                    )
+                )
+                checker.confirm(str(i))
+        await conn.connect()
+        held = False
+
+        async def handler(message: rabbitry.Message) -> None:
+            nonlocal held
+            if not held:
+                held = True
+                await asyncio.sleep(6)  # past consumer_timeout; its ack will be stale
+            assert message.properties.message_id is not None
+            checker.deliver(message.properties.message_id, message.redelivered)
+
+        consumer = conn.consumer(queue, handler, prefetch=1)
+        await consumer.start()
+        try:
+            assert await eventually(lambda: checker.delivered.keys() >= checker.confirmed, 40)
+        finally:
+            await consumer.stop()
+        assert checker.redelivered >= 1  # the held message came back
+        assert conn.state is State.OPEN  # a channel error, not a connection one
+    finally:
+        await asyncio.to_thread(set_env, "consumer_timeout", 1800000)
+        await asyncio.to_thread(set_env, "channel_tick_interval", 60000)
+        await conn.close(timeout=5)
+        await _admin_drain(broker_node, queue)
+    checker.check(max_duplicates=1)
+
+
+async def test_t3_queue_deleted_during_topology_recovery(broker_node: BrokerNode) -> None:
+    """T3: someone deletes a queue after recovery re-declared it and before its bindings
+    are replayed; the bind gets 404, recovery declares the queue again and retries, and
+    both routing keys deliver (the Java client's TopologyRecoveryRetry)."""
+    queue = unique("t3")
+    topology = Topology(
+        queues=[Queue(queue, durable=False)],
+        bindings=[Binding("amq.topic", queue, "t3.one"), Binding("amq.topic", queue, "t3.two")],
+    )
+    declare_ok = b"\x00\x32\x00\x0b" + bytes([len(queue)]) + queue.encode()
+    armed = threading.Event()
+    seen = threading.Event()
+
+    def tap(direction: str, data: bytes) -> None:
+        if armed.is_set() and direction == "downstream" and declare_ok in data:
+            armed.clear()
+            seen.set()
+
+    admin = AsyncConnection(broker_node.url, recovery=None)
+    await admin.connect()
+    with TcpProxy("127.0.0.1", broker_node.port) as proxy:
+        conn = AsyncConnection(
+            proxy.url(), connection_name=unique("t3c"), heartbeat=10, recovery=FAST
+        )
+        await conn.connect()
+        errors: list[object] = []
+        conn.on_recovery_error(lambda *args: errors.append(args))
+        try:
+            await topology.aapply(conn)
+            admin_channel = await admin.channel()
+            proxy.tap(tap)
+            proxy.latency(0.3)  # the bind reaches the broker >= 0.3 s after the declare-ok
+            armed.set()
+            await force_close(broker_node, conn)
+            assert await eventually(seen.is_set, WAIT)
+            await admin_channel.queue_delete(queue)  # between the re-declare and the bind
+            await conn.wait_recovered(30)
+            proxy.heal()
+            assert errors == []
+            publisher = await conn.publisher()
+            for key in ("t3.one", "t3.two"):
+                await asyncio.wait_for(
+                    await publisher.publish(key.encode(), exchange="amq.topic", routing_key=key),
+                    WAIT,
+                )
+            await publisher.close()
+            channel = await conn.channel()
+            assert (await channel.queue_declare(queue, passive=True)).message_count == 2
+        finally:
+            proxy.tap(None)
+            proxy.heal()
+            await conn.close(timeout=5)
+    await _admin_drain(broker_node, queue)
+    await admin.close()

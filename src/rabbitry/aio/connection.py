@@ -33,6 +33,7 @@ from ..exceptions import (
     ConnectionRecovering,
     CredentialsError,
     InvalidStateError,
+    NotFound,
     ResourceLocked,
     Timeout,
     TLSError,
@@ -1044,7 +1045,13 @@ class AsyncConnection:
                         )
 
                 label = f"{binding.source}->{binding.destination}:{binding.routing_key}"
-                channel = await self._declare_entity(channel, "binding", label, bind)
+                channel = await self._declare_entity(
+                    channel,
+                    "binding",
+                    label,
+                    bind,
+                    restore=lambda ch, b=binding: self._redeclare_ends(ch, b),  # type: ignore[misc]
+                )
         finally:
             if channel.is_open:
                 await channel.close(timeout=10.0)
@@ -1056,8 +1063,13 @@ class AsyncConnection:
         kind: str,
         name: str,
         declare: Callable[[AsyncChannel], Awaitable[Any]],
+        restore: Callable[[AsyncChannel], Awaitable[Any]] | None = None,
     ) -> AsyncChannel:
-        """Run one re-declaration; report and skip (or abort) if the broker refuses it."""
+        """Run one re-declaration; report and skip (or abort) if the broker refuses it.
+
+        ``restore`` handles a 404 (an end of a binding deleted while recovery runs, e.g.
+        by another client): it declares the recorded ends again before the next try.
+        """
         assert self.recovery is not None
         for attempt in range(5):
             try:
@@ -1069,6 +1081,15 @@ class AsyncConnection:
                     # The dead connection's exclusive queue may not be gone yet.
                     await asyncio.sleep(0.2 * (attempt + 1))
                     continue
+                if isinstance(exc, NotFound) and restore is not None and attempt < 4:
+                    logger.info("recovery: %s %r: %r; declaring its ends again", kind, name, exc)
+                    await asyncio.sleep(0.05 * 2**attempt)
+                    try:
+                        await restore(channel)
+                    except ChannelClosedByBroker as again:
+                        logger.info("recovery: restoring %r failed: %r", name, again)
+                        channel = await self._open_channel(None, 30.0)
+                    continue
                 logger.error("recovery: could not re-declare %s %r: %r", kind, name, exc)
                 for callback in list(self._recovery_error_callbacks):
                     try:
@@ -1079,6 +1100,36 @@ class AsyncConnection:
                     raise _RecoveryAborted(exc) from exc
                 return channel
         return channel
+
+    async def _redeclare_ends(self, channel: AsyncChannel, binding: Any) -> None:
+        """Declare a binding's recorded source exchange and destination again."""
+        record = self.topology_record
+        ends = [(binding.source, "exchange")]
+        ends.append((binding.destination, binding.destination_type))
+        for name, kind in ends:
+            if kind == "exchange":
+                exchange = record.exchange(name)
+                if exchange is not None and name and not name.startswith("amq."):
+                    await channel.exchange_declare(
+                        exchange.name,
+                        exchange.type,
+                        durable=exchange.durable,
+                        auto_delete=exchange.auto_delete,
+                        internal=exchange.internal,
+                        arguments=dict(exchange.arguments) or None,
+                        timeout=30.0,
+                    )
+            else:
+                queue = record.queue(name)
+                if queue is not None and not queue.server_named:
+                    await channel.queue_declare(
+                        queue.name,
+                        durable=queue.durable,
+                        exclusive=queue.exclusive,
+                        auto_delete=queue.auto_delete,
+                        arguments=dict(queue.arguments) or None,
+                        timeout=30.0,
+                    )
 
     def _give_up(self, exc: AMQPError) -> None:
         """Recovery failed for good: end the connection with ``exc``."""
