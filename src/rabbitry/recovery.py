@@ -41,6 +41,37 @@ from .exceptions import (
 __all__ = ["DEFAULT_RECOVERY", "NackRetry", "RecoveryPolicy", "State", "is_recoverable"]
 
 
+def _check_backoff(
+    initial_delay: float, max_delay: float, multiplier: float, jitter: float
+) -> None:
+    if not initial_delay >= 0:
+        raise ConfigurationError(f"initial_delay: must be >= 0, got {initial_delay}")
+    if not max_delay >= initial_delay:
+        raise ConfigurationError(
+            f"max_delay: must be >= initial_delay ({initial_delay}), got {max_delay}"
+        )
+    if not multiplier >= 1:
+        raise ConfigurationError(f"multiplier: must be >= 1, got {multiplier}")
+    if not 0 <= jitter < 1:
+        raise ConfigurationError(f"jitter: must be in [0, 1), got {jitter}")
+
+
+def _backoff(
+    attempt: int,
+    initial_delay: float,
+    max_delay: float,
+    multiplier: float,
+    jitter: float,
+    rand: float | None,
+) -> float:
+    """Exponential backoff capped at ``max_delay``, times a factor in ``1 ± jitter``."""
+    base = min(max_delay, initial_delay * multiplier**attempt)
+    if not jitter:
+        return base
+    factor = 1 + jitter * (2 * (random.random() if rand is None else rand) - 1)
+    return min(max_delay, base * factor)
+
+
 class State(enum.Enum):
     """What a connection is doing."""
 
@@ -80,16 +111,7 @@ class RecoveryPolicy:
     during_recovery: Literal["wait", "fail"] = "wait"
 
     def __post_init__(self) -> None:
-        if not self.initial_delay >= 0:
-            raise ConfigurationError(f"initial_delay: must be >= 0, got {self.initial_delay}")
-        if not self.max_delay >= self.initial_delay:
-            raise ConfigurationError(
-                f"max_delay: must be >= initial_delay ({self.initial_delay}), got {self.max_delay}"
-            )
-        if not self.multiplier >= 1:
-            raise ConfigurationError(f"multiplier: must be >= 1, got {self.multiplier}")
-        if not 0 <= self.jitter < 1:
-            raise ConfigurationError(f"jitter: must be in [0, 1), got {self.jitter}")
+        _check_backoff(self.initial_delay, self.max_delay, self.multiplier, self.jitter)
         if self.max_attempts is not None and (
             isinstance(self.max_attempts, bool) or self.max_attempts < 1
         ):
@@ -110,11 +132,9 @@ class RecoveryPolicy:
             attempt: how many attempts failed before this one.
             rand: a number in [0, 1) for the jitter (default: ``random.random()``).
         """
-        base = min(self.max_delay, self.initial_delay * self.multiplier**attempt)
-        if not self.jitter:
-            return base
-        factor = 1 + self.jitter * (2 * (random.random() if rand is None else rand) - 1)
-        return min(self.max_delay, base * factor)
+        return _backoff(
+            attempt, self.initial_delay, self.max_delay, self.multiplier, self.jitter, rand
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,24 +169,13 @@ class NackRetry:
             raise ConfigurationError(f"max_attempts: must be an int, got {self.max_attempts!r}")
         if self.max_attempts < 1:
             raise ConfigurationError(f"max_attempts: must be >= 1, got {self.max_attempts}")
-        if not self.initial_delay >= 0:
-            raise ConfigurationError(f"initial_delay: must be >= 0, got {self.initial_delay}")
-        if not self.max_delay >= self.initial_delay:
-            raise ConfigurationError(
-                f"max_delay: must be >= initial_delay ({self.initial_delay}), got {self.max_delay}"
-            )
-        if not self.multiplier >= 1:
-            raise ConfigurationError(f"multiplier: must be >= 1, got {self.multiplier}")
-        if not 0 <= self.jitter < 1:
-            raise ConfigurationError(f"jitter: must be in [0, 1), got {self.jitter}")
+        _check_backoff(self.initial_delay, self.max_delay, self.multiplier, self.jitter)
 
     def delay(self, attempt: int, rand: float | None = None) -> float:
         """Seconds to wait before re-send ``attempt`` (0 is the first re-send)."""
-        base = min(self.max_delay, self.initial_delay * self.multiplier**attempt)
-        if not self.jitter:
-            return base
-        factor = 1 + self.jitter * (2 * (random.random() if rand is None else rand) - 1)
-        return min(self.max_delay, base * factor)
+        return _backoff(
+            attempt, self.initial_delay, self.max_delay, self.multiplier, self.jitter, rand
+        )
 
 
 #: The policy a connection uses unless it is given another one or ``recovery=None``.

@@ -12,6 +12,7 @@ import hashlib
 import itertools
 import logging
 import random
+import threading
 from typing import TYPE_CHECKING
 
 import pytest
@@ -176,20 +177,24 @@ async def test_r6_flapping_resets_lose_nothing(broker_node: BrokerNode) -> None:
         resets = 0
 
         during_recovery = 0
+        hit_recovery = threading.Event()
+
+        def reset_the_reconnect(direction: str, data: bytes) -> None:
+            # Runs on the proxy thread: the recovery's new connection says hello.
+            nonlocal during_recovery
+            if hit_recovery.is_set() and direction == "upstream" and data.startswith(b"AMQP"):
+                hit_recovery.clear()
+                during_recovery += proxy.reset() > 0
+
+        proxy.tap(reset_the_reconnect)
 
         async def flapper() -> None:
-            nonlocal resets, during_recovery
+            nonlocal resets
             for n in range(12):
                 await asyncio.sleep(rng.uniform(0.1, 1.5))
-                before = proxy.connections
-                resets += proxy.reset() > 0
                 if n % 3 == 2:
-                    # Hit the recovery itself: reset the reconnect as soon as it is made
-                    # (handshake or replay in progress).
-                    if await eventually(lambda b=before: proxy.connections > b, 5):
-                        await asyncio.sleep(rng.uniform(0, 0.01))
-                        if conn.state is State.RECOVERING:
-                            during_recovery += proxy.reset() > 0
+                    hit_recovery.set()  # and reset the recovery itself, mid-handshake
+                resets += proxy.reset() > 0
 
         async def settle(message_id: str, future: asyncio.Future[None]) -> None:
             try:

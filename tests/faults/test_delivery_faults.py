@@ -56,6 +56,20 @@ async def _depth(node: BrokerNode, queue: str) -> int:
         return ok.message_count
 
 
+async def _feed(node: BrokerNode, queue: str, checker: Checker, count: int) -> None:
+    """Publish ``count`` confirmed messages with ids 0..count-1 from a direct connection."""
+    async with AsyncConnection(node.url, recovery=None) as feeder:
+        publisher = await feeder.publisher()
+        for i in range(count):
+            checker.attempt(str(i))
+            await (
+                await publisher.publish(
+                    b"x", routing_key=queue, properties=Properties(message_id=str(i))
+                )
+            )
+            checker.confirm(str(i))
+
+
 async def _declare(node: BrokerNode, queue: str) -> None:
     async with AsyncConnection(node.url, recovery=None) as admin:
         await (await admin.channel()).queue_declare(queue)
@@ -182,16 +196,7 @@ async def test_c4_handler_blocking_the_loop_loses_nothing(broker_node: BrokerNod
     queue = unique("c4")
     await _declare(broker_node, queue)
     checker = Checker()
-    async with AsyncConnection(broker_node.url, recovery=None) as feeder:
-        publisher = await feeder.publisher()
-        for i in range(10):
-            checker.attempt(str(i))
-            await (
-                await publisher.publish(
-                    b"x", routing_key=queue, properties=Properties(message_id=str(i))
-                )
-            )
-            checker.confirm(str(i))
+    await _feed(broker_node, queue, checker, 10)
     conn = AsyncConnection(broker_node.url, heartbeat=2, recovery=FAST)
     await conn.connect()
     log = StateLog(conn)
@@ -396,16 +401,7 @@ async def test_c3_consumer_timeout_closes_the_channel_and_the_consumer_comes_bac
     conn = AsyncConnection(broker_node.url, heartbeat=5, recovery=FAST)
     try:
         await _declare(broker_node, queue)
-        async with AsyncConnection(broker_node.url, recovery=None) as feeder:
-            publisher = await feeder.publisher()
-            for i in range(5):
-                checker.attempt(str(i))
-                await (
-                    await publisher.publish(
-                        b"x", routing_key=queue, properties=Properties(message_id=str(i))
-                    )
-                )
-                checker.confirm(str(i))
+        await _feed(broker_node, queue, checker, 5)
         await conn.connect()
         held = False
 

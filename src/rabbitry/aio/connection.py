@@ -985,15 +985,7 @@ class AsyncConnection:
                     channel,
                     "exchange",
                     exchange.name,
-                    lambda ch, e=exchange: ch.exchange_declare(  # type: ignore[misc]
-                        e.name,
-                        e.type,
-                        durable=e.durable,
-                        auto_delete=e.auto_delete,
-                        internal=e.internal,
-                        arguments=dict(e.arguments) or None,
-                        timeout=30.0,
-                    ),
+                    lambda ch, e=exchange: _declare_recorded_exchange(ch, e),  # type: ignore[misc]
                 )
             for queue in record.queues:
                 replies: list[Any] = []
@@ -1001,16 +993,7 @@ class AsyncConnection:
                 async def declare(
                     ch: AsyncChannel, q: Any = queue, replies: list[Any] = replies
                 ) -> None:
-                    replies.append(
-                        await ch.queue_declare(
-                            "" if q.server_named else q.name,
-                            durable=q.durable,
-                            exclusive=q.exclusive,
-                            auto_delete=q.auto_delete,
-                            arguments=dict(q.arguments) or None,
-                            timeout=30.0,
-                        )
-                    )
+                    replies.append(await _declare_recorded_queue(ch, q))
 
                 channel = await self._declare_entity(channel, "queue", queue.name, declare)
                 if replies and replies[0].queue != queue.name:
@@ -1110,26 +1093,11 @@ class AsyncConnection:
             if kind == "exchange":
                 exchange = record.exchange(name)
                 if exchange is not None and name and not name.startswith("amq."):
-                    await channel.exchange_declare(
-                        exchange.name,
-                        exchange.type,
-                        durable=exchange.durable,
-                        auto_delete=exchange.auto_delete,
-                        internal=exchange.internal,
-                        arguments=dict(exchange.arguments) or None,
-                        timeout=30.0,
-                    )
+                    await _declare_recorded_exchange(channel, exchange)
             else:
                 queue = record.queue(name)
                 if queue is not None and not queue.server_named:
-                    await channel.queue_declare(
-                        queue.name,
-                        durable=queue.durable,
-                        exclusive=queue.exclusive,
-                        auto_delete=queue.auto_delete,
-                        arguments=dict(queue.arguments) or None,
-                        timeout=30.0,
-                    )
+                    await _declare_recorded_queue(channel, queue)
 
     def _give_up(self, exc: AMQPError) -> None:
         """Recovery failed for good: end the connection with ``exc``."""
@@ -1225,3 +1193,27 @@ class AsyncConnection:
                 callback(exc)
             except Exception:
                 logger.exception("close callback %r failed", callback)
+
+
+async def _declare_recorded_exchange(channel: AsyncChannel, exchange: Any) -> None:
+    await channel.exchange_declare(
+        exchange.name,
+        exchange.type,
+        durable=exchange.durable,
+        auto_delete=exchange.auto_delete,
+        internal=exchange.internal,
+        arguments=dict(exchange.arguments) or None,
+        timeout=30.0,
+    )
+
+
+async def _declare_recorded_queue(channel: AsyncChannel, queue: Any) -> Any:
+    """Declare a recorded queue again; a server-named one asks for a new name."""
+    return await channel.queue_declare(
+        "" if queue.server_named else queue.name,
+        durable=queue.durable,
+        exclusive=queue.exclusive,
+        auto_delete=queue.auto_delete,
+        arguments=dict(queue.arguments) or None,
+        timeout=30.0,
+    )
