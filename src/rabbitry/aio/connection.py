@@ -17,7 +17,7 @@ import logging
 import random
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from ..config import ConnectionParameters, default_url, parse_urls
 from ..exceptions import (
@@ -56,6 +56,8 @@ from .channel import AsyncChannel
 
 if TYPE_CHECKING:
     from ..consumer import AsyncConsumer, DedupStore
+    from ..outbox import Outbox
+    from ..outbox_publisher import AsyncOutboxPublisher
     from ..pool import AsyncChannelPool
     from ..publisher import AsyncPublisher
 
@@ -460,6 +462,30 @@ class AsyncConnection:
         await channel._await_rpc(spec.ChannelOpen.NAME, timeout)
         return channel
 
+    @overload
+    async def publisher(
+        self,
+        *,
+        confirm: bool = ...,
+        max_in_flight: int = ...,
+        mandatory: bool = ...,
+        timeout: float | None = ...,
+        republish_unconfirmed: bool = ...,
+        outbox: None = ...,
+    ) -> AsyncPublisher: ...
+
+    @overload
+    async def publisher(
+        self,
+        *,
+        confirm: bool = ...,
+        max_in_flight: int = ...,
+        mandatory: bool = ...,
+        timeout: float | None = ...,
+        republish_unconfirmed: bool = ...,
+        outbox: Outbox,
+    ) -> AsyncOutboxPublisher: ...
+
     async def publisher(
         self,
         *,
@@ -468,14 +494,30 @@ class AsyncConnection:
         mandatory: bool = False,
         timeout: float | None = None,
         republish_unconfirmed: bool = False,
-    ) -> AsyncPublisher:
+        outbox: Outbox | None = None,
+    ) -> AsyncPublisher | AsyncOutboxPublisher:
         """A publisher on its own channel (see :class:`rabbitry.AsyncPublisher`).
 
         ``timeout`` is the default deadline of each publish and also bounds opening the
-        publisher's channel.
+        publisher's channel. With ``outbox`` (e.g. ``SQLiteOutbox(path)``) the result is
+        an :class:`rabbitry.AsyncOutboxPublisher`: ``publish()`` returns once the message
+        is durably stored, and the stored messages are delivered in the background.
         """
         from ..publisher import AsyncPublisher
 
+        if outbox is not None:
+            from ..outbox_publisher import AsyncOutboxPublisher
+
+            return await AsyncOutboxPublisher._create(
+                self,
+                outbox,
+                open_timeout=timeout,
+                confirm=confirm,
+                max_in_flight=max_in_flight,
+                mandatory=mandatory,
+                timeout=timeout,
+                republish_unconfirmed=republish_unconfirmed,
+            )
         return await AsyncPublisher._create(
             self,
             open_timeout=timeout,
