@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -27,6 +26,8 @@ from rabbitry.outbox import OutboxBatch, OutboxRecord
 from rabbitry.protocol import spec
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from tests.integration.conftest import Names
 
 pytestmark = pytest.mark.timeout(120)
@@ -159,7 +160,7 @@ async def test_rows_left_in_the_outbox_are_sent_at_start(
                     spec.BasicProperties(message_id=f"left-{n}").encode(),
                     b"x" * n,
                     time.time(),
-                )  # fmt: skip
+                )
                 for n in (1, 2, 3)
             ]
         )
