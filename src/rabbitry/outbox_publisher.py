@@ -476,6 +476,14 @@ class AsyncOutboxPublisher:
             await asyncio.to_thread(self._writer.thread.join)
             await asyncio.to_thread(self._outbox.close)
 
+    def _release_store(self) -> None:
+        """Blocking: stop the writer and close the store (the loop is gone)."""
+        self._closing = True
+        self._writer.stop()
+        if self._writer.thread.is_alive():
+            self._writer.thread.join()
+        self._outbox.close()
+
     # ------------------------------------------------------------------ storing (loop)
 
     def _entry(

@@ -253,3 +253,18 @@ def test_sync_outbox_publisher(url: str, names: Names, tmp_path: Path) -> None:
             got.append(message)
     assert [m.properties.message_id for m in got] == [one, *many]
     assert SQLiteOutbox(path).status().pending == 0
+
+
+def test_sync_close_after_the_connection_still_releases_the_outbox(
+    url: str, names: Names, tmp_path: Path
+) -> None:
+    path = str(tmp_path / "o.db")
+    conn = rabbitry.Connection(url)
+    conn.connect()
+    publisher = conn.publisher(outbox=SQLiteOutbox(path))
+    publisher.publish(b"x", routing_key=names.queue("unused"))
+    conn.close()
+    publisher.close()  # the IO thread is gone; the file lock must still be released
+    again = SQLiteOutbox(path)
+    again.open()
+    again.close()

@@ -158,6 +158,11 @@ class OutboxPublisher:
         if self._async.is_closed:
             return
         self._check_thread()
+        if self._portal._stopped:
+            # The connection (and its IO thread) is gone: nothing is in flight any more,
+            # but the outbox file must still be released.
+            self._async._release_store()
+            return
         self._portal.call(self._async.close, timeout=timeout, wait=_wait(timeout))
 
     def _check_thread(self) -> None:
