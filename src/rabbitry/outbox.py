@@ -263,7 +263,7 @@ class Outbox(abc.ABC):
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS outbox (
-    id INTEGER PRIMARY KEY,
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
     message_id TEXT NOT NULL,
     exchange TEXT NOT NULL,
     routing_key TEXT NOT NULL,
@@ -289,11 +289,11 @@ CREATE TABLE IF NOT EXISTS dead (
     died_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
-INSERT OR IGNORE INTO meta VALUES ('resent', 0), ('last_id', 0);
+INSERT OR IGNORE INTO meta VALUES ('resent', 0);
 PRAGMA application_id = {APPLICATION_ID};
 PRAGMA user_version = {SCHEMA_VERSION};
 """
-_TABLES = {"outbox", "dead", "meta"}
+_TABLES = {"outbox", "dead", "meta", "sqlite_sequence"}
 
 
 class SQLiteOutbox(Outbox):
@@ -499,11 +499,9 @@ class SQLiteOutbox(Outbox):
             db.execute("BEGIN IMMEDIATE")
             try:
                 if batch.inserts:
+                    # AUTOINCREMENT: SQLite itself remembers the highest id ever stored
+                    # (sqlite_sequence), so ids are never reused after deletes.
                     self._insert(db, batch.inserts)
-                    db.execute(
-                        "UPDATE meta SET value = max(value, ?) WHERE key = 'last_id'",
-                        (batch.inserts[-1].id,),
-                    )
                 if batch.deletes:
                     self._delete(db, batch.deletes)
                 if batch.failures:
@@ -581,7 +579,8 @@ class SQLiteOutbox(Outbox):
                 dead = db.execute("SELECT count(*) FROM dead").fetchone()[0]
                 meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
                 top = db.execute(
-                    "SELECT max(coalesce((SELECT max(id) FROM outbox), 0), "
+                    "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = "
+                    "'outbox'), 0), coalesce((SELECT max(id) FROM outbox), 0), "
                     "coalesce((SELECT max(id) FROM dead), 0))"
                 ).fetchone()[0]
         except sqlite3.Error as exc:
@@ -593,7 +592,7 @@ class SQLiteOutbox(Outbox):
             retrying=retrying,
             dead=dead,
             resent=int(meta.get("resent", 0)),
-            last_id=max(int(top), int(meta.get("last_id", 0))),
+            last_id=int(top),
         )
 
     def dead(self, limit: int | None = None) -> list[DeadRecord]:
@@ -635,11 +634,6 @@ class SQLiteOutbox(Outbox):
                         (top + offset, old),
                     )
                     db.execute("DELETE FROM dead WHERE id = ?", (old,))
-                if rows:
-                    db.execute(
-                        "UPDATE meta SET value = max(value, ?) WHERE key = 'last_id'",
-                        (top + len(rows),),
-                    )
                 db.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):

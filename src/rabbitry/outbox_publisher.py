@@ -457,7 +457,8 @@ class AsyncOutboxPublisher:
         self._wake_room_waiters(InvalidStateError("the publisher is closed"))
         try:
             deadline = None if timeout is None else self._loop.time() + timeout
-            while self._in_flight and self._conn.is_open:
+            pub = self._pub
+            while (self._in_flight or pub.in_flight) and self._conn.is_open:
                 if deadline is not None and self._loop.time() >= deadline:
                     break
                 await asyncio.sleep(0.01)

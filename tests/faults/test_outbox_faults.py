@@ -193,3 +193,40 @@ async def test_broker_unreachable_fills_the_outbox_then_delivers_everything(
     assert not lost, sorted(lost)[:5]
     assert seen.keys() == set(ids)
     assert SQLiteOutbox(path).status().pending == 0
+
+
+@pytest.mark.timeout(60)
+async def test_missing_confirms_are_resent_after_confirm_timeout(
+    broker_node: BrokerNode, tmp_path: Path
+) -> None:
+    queue = unique("slow")
+    path = tmp_path / "outbox.db"
+    direct = AsyncConnection(broker_node.url)
+    await direct.connect()
+    proxy = TcpProxy("127.0.0.1", broker_node.port).start()
+    conn = AsyncConnection(proxy.url())
+    try:
+        channel = await direct.channel()
+        await channel.queue_declare(queue)
+        await conn.connect()
+        outbox = SQLiteOutbox(path, confirm_timeout=0.3, retry_delay=0.05, max_retry_delay=0.2)
+        publisher = await conn.publisher(outbox=outbox)
+        proxy.latency(1.0)  # confirms now take 2 s: longer than confirm_timeout
+        ids = await publisher.publish_many([b"slow"] * 20, routing_key=queue)
+        await asyncio.sleep(1.0)
+        assert publisher.stats().resent >= 20  # every one was sent again meanwhile
+        proxy.latency(0)
+        await publisher.flush(timeout=30)
+        stats = publisher.stats()
+        await publisher.close()
+        seen = await drain_ids(channel, queue)
+        await channel.queue_delete(queue)
+    finally:
+        await conn.close(timeout=5)
+        await direct.close()
+        proxy.stop()
+    # Nothing lost. The resends are duplicates; some may still be on their way.
+    assert seen.keys() == set(ids)
+    assert stats.pending == 0 and stats.acked == 20
+    status = SQLiteOutbox(path).status()
+    assert status.resent == stats.resent and status.pending == 0
