@@ -57,6 +57,14 @@ def wait_line(child: subprocess.Popen[str], timeout: float) -> str:
     return child.stdout.readline().strip()
 
 
+def progress_of(path: Path) -> int:
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return 0
+    return int(text) if text else 0
+
+
 def start_producer(url: str, outbox: Path, queue: str, progress: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, str(PRODUCER), url, str(outbox), queue, str(TOTAL), str(progress)],
@@ -72,6 +80,7 @@ async def test_sigkill_of_the_producer_loses_nothing(
 ) -> None:
     seed = random.randrange(2**32)
     rng = random.Random(seed)
+    thresholds = sorted(rng.sample(range(500, 9500), KILLS))
     queue = unique("kill")
     outbox, progress = tmp_path / "outbox.db", tmp_path / "progress"
     conn = AsyncConnection(broker_node.url)
@@ -87,13 +96,16 @@ async def test_sigkill_of_the_producer_loses_nothing(
                 line = await asyncio.to_thread(wait_line, child, 30)
                 assert line.startswith("ready "), line
                 if len(kills) < KILLS:
-                    # A random point in this run's publishing: anywhere from the resend
-                    # of what the last run left to the middle of new batches.
-                    await asyncio.sleep(rng.uniform(0.0, 0.6))
+                    # A random point of the stream (thresholds drawn over 500..9500),
+                    # plus a random few ms: mid-batch, mid-commit, mid-resend.
+                    target = thresholds[len(kills)]
+                    while child.poll() is None and progress_of(progress) < target:
+                        await asyncio.sleep(0.002)
+                    await asyncio.sleep(rng.uniform(0.0, 0.02))
                     if child.poll() is None:
                         child.send_signal(signal.SIGKILL)
                         child.wait()
-                        kills.append(f"{line} -> killed at {progress.read_text().strip() or 0}")
+                        kills.append(f"{line} -> killed at {progress_of(progress)}")
                         continue
                 line = await asyncio.to_thread(wait_line, child, 60)
                 assert line.startswith("done"), line

@@ -121,6 +121,12 @@ async def test_nacked_messages_are_resent_until_acked(
     publisher = await conn.publisher(outbox=outbox)
     try:
         ids = await publisher.publish_many([b"a", b"b", b"c"], routing_key=queue)
+        # Nothing is consumed yet: "a" fills the queue, "b" and "c" are nacked and
+        # resent (with backoff) until there is room.
+        deadline = time.monotonic() + 10
+        while publisher.stats().resent < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert publisher.stats().pending == 2
         seen: list[str | None] = []
         deadline = time.monotonic() + 30
         while len(seen) < 3 and time.monotonic() < deadline:
@@ -134,7 +140,7 @@ async def test_nacked_messages_are_resent_until_acked(
     finally:
         await publisher.close()
     assert sorted(set(seen), key=ids.index) == ids  # nothing lost
-    assert stats.resent >= 2 and stats.pending == 0
+    assert stats.resent >= 4 and stats.pending == 0
     status = SQLiteOutbox(tmp_path / "o.db").status()
     assert status.resent == stats.resent and status.pending == 0
 
