@@ -280,7 +280,29 @@ class AsyncOutboxPublisher:
             self._loop.create_task(self._sender()),
             self._loop.create_task(self._sweeper()),
         ]
+        for task in self._tasks:
+            task.add_done_callback(self._task_done)
         return self
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        # A background task that ends by itself stops delivery: never silently.
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            logger.error(
+                "outbox %s: %s failed; stored messages stay in the outbox until the next start",
+                self._outbox.name,
+                task.get_coro().__qualname__,  # type: ignore[union-attr]
+                exc_info=exc,
+            )
+        elif not self._closing:
+            logger.warning(
+                "outbox %s: sending stopped (the connection is closed); %d messages stay "
+                "in the outbox until the next start",
+                self._outbox.name,
+                self._rows,
+            )
 
     def __repr__(self) -> str:
         return (

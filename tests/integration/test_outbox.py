@@ -127,14 +127,14 @@ async def test_nacked_messages_are_resent_until_acked(
         while publisher.stats().resent < 4 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         assert publisher.stats().pending == 2
-        seen: list[str | None] = []
+        seen: list[str] = []
         deadline = time.monotonic() + 30
         while len(seen) < 3 and time.monotonic() < deadline:
             message = await channel.basic_get(queue, no_ack=True)
             if message is None:
                 await asyncio.sleep(0.05)
             else:
-                seen.append(message.properties.message_id)
+                seen.append(str(message.properties.message_id))
         await publisher.flush(timeout=10)
         stats = publisher.stats()
     finally:

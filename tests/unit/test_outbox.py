@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from click.testing import CliRunner, Result
@@ -25,6 +26,9 @@ from rabbitry.outbox import APPLICATION_ID, OutboxBatch, OutboxRecord
 from rabbitry.outbox_publisher import _head_key
 from rabbitry.protocol import spec
 from rabbitry.protocol.frames import method_frame
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 def record(row_id: int, body: bytes = b"body", **fields: object) -> OutboxRecord:
@@ -47,10 +51,10 @@ def path(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def store(path: str) -> SQLiteOutbox:
+def store(path: str) -> Iterator[SQLiteOutbox]:
     outbox = SQLiteOutbox(path)
     outbox.open()
-    yield outbox  # type: ignore[misc]
+    yield outbox
     outbox.close()
 
 
