@@ -628,9 +628,10 @@ class AsyncOutboxPublisher:
         self._batch.inserts += [e.record for e in entries]
         self._batch_waiters.append((waiter, entries))
         self._schedule_flush()
-        # Shielded: once queued the rows are committed (and then sent) even if the
-        # caller is cancelled meanwhile; at-least-once, never half a batch.
-        await asyncio.shield(waiter)
+        # Once queued the rows are committed (and then sent) even if the caller is
+        # cancelled meanwhile (that cancels only this waiter): at-least-once, never half
+        # a batch.
+        await waiter
         self._stored += rows
 
     def _forget(self, entries: list[_Entry]) -> None:
