@@ -33,6 +33,10 @@ from .exceptions import (
     LocalProtocolError,
     Nacked,
     NotFound,
+    OutboxCorrupt,
+    OutboxError,
+    OutboxFull,
+    OutboxLocked,
     PoolTimeout,
     PreconditionFailed,
     ProtocolError,
@@ -52,12 +56,15 @@ from .exceptions import (
     Unroutable,
 )
 from .message import Message, Properties
+from .outbox import Outbox, OutboxStatus, SQLiteOutbox
+from .outbox_publisher import AsyncOutboxPublisher, OutboxStats
 from .pool import AsyncChannelPool
 from .protocol.frames import Float32, Int8, Int16, Int32, Int64, UInt8, UInt16, UInt32
 from .publisher import AsyncPublisher, OutgoingMessage
 from .recovery import NackRetry, RecoveryPolicy, State
 from .sync import Channel, Connection
 from .sync.consumer import Consumer
+from .sync.outbox_publisher import OutboxPublisher
 from .sync.pool import ChannelPool
 from .sync.publisher import Publisher
 from .topology import (
@@ -79,6 +86,7 @@ __all__ = [
     "AsyncChannelPool",
     "AsyncConnection",
     "AsyncConsumer",
+    "AsyncOutboxPublisher",
     "AsyncPublisher",
     "AuthenticationError",
     "Binding",
@@ -117,6 +125,14 @@ __all__ = [
     "NackRetry",
     "Nacked",
     "NotFound",
+    "Outbox",
+    "OutboxCorrupt",
+    "OutboxError",
+    "OutboxFull",
+    "OutboxLocked",
+    "OutboxPublisher",
+    "OutboxStats",
+    "OutboxStatus",
     "OutgoingMessage",
     "PoolTimeout",
     "PreconditionFailed",
@@ -134,6 +150,7 @@ __all__ = [
     "ResourceLocked",
     "Retry",
     "RetryPolicy",
+    "SQLiteOutbox",
     "State",
     "TLSError",
     "Timeout",

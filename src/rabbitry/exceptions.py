@@ -41,6 +41,10 @@ The tree::
     │   ├── Unroutable                     a mandatory publish came back (basic.return)
     │   ├── PublishOutcomeUnknown          the channel or connection died before the confirm
     │   └── PublishTimeout (also Timeout)  a publish's deadline passed (room, block, confirm)
+    │       └── OutboxFull                 the durable outbox stayed at its bound (rows/bytes)
+    ├── OutboxError(path)                  the durable outbox cannot be used (path and cause)
+    │   ├── OutboxLocked                   another process holds the outbox file
+    │   └── OutboxCorrupt                  the file is not a sound rabbitry outbox
     ├── TopologyError                      declaring, checking or retrying topology failed
     │   ├── TopologyValidationError (ValueError)  a declaration breaks a RabbitMQ rule;
     │   │                                     raised before anything is sent
@@ -95,6 +99,10 @@ __all__ = [
     "NoRoute",
     "NotAllowed",
     "NotFound",
+    "OutboxCorrupt",
+    "OutboxError",
+    "OutboxFull",
+    "OutboxLocked",
     "PoolTimeout",
     "PreconditionFailed",
     "ProtocolError",
@@ -592,5 +600,48 @@ class PublishTimeout(PublishError, Timeout):
     """
 
 
+class OutboxFull(PublishTimeout):
+    """The durable outbox stayed at its bound (rows or bytes) until the publish's deadline.
+
+    Nothing was stored. The outbox drains as the broker confirms what it holds; while the
+    broker is unreachable it stays full.
+
+    Attributes:
+        rows: the rows stored when the deadline passed.
+        size: the bytes stored when the deadline passed.
+    """
+
+    def __init__(self, message: str, *, rows: int = 0, size: int = 0) -> None:
+        super().__init__(message)
+        self.rows = rows
+        self.size = size
+
+
 class PoolTimeout(Timeout):
     """No channel of a :class:`rabbitry.ChannelPool` became free within the timeout."""
+
+
+# --------------------------------------------------------------------------- outbox
+
+
+class OutboxError(AMQPError):
+    """The durable publisher outbox cannot be opened, read or written.
+
+    Attributes:
+        path: where the outbox lives (a file path, or a store's description).
+    """
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"outbox {path}: {message}")
+        self.path = path
+
+
+class OutboxLocked(OutboxError):
+    """Another publisher (in this or another process) holds the outbox.
+
+    One outbox serves one publisher at a time: two would send each other's messages.
+    """
+
+
+class OutboxCorrupt(OutboxError):
+    """The outbox file is damaged or is not a rabbitry outbox; nothing was read from it."""

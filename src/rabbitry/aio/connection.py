@@ -18,7 +18,7 @@ import logging
 import random
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from ..config import ConnectionParameters, default_url, parse_urls
 from ..exceptions import (
@@ -60,6 +60,8 @@ from .channel import AsyncChannel
 
 if TYPE_CHECKING:
     from ..consumer import AsyncConsumer, DedupStore
+    from ..outbox import Outbox
+    from ..outbox_publisher import AsyncOutboxPublisher
     from ..pool import AsyncChannelPool
     from ..publisher import AsyncPublisher
 
@@ -521,6 +523,32 @@ class AsyncConnection:
         await channel._await_rpc(spec.ChannelOpen.NAME, timeout)
         return channel
 
+    @overload
+    async def publisher(
+        self,
+        *,
+        confirm: bool = ...,
+        max_in_flight: int = ...,
+        mandatory: bool = ...,
+        timeout: float | None = ...,
+        republish_unconfirmed: bool = ...,
+        nack_retry: NackRetry | None = ...,
+        outbox: None = ...,
+    ) -> AsyncPublisher: ...
+
+    @overload
+    async def publisher(
+        self,
+        *,
+        confirm: bool = ...,
+        max_in_flight: int = ...,
+        mandatory: bool = ...,
+        timeout: float | None = ...,
+        republish_unconfirmed: bool = ...,
+        nack_retry: NackRetry | None = ...,
+        outbox: Outbox,
+    ) -> AsyncOutboxPublisher: ...
+
     async def publisher(
         self,
         *,
@@ -530,14 +558,36 @@ class AsyncConnection:
         timeout: float | None = None,
         republish_unconfirmed: bool = False,
         nack_retry: NackRetry | None = None,
-    ) -> AsyncPublisher:
+        outbox: Outbox | None = None,
+    ) -> AsyncPublisher | AsyncOutboxPublisher:
         """A publisher on its own channel (see :class:`rabbitry.AsyncPublisher`).
 
         ``timeout`` is the default deadline of each publish and also bounds opening the
-        publisher's channel.
+        publisher's channel. With ``outbox`` (e.g. ``SQLiteOutbox(path)``) the result is
+        an :class:`rabbitry.AsyncOutboxPublisher`: ``publish()`` returns once the message
+        is durably stored, and the stored messages are delivered in the background.
         """
         from ..publisher import AsyncPublisher
 
+        if outbox is not None:
+            from ..outbox_publisher import AsyncOutboxPublisher
+
+            if nack_retry is not None:
+                raise ConfigurationError(
+                    "nack_retry: not used with outbox (the outbox resends nacked messages "
+                    "itself, with its own backoff)"
+                )
+
+            return await AsyncOutboxPublisher._create(
+                self,
+                outbox,
+                open_timeout=timeout,
+                confirm=confirm,
+                max_in_flight=max_in_flight,
+                mandatory=mandatory,
+                timeout=timeout,
+                republish_unconfirmed=republish_unconfirmed,
+            )
         return await AsyncPublisher._create(
             self,
             open_timeout=timeout,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from ..aio.connection import AsyncConnection, CredentialsProvider
 from ..exceptions import AMQPError, InvalidStateError, Timeout
@@ -23,9 +23,12 @@ if TYPE_CHECKING:
 
     from ..config import ConnectionParameters
     from ..consumer import DedupStore
+    from ..outbox import Outbox
+    from ..outbox_publisher import AsyncOutboxPublisher
     from ..record import TopologyRecord
     from ..recovery import NackRetry, RecoveryPolicy, State
     from .consumer import Consumer
+    from .outbox_publisher import OutboxPublisher
     from .pool import ChannelPool
     from .publisher import Publisher
 
@@ -295,6 +298,32 @@ class Connection:
         channel = portal.call(self._async.channel, channel_id, timeout=timeout, wait=_wait(timeout))
         return Channel(self, channel)
 
+    @overload
+    def publisher(
+        self,
+        *,
+        confirm: bool = ...,
+        max_in_flight: int = ...,
+        mandatory: bool = ...,
+        timeout: float | None = ...,
+        republish_unconfirmed: bool = ...,
+        nack_retry: NackRetry | None = ...,
+        outbox: None = ...,
+    ) -> Publisher: ...
+
+    @overload
+    def publisher(
+        self,
+        *,
+        confirm: bool = ...,
+        max_in_flight: int = ...,
+        mandatory: bool = ...,
+        timeout: float | None = ...,
+        republish_unconfirmed: bool = ...,
+        nack_retry: NackRetry | None = ...,
+        outbox: Outbox,
+    ) -> OutboxPublisher: ...
+
     def publisher(
         self,
         *,
@@ -304,14 +333,31 @@ class Connection:
         timeout: float | None = None,
         republish_unconfirmed: bool = False,
         nack_retry: NackRetry | None = None,
-    ) -> Publisher:
+        outbox: Outbox | None = None,
+    ) -> Publisher | OutboxPublisher:
         """A publisher on its own channel (see :class:`rabbitry.Publisher`).
 
         ``timeout`` is the default deadline of each publish and also bounds opening the
-        publisher's channel.
+        publisher's channel. With ``outbox`` the result is an
+        :class:`rabbitry.OutboxPublisher` (durable; see ``docs/outbox.md``).
         """
         from .publisher import Publisher
 
+        if outbox is not None:
+            from .outbox_publisher import OutboxPublisher
+
+            durable = self._require_portal().call(
+                self._async.publisher,
+                confirm=confirm,
+                max_in_flight=max_in_flight,
+                mandatory=mandatory,
+                timeout=timeout,
+                republish_unconfirmed=republish_unconfirmed,
+                nack_retry=nack_retry,
+                outbox=outbox,
+                wait=None if timeout is None else timeout + 30.0,  # + reading the outbox
+            )
+            return OutboxPublisher(self, cast("AsyncOutboxPublisher", durable))
         engine = self._require_portal().call(
             self._async.publisher,
             confirm=confirm,
