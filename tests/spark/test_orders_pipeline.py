@@ -43,7 +43,7 @@ def test_orders_pipeline_accounts_for_every_message(
     config = PipelineConfig(
         url=url,
         events=2000,
-        batch_size=1000,
+        batch_size=2000,
         output_dir=tmp_path,
         run_id=uuid.uuid4().hex[:10],
         prefix="rabbitry-spark-pipeline",

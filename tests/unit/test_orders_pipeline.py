@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from rabbitry.exceptions import ConfigurationError
 from rabbitry.examples.orders_pipeline import (
     FAULT_HEADER,
     Mix,
@@ -20,6 +19,7 @@ from rabbitry.examples.orders_pipeline import (
     main,
 )
 from rabbitry.examples.orders_pipeline._events import RATES_TO_EUR
+from rabbitry.exceptions import ConfigurationError
 
 
 def test_generator_is_deterministic_and_mixes_every_fault() -> None:
@@ -140,7 +140,6 @@ def test_main_says_java_is_missing(
 def test_main_rejects_bad_arguments(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("rabbitry.examples.orders_pipeline._pipeline.java_problem", lambda: None)
     monkeypatch.setattr("rabbitry.examples.orders_pipeline.java_problem", lambda: None)
     assert main(["-n", "0"]) == 2
     assert "events: must be an integer >= 1" in capsys.readouterr().err
