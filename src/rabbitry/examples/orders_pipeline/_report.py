@@ -81,7 +81,7 @@ class RichDisplay:
         self.progress.update(self._consume, completed=done, total=max(total, done), extra=extra)
 
     def close(self) -> None:
-        self.progress.stop()
+        self.progress.stop()  # idempotent
 
 
 def make_display(progress: bool) -> Display:
