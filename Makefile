@@ -25,8 +25,8 @@ help:
 	@echo "  broker   make sure a RabbitMQ broker answers at RABBITMQ_URL (starts a local one if needed)"
 	@echo "  lint     ruff format --check and ruff check on $(LINT_PATHS)"
 	@echo "  types    mypy (strict on src/rabbitry, configured in pyproject.toml)"
-	@echo "  test     venv + broker, then lint, types and the whole pytest suite (what CI runs)"
-	@echo "  demo     venv + broker + Java check, then the reference pipeline (docs/pipeline.md):"
+	@echo "  test     venv + broker, then lint, types, docs and the whole pytest suite (what CI runs)"
+	@echo "  demo     venv + Java check + broker, then the reference pipeline (docs/pipeline.md):"
 	@echo "           orders published with confirms, a Spark stream, retries, parking lot, Parquet"
 	@echo "  demo-quick  venv + broker, then a 10k-message confirmed round trip (python -m rabbitry.demo)"
 	@echo "  docs     build the documentation site (mkdocs --strict) into $(DOCS_OUT)"
@@ -60,9 +60,9 @@ types: venv
 test: venv lint types docs broker
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The reference pipeline: Spark runs on the JVM, so Java is checked first.
+# The reference pipeline. Spark runs on the JVM: Java is checked before the broker is set up.
 DEMO_ARGS ?=
-demo: venv broker java
+demo: venv java broker
 	$(BIN)/python -m rabbitry.examples.orders_pipeline $(DEMO_ARGS)
 
 demo-quick: venv broker
