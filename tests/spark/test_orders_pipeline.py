@@ -36,7 +36,7 @@ def _drain(conn: rabbitry.Connection, queue: str) -> list[Any]:
         channel.close()
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_orders_pipeline_accounts_for_every_message(
     spark: Any, conn: rabbitry.Connection, url: str, tmp_path: Path
 ) -> None:
@@ -50,7 +50,7 @@ def test_orders_pipeline_accounts_for_every_message(
         retry_delays=(0.5, 1.0),
         keep_topology=True,
         progress=False,
-        timeout=200,
+        timeout=240,
     )
     plan = generate(config.events, run_id=config.run_id, seed=config.seed, mix=config.mix)
     names, policy = config.names, config.policy

@@ -223,6 +223,7 @@ class _Publisher(threading.Thread):
         self.url, self.names, self.plan, self.display = url, names, plan, display
         self.confirmed = 0
         self.confirmed_unroutable = 0
+        self.routed_ids: set[str] = set()  # confirmed and bound for the work queue
         self.failures: list[BaseException] = []
         self.seconds = 0.0
         self.finished = threading.Event()
@@ -261,7 +262,10 @@ class _Publisher(threading.Thread):
                     for event, outcome in zip(chunk, outcomes, strict=True):
                         if outcome is None:
                             self.confirmed += 1
-                            self.confirmed_unroutable += event.kind == "unroutable"
+                            if event.kind == "unroutable":
+                                self.confirmed_unroutable += 1
+                            else:
+                                self.routed_ids.add(event.message_id)
                         else:
                             self.failures.append(outcome)
                     self.display.published(start + len(chunk), len(events))
@@ -293,6 +297,7 @@ class _Counters:
     parked_invalid: int = 0
     parked_failing: int = 0
     parked_ids: set[str] = field(default_factory=set)
+    done_ids: set[str] = field(default_factory=set)  # aggregated or parked
 
 
 @dataclass
@@ -429,11 +434,13 @@ class _Job:
                 F.col("o.currency").alias("currency"),
             )
             rows = df.select(
+                "message_id",
                 (F.col("status") == "ok").alias("ok"),
                 (F.col("attempt") > 0).alias("retried"),
                 F.when(F.col("status") != "ok", details).alias("failed"),
             ).collect()
             ok = [row["retried"] for row in rows if row["ok"]]
+            done = [row["message_id"] for row in rows if row["ok"]]
             counts = {True: sum(ok), False: len(ok) - sum(ok)}
             failed = [row["failed"] for row in rows if not row["ok"]]
             moves: list[tuple[bytes, str, str, dict[str, str]]] = []
@@ -474,6 +481,7 @@ class _Job:
             c.parked_invalid += parked_invalid
             c.parked_failing += parked_failing
             c.parked_ids.update(parked)
+            c.done_ids.update(done, parked)
 
     def _move(self, row: Mapping[str, Any]) -> tuple[tuple[bytes, str, str, dict[str, str]], str]:
         headers: dict[str, Any] = {
@@ -627,15 +635,16 @@ def run(
                 routed = publisher.confirmed - publisher.confirmed_unroutable
                 display.consumed(_rows(progress), routed + retried, job.counters)
 
-            def all_consumed() -> bool:
+            def all_done() -> bool:
+                # Every confirmed message that went to the work queue has reached its end:
+                # aggregated or parked (not merely consumed: a retry is still under way).
                 if not publisher.finished.is_set():
                     return False
                 with job.counters.lock:
-                    target = publisher.confirmed - publisher.confirmed_unroutable
-                    target += job.counters.retried
-                return _rows(progress) >= target
+                    done = job.counters.done_ids
+                    return len(done) >= len(publisher.routed_ids) and publisher.routed_ids <= done
 
-            _wait("the stream to consume everything", all_consumed, deadline, tick)
+            _wait("every message to be aggregated or parked", all_done, deadline, tick)
             # One more (empty) trigger: the source acks the last batch when Spark asks for
             # the next one, so nothing goes back to the queue when the query stops.
             query.processAllAvailable()
