@@ -650,6 +650,7 @@ def run(
             query.processAllAvailable()
             query.stop()
             tick()
+            display.close()
             display.step("stream done; aggregating revenue per category per minute ...")
             _finish(spark, job, plan, publisher, progress, summary, config)
             summary.first_batch_seconds = first_batch[0] if first_batch else 0.0

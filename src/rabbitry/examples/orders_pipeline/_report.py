@@ -62,21 +62,32 @@ class RichDisplay:
         )
         self._publish = self.progress.add_task("confirmed", total=None, extra="", start=False)
         self._consume = self.progress.add_task("Spark consumed", total=None, extra="", start=False)
-        self.progress.start()
+        # Started with the first number: Spark's JVM writes to the terminal while it
+        # starts, which would tear a live display.
+        self._live = False
+
+    def _start(self) -> None:
+        if not self._live:
+            self._live = True
+            self.progress.start()
 
     def step(self, text: str) -> None:
         self.progress.console.print(f"[dim]•[/] {text}")
 
     def published(self, done: int, total: int) -> None:
+        self._start()
         self.progress.start_task(self._publish)
         self.progress.update(self._publish, completed=done, total=total)
 
     def consumed(self, done: int, total: int, counters: Any) -> None:
+        self._start()
         if done:
             self.progress.start_task(self._consume)
         extra = (
             f"ok {counters.aggregated_rows:,} retried {counters.retried:,} "
             f"parked {counters.parked_invalid + counters.parked_failing:,}"
+            if done
+            else "first micro-batch running (Spark warms up)"
         )
         self.progress.update(self._consume, completed=done, total=max(total, done), extra=extra)
 
