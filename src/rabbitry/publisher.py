@@ -632,12 +632,12 @@ class AsyncPublisher:
         Every message is encoded (and validated) before anything is sent. They go out
         on the publisher's channel in order, written to the socket at once when the
         window has room for all of them; otherwise in chunks as room frees up.
+        ``exchange``, ``routing_key``, ``properties``, ``mandatory``, ``persistent`` and
+        ``expiration`` are as for :meth:`publish`, for the messages that do not set their own.
 
         Args:
             messages: :class:`OutgoingMessage` objects, or bodies that use the arguments
-                below; ``None`` fields of an ``OutgoingMessage`` use them too.
-            exchange, routing_key, properties, mandatory, persistent, expiration: as
-                for :meth:`publish`, for the messages that do not set their own.
+                above; ``None`` fields of an ``OutgoingMessage`` use them too.
             timeout: one deadline for the whole batch, as for :meth:`publish`.
 
         Returns:
