@@ -569,10 +569,11 @@ def _fetch_definitions(base: str | None, params: Any) -> Any:
 
 
 def _register() -> None:
-    from . import _bench, _dlq
+    from . import _bench, _dlq, _shovel
 
     cli.add_command(_dlq.dlq)
     cli.add_command(_bench.bench)
+    cli.add_command(_shovel.shovel)
 
 
 _register()
