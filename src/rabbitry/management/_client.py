@@ -189,6 +189,17 @@ class ManagementClient(_Base):
         """Delete virtual host ``name`` and everything in it."""
         self._send(_ops.delete_vhost(name))
 
+    def set_permissions(
+        self,
+        vhost: str,
+        user: str,
+        configure: str = ".*",
+        write: str = ".*",
+        read: str = ".*",
+    ) -> None:
+        """Give ``user`` permissions in ``vhost`` (regular expressions over names)."""
+        self._send(_ops.set_permissions(vhost, user, configure, write, read))
+
     def queues(self, vhost: str | None = None) -> list[QueueInfo]:
         """Every queue (of ``vhost``, or of all vhosts): depth, rates, consumers."""
         return self._send(_ops.queues(vhost))
@@ -329,6 +340,17 @@ class AsyncManagementClient(_Base):
     async def delete_vhost(self, name: str) -> None:
         """Delete virtual host ``name`` and everything in it."""
         await self._send(_ops.delete_vhost(name))
+
+    async def set_permissions(
+        self,
+        vhost: str,
+        user: str,
+        configure: str = ".*",
+        write: str = ".*",
+        read: str = ".*",
+    ) -> None:
+        """Give ``user`` permissions in ``vhost`` (regular expressions over names)."""
+        await self._send(_ops.set_permissions(vhost, user, configure, write, read))
 
     async def queues(self, vhost: str | None = None) -> list[QueueInfo]:
         """Every queue (of ``vhost``, or of all vhosts): depth, rates, consumers."""

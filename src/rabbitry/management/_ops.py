@@ -182,6 +182,11 @@ def delete_vhost(name: str) -> Request[None]:
     return Request("DELETE", f"/vhosts/{_seg(name)}", _none)
 
 
+def set_permissions(vhost: str, user: str, configure: str, write: str, read: str) -> Request[None]:
+    body = {"configure": configure, "write": write, "read": read}
+    return Request("PUT", f"/permissions/{_seg(vhost)}/{_seg(user)}", _none, body)
+
+
 def queues(vhost: str | None) -> Request[list[QueueInfo]]:
     return Request("GET", f"/queues{_in(vhost)}", _queues)
 
