@@ -320,8 +320,12 @@ class AsyncShovel:
         self._confirmed: OrderedDict[str, None] = OrderedDict()
         # Digests of messages already sent once (confirmed or outcome unknown).
         self._sent: OrderedDict[str, None] = OrderedDict()
+        # Ids (or digests) of messages acknowledged at the source: an ack can be lost
+        # with the connection, and the redelivered message must not count twice.
+        self._acked: OrderedDict[str, None] = OrderedDict()
         self._in_flight: set[asyncio.Future[None]] = set()
         self._settled = asyncio.Event()
+        self._depth = 0
 
     def __repr__(self) -> str:
         from .config import parse_url
@@ -388,6 +392,7 @@ class AsyncShovel:
                 await channel.queue_declare(self.queue, passive=True, timeout=self.timeout)
             ).message_count
             target = depth if self.count is None else self.count
+            self._depth = depth
             self._stats = replace(self._stats, target=target)
             if target == 0:
                 return self.stats
@@ -421,14 +426,18 @@ class AsyncShovel:
     # -- taking messages
 
     def _room(self, target: int) -> bool:
+        """Another message may be sent without overshooting the goal."""
+        if self.count is not None:  # at most count moved; skipped ones do not count
+            return self._stats.moved + len(self._in_flight) < self.count
+        # Every message present at the start handled once (moved or skipped).
         return self._stats.moved + self._stats.skipped + len(self._in_flight) < target
 
     def _done(self, target: int) -> bool:
-        return (
-            self._stop.is_set()
-            or self._failure is not None
-            or self._stats.moved + self._stats.skipped >= target
-        )
+        if self._stop.is_set() or self._failure is not None:
+            return True
+        if self.count is not None:
+            return self._stats.moved >= self.count
+        return self._stats.moved + self._stats.skipped >= target
 
     async def _wait_room(self, target: int) -> None:
         while self._in_flight and not self._room(target) and not self._done(target):
@@ -469,7 +478,9 @@ class AsyncShovel:
     ) -> None:
         assert self.filter is not None
         seen = 0
-        while not self._done(target) and seen < target + self._stats.requeued:
+        # Each message present at the start is looked at once (those given back after a
+        # failed publish come again).
+        while not self._done(target) and seen < self._depth + self._stats.requeued:
             await self._wait_room(target)
             if self._done(target):
                 return
@@ -499,8 +510,8 @@ class AsyncShovel:
             if message_id is not None and message_id in self._confirmed:
                 # Its copy was confirmed but the ack was lost with the old connection.
                 message.ack()
-                self._count(moved=1, deduplicated=1)
-                self._progress()
+                self._count(deduplicated=1)
+                self._acknowledged(message_id)
                 return
         if digest in self._sent:
             self._count(possible_duplicates=1)
@@ -520,7 +531,16 @@ class AsyncShovel:
             return
         self._remember(self._sent, digest)
         self._in_flight.add(future)
-        future.add_done_callback(lambda done: self._settle(done, message, channel, message_id))
+        future.add_done_callback(
+            lambda done: self._settle(done, message, channel, message_id, digest)
+        )
+
+    def _acknowledged(self, key: str) -> None:
+        """Count a source message as moved, once, however often it was delivered."""
+        if key not in self._acked:
+            self._remember(self._acked, key)
+            self._count(moved=1)
+            self._progress()
 
     def _settle(
         self,
@@ -528,6 +548,7 @@ class AsyncShovel:
         message: Message,
         channel: AsyncChannel,
         message_id: str | None,
+        digest: str,
     ) -> None:
         self._in_flight.discard(future)
         self._settled.set()
@@ -538,8 +559,7 @@ class AsyncShovel:
             if message.epoch == channel.epoch and channel.is_open:
                 # Confirmed at the destination: only now may the source let it go.
                 message.ack()
-                self._count(moved=1)
-                self._progress()
+                self._acknowledged(message_id if message_id is not None else digest)
             # else: its delivery tag died with the old connection; the broker redelivers
             # it and _forward recognises it (by message_id) or counts the duplicate.
             return
