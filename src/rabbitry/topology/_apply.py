@@ -128,7 +128,9 @@ class VerifyReport:
 
     def __str__(self) -> str:
         if self.ok:
-            return f"all {len(self.present)} exchanges, queues and policies exist"
+            if any(isinstance(item, Policy) for item in self.present):
+                return f"all {len(self.present)} exchanges, queues and policies exist"
+            return f"all {len(self.present)} exchanges and queues exist"
         return "\n".join(self.lines())
 
 
