@@ -3,6 +3,10 @@ effect on queues checked over AMQP on the same node."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -13,6 +17,8 @@ from rabbitry.exceptions import TopologyError
 from rabbitry.topology import Binding, Exchange, Policy, Queue, Topology
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from tests.support.node import BrokerNode
 
     from rabbitry.management import ManagementClient
@@ -270,3 +276,47 @@ def test_definitions_export_import_into_a_fresh_vhost(
     finally:
         api.delete_vhost(source)
         api.delete_vhost(target)
+
+
+def test_cli_topology_apply_verify_diff_with_policies(
+    api: ManagementClient, mgmt_node: BrokerNode, mgmt_url: str, uid: str, tmp_path: Path
+) -> None:
+    document = {
+        "queues": [{"name": f"{uid}.jobs", "durable": False, "message_ttl": 60000}],
+        "policies": [
+            {"name": f"{uid}-p", "pattern": f"^{uid}\\.", "apply_to": "queues",
+             "definition": {"message-ttl": 1000, "max-length": 100}}
+        ],
+    }  # fmt: skip
+    file = tmp_path / "topology.json"
+    file.write_text(json.dumps(document))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "rabbitry", "--url", mgmt_node.url, *args],
+            capture_output=True, text=True, timeout=60, env=os.environ.copy(),
+        )  # fmt: skip
+
+    try:
+        refused = run("topology", "apply", str(file), "--management-url", "http://127.0.0.1:9")
+        assert refused.returncode == 1 and "ManagementError" in refused.stderr
+        applied = run("topology", "apply", str(file), "--management-url", mgmt_url)
+        assert applied.returncode == 0, applied.stderr
+        assert api.policy(f"{uid}-p").definition == {"message-ttl": 1000, "max-length": 100}
+        verified = run("--json", "topology", "verify", str(file), "--management-url", mgmt_url)
+        assert verified.returncode == 0, verified.stderr
+        assert json.loads(verified.stdout)["ok"] is True
+        diff = run("topology", "diff", str(file), "--management-url", mgmt_url)
+        assert diff.returncode == 1  # the overlap is reported as a difference
+        assert (
+            f"queue '{uid}.jobs': message-ttl: policy '{uid}-p' sets 1000, argument "
+            "x-message-ttl 60000: 1000 applies (the lower value wins)"
+        ) in diff.stdout
+        api.set_policy(f"{uid}-p", f"^{uid}\\.", {"message-ttl": 5}, apply_to="queues")
+        drifted = run("topology", "verify", str(file), "--management-url", mgmt_url)
+        assert drifted.returncode == 1
+        assert "max-length: ours 100, theirs (not set)" in drifted.stderr
+    finally:
+        api.delete_policy(f"{uid}-p")
+        with rabbitry.Connection(mgmt_node.url) as conn:
+            conn.channel().queue_delete(f"{uid}.jobs")
