@@ -341,7 +341,8 @@ class AsyncShovel:
 
     def stop(self) -> None:
         """Ask a running shovel to stop taking messages (thread-safe); ``run`` then
-        settles what is in flight and returns."""
+        settles what is in flight and returns (within ``idle_timeout`` when it was
+        waiting for a message)."""
         loop = self._loop
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._stop.set)

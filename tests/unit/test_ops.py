@@ -397,3 +397,17 @@ def test_shovel_repr_masks_passwords_and_starts_with_zero_stats() -> None:
     assert "secret" not in repr(shovel) and "other" not in repr(shovel)
     assert repr(shovel).startswith("<Shovel amqp://u:***@h")
     assert shovel.stats.moved == 0 and shovel.stats.as_dict()["possible_duplicates"] == 0
+
+
+def test_apply_refuses_the_wrong_kind_of_management_client() -> None:
+    import asyncio
+
+    topology = Topology(policies=[TTL])
+    conn = AsyncConnection("amqp://guest:guest@127.0.0.1:1/")
+    with ManagementClient("http://h") as sync_client:
+
+        async def run() -> None:
+            await topology.aapply(conn, management=sync_client)  # type: ignore[arg-type]
+
+        with pytest.raises(TypeError, match="AsyncManagementClient"):
+            asyncio.run(run())

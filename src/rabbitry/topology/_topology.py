@@ -397,9 +397,9 @@ def _require_management(topology: Topology, management: object, what: str) -> No
 
 
 def _require_management_kind(management: object, kind: str, name: str) -> None:
-    if type(management).__name__ != kind and not any(
-        cls.__name__ == kind for cls in type(management).__mro__
-    ):
+    from .. import management as api
+
+    if not isinstance(management, getattr(api, kind)):
         raise TypeError(
             f"Topology.{name}(management=...) takes a rabbitry.management.{kind}, "
             f"got {type(management).__name__}"
