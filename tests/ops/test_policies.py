@@ -312,6 +312,11 @@ def test_cli_topology_apply_verify_diff_with_policies(
             f"queue '{uid}.jobs': message-ttl: policy '{uid}-p' sets 1000, argument "
             "x-message-ttl 60000: 1000 applies (the lower value wins)"
         ) in diff.stdout
+        as_json = run("--json", "topology", "diff", str(file), "--management-url", mgmt_url)
+        assert json.loads(as_json.stdout)["policy_overlaps"] == [
+            f"queue '{uid}.jobs': message-ttl: policy '{uid}-p' sets 1000, argument "
+            "x-message-ttl 60000: 1000 applies (the lower value wins)"
+        ]
         api.set_policy(f"{uid}-p", f"^{uid}\\.", {"message-ttl": 5}, apply_to="queues")
         drifted = run("topology", "verify", str(file), "--management-url", mgmt_url)
         assert drifted.returncode == 1

@@ -411,3 +411,20 @@ def test_apply_refuses_the_wrong_kind_of_management_client() -> None:
 
         with pytest.raises(TypeError, match="AsyncManagementClient"):
             asyncio.run(run())
+
+
+def test_policy_overlaps_count_the_other_sides_policies() -> None:
+    queue = Queue("jobs", max_length=10)
+    policy = Policy("b", "^jobs$", apply_to="queues", definition={"max-length": 10})
+    broker = Topology(policies=[policy])
+    mine = Topology(queues=[queue])
+    assert mine.policy_overlaps() == []
+    (overlap,) = mine.policy_overlaps(broker)
+    assert (overlap.policy, overlap.effective, overlap.winner) == ("b", 10, "argument")
+    assert mine.diff(broker + mine, extra=False) == []  # the same value: no difference
+    assert mine.policy_overlaps(broker.to_definitions("v"), vhost="v") == [overlap]
+    # Our own policy of the same name replaces the other side's.
+    ours = Topology(
+        queues=[queue], policies=[Policy("b", "^nothing$", definition={"max-length": 1})]
+    )
+    assert ours.policy_overlaps(broker) == []

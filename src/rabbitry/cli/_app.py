@@ -533,18 +533,31 @@ def topology_diff(
     if against is not None:
         other = _load(against, vhost)
         lines = topo.diff(other, extra=True if extra is None else extra)
+        overlaps = topo.policy_overlaps(other)
         source = against
     else:
         params = state.params()[0]
         definitions = _fetch_definitions(management_url, params)
         lines = topo.diff(definitions, vhost=vhost or params.virtual_host, extra=bool(extra))
+        overlaps = topo.policy_overlaps(definitions, vhost=vhost or params.virtual_host)
         source = "the broker"
+    # A policy and a queue argument setting a key to the same value is no difference,
+    # but worth knowing (changing the policy alone will not change that queue).
+    notes = [f"note: {o.line()}" for o in overlaps if o.line() not in lines]
     if state.json:
-        state.emit_json({"same": not lines, "differences": lines})
+        state.emit_json(
+            {
+                "same": not lines,
+                "differences": lines,
+                "policy_overlaps": [o.line() for o in overlaps],
+            }
+        )
     elif lines:
-        for line in lines:
+        for line in lines + notes:
             state.info(line)
     else:
+        for line in notes:
+            state.info(line)
         state.info(f"{file} matches {source}")
     if lines:
         fail(f"{len(lines)} difference(s) between {file} and {source}")

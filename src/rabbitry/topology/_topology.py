@@ -119,12 +119,26 @@ class Topology:
         q = queue if isinstance(queue, Queue) else (self.queue(queue) or Queue(queue))
         return effective_policy(q, self.policies)
 
-    def policy_overlaps(self) -> list[PolicyOverlap]:
+    def policy_overlaps(
+        self, other: Topology | Mapping[str, Any] | None = None, *, vhost: str = "/"
+    ) -> list[PolicyOverlap]:
         """Every key that both a queue argument and the policy in force set, with the
-        value that applies (RabbitMQ's rule per key; see :mod:`rabbitry.topology`)."""
+        value that applies (RabbitMQ's rule per key; see :mod:`rabbitry.topology`).
+
+        Args:
+            other: what else exists (another topology, or the broker's definitions
+                export): its policies count too, unless this topology has one of the
+                same name.
+            vhost: the vhost to read from a definitions export.
+        """
+        from ._definitions import from_definitions
         from ._diff import policy_overlaps
 
-        return [o for q in self.queues if q.name for o in policy_overlaps(q, self.policies)]
+        policies = list(self.policies)
+        if other is not None:
+            theirs = other if isinstance(other, Topology) else from_definitions(other, vhost)
+            policies += [p for p in theirs.policies if self.policy(p.name) is None]
+        return [o for q in self.queues if q.name for o in policy_overlaps(q, policies)]
 
     # ------------------------------------------------------------------ documents
 
