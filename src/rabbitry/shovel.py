@@ -313,8 +313,9 @@ class AsyncShovel:
         self.on_progress = on_progress
         self.connection_name = connection_name
         self._stats = ShovelStats()
-        self._stop = asyncio.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # A plain flag: set from any thread, read on the loop between messages.
+        self._stopping = False
+        self._started = False
         self._failure: BaseException | None = None
         # Ids of messages whose copy was confirmed, to recognise their redelivery.
         self._confirmed: OrderedDict[str, None] = OrderedDict()
@@ -324,7 +325,7 @@ class AsyncShovel:
         # with the connection, and the redelivered message must not count twice.
         self._acked: OrderedDict[str, None] = OrderedDict()
         self._in_flight: set[asyncio.Future[None]] = set()
-        self._settled = asyncio.Event()
+        self._settled: asyncio.Event | None = None
         self._depth = 0
 
     def __repr__(self) -> str:
@@ -343,11 +344,7 @@ class AsyncShovel:
         """Ask a running shovel to stop taking messages (thread-safe); ``run`` then
         settles what is in flight and returns (within ``idle_timeout`` when it was
         waiting for a message)."""
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._stop.set)
-        else:
-            self._stop.set()
+        self._stopping = True
 
     def _count(self, **changes: int) -> None:
         values = {k: getattr(self._stats, k) + v for k, v in changes.items()}
@@ -360,8 +357,15 @@ class AsyncShovel:
             store.popitem(last=False)
 
     def _progress(self) -> None:
-        if self.on_progress is not None:
+        if self.on_progress is None:
+            return
+        try:
             self.on_progress(self.stats)
+        except Exception as exc:
+            # It runs in a confirm callback, where an exception would only be logged:
+            # stop the run and raise it from run() instead.
+            if self._failure is None:
+                self._failure = exc
 
     async def run(self) -> ShovelStats:
         """Move the messages; returns the final counters.
@@ -374,7 +378,10 @@ class AsyncShovel:
         """
         from .aio.connection import AsyncConnection
 
-        self._loop = asyncio.get_running_loop()
+        if self._started:
+            raise InvalidStateError("a shovel runs once; create a new one to run again")
+        self._started = True
+        self._settled = asyncio.Event()
         src = AsyncConnection(
             self.source,
             connection_name=f"{self.connection_name}-source",
@@ -434,7 +441,7 @@ class AsyncShovel:
         return self._stats.moved + self._stats.skipped + len(self._in_flight) < target
 
     def _done(self, target: int) -> bool:
-        if self._stop.is_set() or self._failure is not None:
+        if self._stopping or self._failure is not None:
             return True
         if self.count is not None:
             return self._stats.moved >= self.count
@@ -442,6 +449,7 @@ class AsyncShovel:
 
     async def _wait_room(self, target: int) -> None:
         while self._in_flight and not self._room(target) and not self._done(target):
+            assert self._settled is not None
             self._settled.clear()
             await self._settled.wait()
 
@@ -454,7 +462,7 @@ class AsyncShovel:
             )
             async with contextlib.aclosing(deliveries) as stream:  # type: ignore[type-var]
                 async for message in stream:
-                    if self._stop.is_set() or self._failure is not None:
+                    if self._stopping or self._failure is not None:
                         break
                     if message.epoch != channel.epoch:
                         continue  # arrived before a recovery: the broker redelivers it
@@ -552,7 +560,8 @@ class AsyncShovel:
         digest: str,
     ) -> None:
         self._in_flight.discard(future)
-        self._settled.set()
+        if self._settled is not None:
+            self._settled.set()
         exc = future.exception() if not future.cancelled() else PublishOutcomeUnknown(0)
         if exc is None:
             if message_id is not None:

@@ -315,3 +315,23 @@ def test_shovel_of_an_empty_queue_and_its_repr(
     assert repr(shovel).startswith("<Shovel amqp://guest:***@")
     assert shovel.run().moved == 0
     asyncio.run(_drain(url, source))
+
+
+def test_an_exception_in_on_progress_stops_the_run_and_loses_nothing(
+    mgmt_node: BrokerNode, uid: str
+) -> None:
+    url = mgmt_node.url
+    source, target = f"{uid}.from", f"{uid}.to"
+    asyncio.run(_fill(url, source, 500))
+    asyncio.run(_fill(url, target, 0))
+
+    def explode(stats: Any) -> None:
+        if stats.moved == 10:
+            raise RuntimeError("progress display broke")
+
+    with pytest.raises(RuntimeError, match="progress display broke"):
+        Shovel(url, source, url, "", target, on_progress=explode).run()
+    moved = asyncio.run(_drain(url, target))
+    left = asyncio.run(_drain(url, source))
+    assert 10 <= len(moved) < 500
+    assert sorted(set(moved) | set(left), key=int) == [str(i) for i in range(500)]

@@ -428,3 +428,17 @@ def test_policy_overlaps_count_the_other_sides_policies() -> None:
         queues=[queue], policies=[Policy("b", "^nothing$", definition={"max-length": 1})]
     )
     assert ours.policy_overlaps(broker) == []
+
+
+def test_a_shovel_runs_once() -> None:
+    import asyncio
+
+    from rabbitry import AMQPConnectionError
+    from rabbitry.exceptions import InvalidStateError
+
+    shovel = AsyncShovel("amqp://g:g@127.0.0.1:1/", "q", "amqp://g:g@127.0.0.1:1/", "x",
+                         timeout=2)  # fmt: skip
+    with pytest.raises(AMQPConnectionError):
+        asyncio.run(shovel.run())
+    with pytest.raises(InvalidStateError, match="runs once"):
+        asyncio.run(shovel.run())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import ssl
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -69,7 +70,7 @@ class _Base:
         password: str | None = None,
         *,
         timeout: float = 10.0,
-        verify: bool | str = True,
+        verify: bool | str | ssl.SSLContext = True,
     ) -> None:
         self._httpx = _httpx()
         base, name, secret = _split(url, user, password)
@@ -82,7 +83,10 @@ class _Base:
             "base_url": f"{base}/api",
             "auth": self._httpx.BasicAuth(name, secret),
             "timeout": float(timeout),
-            "verify": verify,
+            # A CA bundle path becomes a context (httpx deprecates str paths).
+            "verify": ssl.create_default_context(cafile=verify)
+            if isinstance(verify, str)
+            else verify,
             "headers": {"Content-Type": "application/json"},
         }
 
@@ -128,7 +132,8 @@ class ManagementClient(_Base):
         password: the password (default: from the URL, else ``guest``). It is never
             logged nor shown in ``repr``.
         timeout: seconds per request.
-        verify: TLS verification for ``https``: ``True``, ``False`` or a CA bundle path.
+        verify: TLS verification for ``https``: ``True``, ``False``, a CA bundle path or
+            an :class:`ssl.SSLContext`.
 
     Raises:
         MissingExtraError: httpx is not installed (an :class:`ImportError`).
@@ -146,7 +151,7 @@ class ManagementClient(_Base):
         password: str | None = None,
         *,
         timeout: float = 10.0,
-        verify: bool | str = True,
+        verify: bool | str | ssl.SSLContext = True,
     ) -> None:
         super().__init__(url, user, password, timeout=timeout, verify=verify)
         self._client = self._httpx.Client(**self._options)
@@ -298,7 +303,7 @@ class AsyncManagementClient(_Base):
         password: str | None = None,
         *,
         timeout: float = 10.0,
-        verify: bool | str = True,
+        verify: bool | str | ssl.SSLContext = True,
     ) -> None:
         super().__init__(url, user, password, timeout=timeout, verify=verify)
         self._client = self._httpx.AsyncClient(**self._options)
