@@ -442,3 +442,15 @@ def test_a_shovel_runs_once() -> None:
         asyncio.run(shovel.run())
     with pytest.raises(InvalidStateError, match="runs once"):
         asyncio.run(shovel.run())
+
+
+def test_management_client_takes_a_ca_bundle_path(tmp_path: object) -> None:
+    import pathlib
+
+    import trustme
+
+    ca = trustme.CA()
+    bundle = pathlib.Path(str(tmp_path)) / "ca.pem"
+    ca.cert_pem.write_to_path(str(bundle))
+    with ManagementClient("https://broker.example:15671", verify=str(bundle)) as client:
+        assert client.url == "https://broker.example:15671"
