@@ -49,6 +49,8 @@ The tree::
     │   ├── TopologyValidationError (ValueError)  a declaration breaks a RabbitMQ rule;
     │   │                                     raised before anything is sent
     │   └── TopologyConflict               an entity exists with other arguments (406)
+    ├── ManagementError(status, reason)    the management HTTP API refused or failed
+    │   └── ManagementNotFound             404: no such queue, vhost, policy…
     └── Timeout (TimeoutError)             a deadline passed
         └── PoolTimeout                    no pooled channel became free in time
 
@@ -94,6 +96,8 @@ __all__ = [
     "InvalidPath",
     "InvalidStateError",
     "LocalProtocolError",
+    "ManagementError",
+    "ManagementNotFound",
     "Nacked",
     "NoConsumers",
     "NoRoute",
@@ -581,6 +585,36 @@ class TopologyConflict(TopologyError):
 
 def _show(value: Any) -> str:
     return "(not set)" if value is None else repr(value)
+
+
+# --------------------------------------------------------------------------- management
+
+
+class ManagementError(AMQPError):
+    """The management HTTP API answered with an error, or could not be reached.
+
+    Attributes:
+        status: the HTTP status code (``None`` when no answer came: refused, timed out).
+        reason: the API's own explanation (its JSON ``reason``), or the transport error.
+        method: the HTTP method of the request.
+        path: the request path (never carries credentials).
+    """
+
+    def __init__(self, status: int | None, reason: str, method: str = "", path: str = "") -> None:
+        where = f"{method} {path}: " if method else ""
+        code = f"HTTP {status}" if status is not None else "no answer"
+        super().__init__(f"{where}{code}: {reason}")
+        self.status = status
+        self.reason = reason
+        self.method = method
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.status, self.reason, self.method, self.path))
+
+
+class ManagementNotFound(ManagementError):
+    """404 from the management API: the queue, vhost, policy or connection does not exist."""
 
 
 # --------------------------------------------------------------------------- time
