@@ -4,13 +4,17 @@ deliveries as the separate acks would have."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 from broker_peer import Pair
 
 from rabbitry.exceptions import InvalidStateError, LocalProtocolError
 from rabbitry.protocol import spec
-from rabbitry.protocol.channel import ChannelProtocol
 from rabbitry.protocol.frames import ack_frame, method_frame
+
+if TYPE_CHECKING:
+    from rabbitry.protocol.channel import ChannelProtocol
 
 
 def setup() -> tuple[Pair, ChannelProtocol]:
@@ -126,7 +130,7 @@ def test_acks_behind_an_outstanding_request_are_not_merged_into_it() -> None:
 
 
 def test_ack_on_a_closed_channel_raises() -> None:
-    pair, ch = setup()
+    _pair, ch = setup()
     ch.close(200, "bye")
     with pytest.raises(InvalidStateError):
         ch.send_ack(1)
