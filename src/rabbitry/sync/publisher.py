@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from ..exceptions import AMQPError, InvalidStateError, PublishTimeout
 from ..publisher import _Batch
+from ._portal import ConfirmFuture
 from .channel import _wait
 
 if TYPE_CHECKING:
@@ -172,7 +173,7 @@ class Publisher:
         if engine._closing:  # closed while this thread waited for room
             self._slots.release()
             raise InvalidStateError("the publisher is closed")
-        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        future: concurrent.futures.Future[None] = ConfirmFuture()
         try:
             self._portal.submit(
                 engine._send, frames, future, message_id, mandatory, deadline, self._release
