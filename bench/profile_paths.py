@@ -29,8 +29,10 @@ def main() -> int:
     url = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
     for path in args.paths:
         m = measure(path, url, f"rabbitry-profile-{uuid.uuid4().hex[:8]}", n=args.n)
-        print(f"\n{path}: {m.calls_per_msg:.1f} calls/msg, "
-              f"{m.retained_bytes_per_msg:.1f} retained bytes/msg")
+        print(
+            f"\n{path}: {m.calls_per_msg:.1f} calls/msg, "
+            f"{m.retained_bytes_per_msg:.1f} retained bytes/msg"
+        )
         for name, per_msg in m.top(args.top):
             print(f"  {per_msg:7.2f}  {name}")
     return 0
