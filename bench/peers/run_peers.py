@@ -36,6 +36,7 @@ CLIENTS = [
     "raw",
     "rabbitry_async",
     "rabbitry_sync",
+    "rabbitry_async_uvloop",
     "rabbitry_consumer",
     "rabbitry_publisher",
     "rabbitry_publisher_sync",
