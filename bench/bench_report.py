@@ -87,7 +87,7 @@ def render(cells: dict, clients: list[str], scenarios: list[str], meta: dict, ra
     out.append("")
     out.append(
         f"Written by `bench/bench_report.py` from `{os.path.relpath(raw)}` "
-        f"({meta.get('date', '?')}, {meta.get('repeats', '?')} repeats, medians, "
+        f"({meta.get('date', '?')}, repeats: {meta.get('repeats', '?')}, medians, "
         f"{meta.get('elapsed_min', 0):.1f} min; Python {meta.get('python', '?')}, "
         f"RabbitMQ {meta.get('broker_version', '?')}, {meta.get('cpus', '?')} CPUs). "
         "Regenerate with `make bench`; edit the text outside the markers only. The machine "

@@ -90,8 +90,8 @@ def main() -> int:
     print(f"{args.client} {args.scenario} n={args.n}: {total} samples at {args.rate}/s (busy only)")
     for area, count in areas.most_common():
         print(f"  {100 * count / total:5.1f} %  {area}")
-    for area in ("codec (rabbitry/protocol)", "other"):
-        if leaves.get(area):
+    for area, count in areas.most_common():
+        if count >= total / 10 or area.startswith("codec"):
             print(f"  {area}, innermost frames:")
             for leaf, count in leaves[area].most_common(args.top):
                 print(f"    {100 * count / total:5.1f} %  {leaf}")
