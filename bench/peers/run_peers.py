@@ -55,6 +55,7 @@ LABELS = {
     "rabbitry_async_uvloop": "rabbitry AsyncConnection + uvloop",
     "rabbitry_async_ref": "rabbitry AsyncConnection (reference build)",
     "rabbitry_sync_ref": "rabbitry Connection (sync, reference build)",
+    "rabbitry_publisher_sync_ref": "rabbitry Publisher (sync, reference build)",
     "rabbitry_consumer": "rabbitry AsyncConsumer",
     "rabbitry_publisher": "rabbitry AsyncPublisher",
     "rabbitry_publisher_sync": "rabbitry Publisher (sync)",
