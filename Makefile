@@ -33,6 +33,7 @@ help:
 	@echo "  format   ruff format and ruff check --fix on $(LINT_PATHS)"
 	@echo "  bench    peer benchmarks (bench/peers, own venv bench/peers/.venv) -> $(BENCH_OUT);"
 	@echo "           e.g. make bench BENCH_ARGS='--repeats 1 --scale 0.3 --clients raw,rabbitry_async'"
+	@echo "           and rewrites the generated section of $(BENCH_DOC)"
 	@echo "Variables: PY=$(PY)  PYTEST_ARGS=...  RABBITMQ_URL=...  BROKER_WAIT_SECONDS=..."
 	@echo "           DEMO_ARGS=... (e.g. '-n 20000 --keep'; see python -m rabbitry.examples.orders_pipeline -h)"
 	@echo "           BENCH_ARGS=... (run_peers.py options)  BENCH_OUT=$(BENCH_OUT)"
@@ -100,6 +101,8 @@ format: venv
 BENCH_VENV := bench/peers/.venv
 BENCH_STAMP := $(BENCH_VENV)/.installed
 BENCH_OUT ?= docs/peers-results.md
+# The generated section of this page (between its bench:generated markers) is rewritten.
+BENCH_DOC ?= docs/benchmarks.md
 BENCH_ARGS ?=
 
 $(BENCH_STAMP): bench/peers/requirements.txt pyproject.toml
@@ -109,3 +112,4 @@ $(BENCH_STAMP): bench/peers/requirements.txt pyproject.toml
 
 bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python bench/peers/run_peers.py --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(BENCH_VENV)/bin/python bench/bench_report.py --latest --doc $(BENCH_DOC)

@@ -36,6 +36,7 @@ CLIENTS = [
     "raw",
     "rabbitry_async",
     "rabbitry_sync",
+    "rabbitry_async_uvloop",
     "rabbitry_consumer",
     "rabbitry_publisher",
     "rabbitry_publisher_sync",
@@ -51,6 +52,10 @@ LABELS = {
     "raw": "limit (raw socket)",
     "rabbitry_async": "rabbitry AsyncConnection",
     "rabbitry_sync": "rabbitry Connection (sync)",
+    "rabbitry_async_uvloop": "rabbitry AsyncConnection + uvloop",
+    "rabbitry_async_ref": "rabbitry AsyncConnection (reference build)",
+    "rabbitry_sync_ref": "rabbitry Connection (sync, reference build)",
+    "rabbitry_publisher_sync_ref": "rabbitry Publisher (sync, reference build)",
     "rabbitry_consumer": "rabbitry AsyncConsumer",
     "rabbitry_publisher": "rabbitry AsyncPublisher",
     "rabbitry_publisher_sync": "rabbitry Publisher (sync)",
@@ -92,7 +97,7 @@ OVERRIDES = {
 }
 ONLY = {"s4n": {"raw"}}  # the no-ack consume is only a reference row
 PREFILLED = {"s4", "s4m", "s4n"}
-LIBS = ["rabbitry", "pika", "aio-pika", "aiormq", "pamqp", "amqp", "vine", "amqpstorm", "rabbitpy"]
+LIBS = ["rabbitry", "uvloop", "pika", "aio-pika", "aiormq", "pamqp", "amqp", "vine", "amqpstorm", "rabbitpy"]
 
 
 def count_for(client: str, scen: str, scale: float) -> int:

@@ -611,18 +611,28 @@ class AsyncChannel:
         return None
 
     def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
-        """Acknowledge a delivery (``multiple``: and every earlier one)."""
-        self._send(spec.BasicAck(delivery_tag=delivery_tag, multiple=multiple))
+        """Acknowledge a delivery (``multiple``: and every earlier one).
+
+        Contiguous acks made before the next flush (one loop iteration) leave as one
+        ``multiple`` ack; the broker settles the same deliveries either way.
+        """
+        if self._suspended:
+            self._send(spec.BasicAck(delivery_tag=delivery_tag, multiple=multiple))  # logs
+            return
+        self._proto.send_ack(delivery_tag, multiple)
+        self._conn._kick()
 
     def basic_nack(
         self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
     ) -> None:
         """Reject one or (``multiple``) many deliveries; requeue or dead-letter them."""
         self._send(spec.BasicNack(delivery_tag=delivery_tag, multiple=multiple, requeue=requeue))
+        self._proto.settled(delivery_tag, multiple)
 
     def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
         """Reject one delivery; requeue or dead-letter it."""
         self._send(spec.BasicReject(delivery_tag=delivery_tag, requeue=requeue))
+        self._proto.settled(delivery_tag, False)
 
     async def basic_recover(
         self, requeue: bool = True, *, timeout: float | None = None

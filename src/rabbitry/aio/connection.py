@@ -18,7 +18,7 @@ import logging
 import random
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from ..config import ConnectionParameters, default_url, parse_urls
 from ..exceptions import (
@@ -99,11 +99,12 @@ class _Transport(asyncio.Protocol):
         self._proto = proto
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # Not an isinstance() check: uvloop's transports do not derive from asyncio's.
+        stream = cast("asyncio.Transport", transport)
         if self._connection._proto is self._proto:
-            self._connection._on_connection_made(transport)
+            self._connection._on_connection_made(stream)
         else:
-            transport.abort()
+            stream.abort()
 
     def data_received(self, data: bytes) -> None:
         if self._connection._proto is self._proto:

@@ -47,7 +47,15 @@ from .events import (
     Returned,
     RpcReply,
 )
-from .frames import FRAME_BODY, FRAME_HEADER, FRAME_METHOD, Method, content_frames, method_frame
+from .frames import (
+    FRAME_BODY,
+    FRAME_HEADER,
+    FRAME_METHOD,
+    Method,
+    ack_frame,
+    content_frames,
+    method_frame,
+)
 from .message import Message
 
 if TYPE_CHECKING:
@@ -72,6 +80,10 @@ CLOSED = ChannelState.CLOSED
 
 _EMPTY_PROPERTIES = b"\x00\x00"
 _PUBLISH_CACHE_LIMIT = 512
+# Tags settled out of order that are remembered so the ack floor can catch up; past
+# this many (e.g. a no-ack consumer shares the channel, whose tags are never settled)
+# they are forgotten and acks on this channel simply stop being merged.
+_SETTLED_ABOVE_LIMIT = 65536
 
 # Content-bearing methods we can receive, and what to make of them when complete.
 _DELIVER = spec.BasicDeliver.INDEX
@@ -115,8 +127,74 @@ class ChannelProtocol:
         self._content_size = 0
         self._content_parts: list[bytes] = []
         self._content_received = 0
+        # Ack coalescing: every delivery tag <= _ack_floor has been settled by a frame
+        # already queued; _ack_frame is the last basic.ack frame we queued.
+        self._ack_floor = 0
+        self._ack_frame: bytes | None = None
+        self._settled_above: set[int] = set()
 
     # ------------------------------------------------------------------ sending
+
+    def send_ack(self, delivery_tag: int, multiple: bool = False) -> None:
+        """Queue basic.ack; contiguous acks queued before the next flush merge into one.
+
+        A single ack of the tag right after the settled ones (``_ack_floor + 1``) whose
+        previous ack frame is still the last unsent frame of the connection replaces that
+        frame with one ``multiple=True`` ack of the new tag. Every earlier tag is already
+        settled, so the broker settles exactly the same deliveries as with the separate
+        acks; an ack of any other tag goes out as given.
+
+        Raises:
+            InvalidStateError: the channel is closing or closed.
+            LocalProtocolError: the tag is not an unsigned 64-bit integer.
+        """
+        self._check_usable("basic.ack")
+        floor = self._ack_floor
+        if not multiple and delivery_tag == floor + 1:
+            out = self._conn._out
+            previous = self._ack_frame
+            if previous is not None and out and out[-1] is previous:
+                frame = out[-1] = ack_frame(self.channel_id, delivery_tag, True)
+            else:
+                frame = ack_frame(self.channel_id, delivery_tag, False)
+                self._send_frames([frame])
+            self._ack_frame = frame
+            self._ack_floor = delivery_tag
+            if self._settled_above:
+                self._raise_floor()
+            return
+        frame = ack_frame(self.channel_id, delivery_tag, multiple)
+        self._send_frames([frame])
+        self.settled(delivery_tag, multiple)
+        # A multiple ack settles everything up to its tag, so the next contiguous ack
+        # may replace it; after a lone ack out of order the next one must not.
+        self._ack_frame = frame if multiple and self._ack_floor == delivery_tag else None
+
+    def settled(self, delivery_tag: int, multiple: bool) -> None:
+        """Record that an ack, nack or reject of ``delivery_tag`` was queued."""
+        self._ack_frame = None
+        if multiple:
+            if delivery_tag > self._ack_floor:
+                self._ack_floor = delivery_tag
+        elif delivery_tag == self._ack_floor + 1:
+            self._ack_floor = delivery_tag
+        elif delivery_tag > self._ack_floor:
+            if len(self._settled_above) >= _SETTLED_ABOVE_LIMIT:
+                self._settled_above.clear()
+            self._settled_above.add(delivery_tag)
+            return
+        if self._settled_above:
+            self._raise_floor()
+
+    def _raise_floor(self) -> None:
+        above = self._settled_above
+        floor = self._ack_floor
+        while floor + 1 in above:
+            floor += 1
+            above.discard(floor)
+        self._ack_floor = floor
+        if above and min(above) <= floor:
+            self._settled_above = {tag for tag in above if tag > floor}
 
     def send_method(self, method: Method) -> None:
         """Queue a method: requests wait their turn, other methods keep their order.

@@ -58,6 +58,7 @@ __all__ = [
     "UInt8",
     "UInt16",
     "UInt32",
+    "ack_frame",
     "content_frames",
     "decode_table",
     "encode_table",
@@ -573,6 +574,26 @@ def method_frame(channel: int, method: Method) -> bytes:
     """
     payload = method.PREFIX + method.encode()
     return _FRAME_HEAD.pack(FRAME_METHOD, channel, len(payload)) + payload + b"\xce"
+
+
+# basic.ack as a whole frame: type, channel, size 13, class 60 method 80, tag, bits, end.
+_ACK_FRAME = struct.Struct(">BHIHHQBB")
+
+
+def ack_frame(channel: int, delivery_tag: int, multiple: bool) -> bytes:
+    """Build one basic.ack method frame directly (the consumer's hot path).
+
+    Raises:
+        LocalProtocolError: the delivery tag is not an unsigned 64-bit integer.
+    """
+    try:
+        return _ACK_FRAME.pack(
+            FRAME_METHOD, channel, 13, 60, 80, delivery_tag, 1 if multiple else 0, FRAME_END
+        )
+    except (struct.error, TypeError) as exc:
+        raise LocalProtocolError(
+            f"basic.ack.delivery_tag: must be an integer from 0 to 2**64-1, got {delivery_tag!r}"
+        ) from exc
 
 
 def content_frames(

@@ -28,7 +28,9 @@ import concurrent.futures
 import logging
 import queue
 import threading
+import time
 from collections import deque
+from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..exceptions import InvalidStateError, Timeout
@@ -36,11 +38,109 @@ from ..exceptions import InvalidStateError, Timeout
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
 
-__all__ = ["Dispatcher", "Portal"]
+__all__ = ["ConfirmFuture", "Dispatcher", "Portal"]
 
 logger = logging.getLogger("rabbitry.sync")
 
 T = TypeVar("T")
+
+
+_DONE = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
+_CANCELLED = (CANCELLED, CANCELLED_AND_NOTIFIED)
+# The one lock and condition every ConfirmFuture shares (an RLock, as the standard
+# futures use, so concurrent.futures.wait() can take it once per future it watches).
+_SHARED_CONDITION = threading.Condition()
+
+
+class ConfirmFuture(concurrent.futures.Future[T]):
+    """A ``concurrent.futures.Future`` that is cheap to create and to settle.
+
+    The sync API returns one per confirmed publish, so its cost is paid per message. A
+    standard future builds a ``Condition`` and an ``RLock`` of its own and notifies its
+    condition on every settle; this one shares one condition between all instances,
+    answers ``done()`` without taking it, and notifies only when a thread is actually
+    blocked in :meth:`result` or :meth:`exception` of this future. It is a subclass, so
+    ``isinstance``, ``add_done_callback``, ``cancel``, ``concurrent.futures.wait`` and
+    ``as_completed`` behave as with any future.
+    """
+
+    def __init__(self) -> None:  # no super().__init__(): that builds the private lock
+        self._condition = _SHARED_CONDITION
+        self._state = PENDING
+        self._result: T | None = None
+        self._exception: BaseException | None = None
+        self._waiters: list[Any] = []
+        self._done_callbacks: list[Any] = []
+        self._sleepers = 0
+
+    def done(self) -> bool:
+        return self._state in _DONE
+
+    def _wait_done(self, timeout: float | None) -> None:
+        if self._state in _DONE:
+            return
+        condition = self._condition
+        with condition:
+            if self._state in _DONE:
+                return
+            self._sleepers += 1
+            try:
+                if timeout is None:
+                    while self._state not in _DONE:
+                        condition.wait()
+                    return
+                deadline = time.monotonic() + timeout
+                while self._state not in _DONE:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TimeoutError()
+                    condition.wait(remaining)
+            finally:
+                self._sleepers -= 1
+
+    def result(self, timeout: float | None = None) -> T:
+        self._wait_done(timeout)
+        if self._state in _CANCELLED:
+            raise concurrent.futures.CancelledError()
+        exc = self._exception
+        if exc is not None:
+            try:
+                raise exc
+            finally:
+                del exc  # no reference cycle through the traceback
+        return self._result  # type: ignore[return-value]
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._wait_done(timeout)
+        if self._state in _CANCELLED:
+            raise concurrent.futures.CancelledError()
+        return self._exception
+
+    def set_result(self, result: T) -> None:
+        with self._condition:
+            if self._state in _DONE:
+                raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
+            self._result = result
+            self._state = FINISHED
+            for waiter in self._waiters:
+                waiter.add_result(self)
+            if self._sleepers:
+                self._condition.notify_all()
+        if self._done_callbacks:
+            self._invoke_callbacks()  # type: ignore[attr-defined]
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        with self._condition:
+            if self._state in _DONE:
+                raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
+            self._exception = exception
+            self._state = FINISHED
+            for waiter in self._waiters:
+                waiter.add_exception(self)
+            if self._sleepers:
+                self._condition.notify_all()
+        if self._done_callbacks:
+            self._invoke_callbacks()  # type: ignore[attr-defined]
 
 
 class Portal:
@@ -269,7 +369,10 @@ class Dispatcher:
         resume_reading: Callable[[], None],
     ) -> None:
         self._portal = portal
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize)
+        # A SimpleQueue (C, no lock round trips in Python) bounded by hand: only the IO
+        # thread puts, so checking qsize() first keeps it at most ``maxsize`` long.
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._maxsize = maxsize
         self._overflow: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
         self._paused = False
         self._resume_asked = False
@@ -288,12 +391,9 @@ class Dispatcher:
 
     def post(self, fn: Callable[..., Any], *args: Any) -> None:
         """Queue ``fn(*args)`` for the worker (IO thread only)."""
-        if not self._overflow:
-            try:
-                self._queue.put_nowait((fn, args))
-                return
-            except queue.Full:
-                pass
+        if not self._overflow and self._queue.qsize() < self._maxsize:
+            self._queue.put((fn, args))
+            return
         self._overflow.append((fn, args))
         # While a callback waits for a blocking call, its answer must still be read:
         # pausing then would deadlock it, so the overflow grows for that long instead.
@@ -323,12 +423,11 @@ class Dispatcher:
         """IO thread: move kept items into the queue; read the socket again when empty."""
         self._resume_asked = False
         overflow = self._overflow
+        put, qsize, maxsize = self._queue.put, self._queue.qsize, self._maxsize
         while overflow:
-            try:
-                self._queue.put_nowait(overflow[0])
-            except queue.Full:
+            if qsize() >= maxsize:
                 return
-            overflow.popleft()
+            put(overflow.popleft())
         if self._paused:
             self._paused = False
             self._resume_reading()
@@ -365,9 +464,8 @@ class Dispatcher:
         """
         self._stopping = True
         self._overflow.clear()
-        try:
-            self._queue.put_nowait(self._STOP)
-        except queue.Full:
-            pass  # the worker is busy and sees _stopping once the queue is empty
+        if self._queue.qsize() < self._maxsize:
+            self._queue.put(self._STOP)
+        # else the worker is busy and sees _stopping once the queue is empty
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)

@@ -13,14 +13,15 @@ they raise are logged.
 
 from __future__ import annotations
 
-import concurrent.futures
 import queue as queue_module
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import AMQPError, ConsumerCancelled, InvalidStateError
 from ..protocol.message import Message
+from ._portal import ConfirmFuture
 
 if TYPE_CHECKING:
+    import concurrent.futures
     from collections.abc import Callable, Iterator, Mapping
 
     from ..aio.channel import AsyncChannel
@@ -334,7 +335,7 @@ class Channel:
             mandatory,
         )
         if channel.confirm_mode:
-            future: concurrent.futures.Future[None] = concurrent.futures.Future()
+            future: concurrent.futures.Future[None] = ConfirmFuture()
             self._portal.submit(channel._publish_encoded, frames, future)
             return future
         self._portal.submit(channel._publish_encoded, frames, None)

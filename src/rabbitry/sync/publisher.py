@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from ..exceptions import AMQPError, InvalidStateError, PublishTimeout
 from ..publisher import _Batch
+from ._portal import ConfirmFuture
 from .channel import _wait
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class Publisher:
         self._connection = connection
         self._async = publisher
         self._portal = connection._require_portal()
-        self._slots = threading.Semaphore(publisher.max_in_flight)
+        self._slots = _Window(publisher.max_in_flight)
         self._release = _Releaser(publisher._loop, self._slots)
         self._unblocked = threading.Event()
         if not publisher.is_blocked:
@@ -177,7 +178,7 @@ class Publisher:
         if engine._closing:  # closed while this thread waited for room
             self._slots.release()
             raise InvalidStateError("the publisher is closed")
-        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        future: concurrent.futures.Future[None] = ConfirmFuture()
         try:
             self._portal.submit(
                 engine._send, frames, future, message_id, mandatory, deadline, self._release
@@ -224,7 +225,7 @@ class Publisher:
         batch = _Batch(total, done)
         confirm = engine._confirm
         release = self._release if confirm else None
-        acquire = self._slots.acquire
+        acquire, take = self._slots.acquire, self._slots.take
         start = 0
         while start < total:
             # Block only while holding no unsent slot: two batches each waiting with
@@ -243,9 +244,7 @@ class Publisher:
                 break
             count = total - start
             if confirm:
-                count = 1
-                while start + count < total and acquire(False):
-                    count += 1
+                count = 1 + take(count - 1)  # whatever else is free, in one lock round
             self._portal.submit(
                 engine._send_batch,
                 encoded[start : start + count],
@@ -313,6 +312,50 @@ class Publisher:
             raise InvalidStateError("the publisher is closed")
 
 
+class _Window:
+    """The window of unconfirmed messages: a counting semaphore on a plain lock.
+
+    ``threading.Semaphore`` takes a ``Condition`` (Python-level enter and exit) for every
+    slot; here the common case, a free slot, is one C-level lock round, and a batch
+    takes all the free slots it needs in one round (:meth:`take`).
+    """
+
+    __slots__ = ("_cond", "_free", "_lock")
+
+    def __init__(self, size: int) -> None:
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._free = size
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """Take one slot, waiting up to ``timeout`` (forever if ``None``) when blocking."""
+        with self._lock:
+            if self._free > 0:
+                self._free -= 1
+                return True
+            if not blocking or not self._cond.wait_for(self._has_room, timeout):
+                return False
+            self._free -= 1
+            return True
+
+    def take(self, most: int) -> int:
+        """Take up to ``most`` free slots without waiting; returns how many."""
+        if most <= 0:
+            return 0
+        with self._lock:
+            got = min(most, self._free)
+            self._free -= got
+            return got
+
+    def release(self, n: int = 1) -> None:
+        with self._lock:
+            self._free += n
+            self._cond.notify(n)
+
+    def _has_room(self) -> bool:
+        return self._free > 0
+
+
 class _Releaser:
     """Gives window slots back, once per loop iteration (IO thread).
 
@@ -322,7 +365,7 @@ class _Releaser:
 
     __slots__ = ("_count", "_handle", "_loop", "_semaphore")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, semaphore: threading.Semaphore) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, semaphore: _Window) -> None:
         self._loop = loop
         self._semaphore = semaphore
         self._count = 0

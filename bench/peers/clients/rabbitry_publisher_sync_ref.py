@@ -1,0 +1,9 @@
+"""rabbitry_publisher_sync on the reference build in BENCH_RABBITRY_REF (see _ref.py)."""
+from __future__ import annotations
+
+from clients import _ref
+
+if _ref.activate():
+    from clients.rabbitry_publisher_sync import s1, s2a, s2b, s3, s6  # noqa: F401
+else:
+    __getattr__ = _ref.missing
