@@ -194,18 +194,30 @@ class RabbitCluster:
             raise
 
     def wait_formed(self, timeout: float = 60.0) -> None:
-        """Wait until every running member reports all members as running."""
-        wanted = {n.name for n in self.nodes}
+        """Wait until every member runs and reports every member as running.
+
+        One ``eval`` per check: a running member asks all members (``rpc``) for their
+        view of the running nodes.
+        """
+        wanted = sorted(n.name for n in self.nodes)
+        names = ",".join(f"'{n}'" for n in wanted)
+        expr = (
+            "lists:all(fun(N) -> case rpc:call(N, rabbit_mnesia, cluster_nodes, [running], "
+            f"5000) of L when is_list(L) -> lists:sort(L) =:= lists:sort([{names}]); "
+            f"_ -> false end end, [{names}])."
+        )
         deadline = time.monotonic() + timeout
-        seen: set[str] = set()
         while True:
-            with contextlib.suppress(BrokerNodeError):
-                seen = self.running_nodes()
-                if seen == wanted and all(
-                    self.running_nodes(n) == wanted for n in self.nodes if n.is_running
-                ):
-                    return
+            if len(self.running()) == len(self.nodes):
+                with contextlib.suppress(BrokerNodeError):
+                    if self.any_running().eval(expr) == "true":
+                        return
             if time.monotonic() >= deadline:
+                seen: set[str] | str
+                try:
+                    seen = self.running_nodes()
+                except BrokerNodeError as exc:
+                    seen = str(exc)
                 raise BrokerNodeError(f"cluster did not form within {timeout} s: running {seen}")
             time.sleep(0.5)
 
