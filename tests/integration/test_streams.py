@@ -199,3 +199,39 @@ async def test_single_active_consumer_hands_over_on_cancel(
     await b.stop()
     assert got["a"] == [f"m{i}".encode() for i in range(10)]
     assert got["b"] == [f"n{i}".encode() for i in range(10)]
+
+
+async def test_quorum_delivery_limit_dead_letters_a_poison_message(
+    conn: rabbitry.AsyncConnection, names: Names
+) -> None:
+    queue, dlq = names.queue("quorum"), names.queue("dlq")
+    await Topology(
+        queues=[
+            Queue(dlq),
+            Queue(
+                queue,
+                queue_type="quorum",
+                delivery_limit=2,
+                dead_letter_exchange="",
+                dead_letter_routing_key=dlq,
+            ),
+        ]
+    ).aapply(conn)
+    await publish_all(conn, queue, ["poison"])
+    ch = await conn.channel()
+    deliveries = 0
+    async with asyncio.timeout(WAIT):
+        while True:  # until it shows up in the dead-letter queue
+            message = await ch.basic_get(queue)
+            if message is not None:
+                deliveries += 1
+                message.nack(requeue=True)
+                continue
+            dead = await ch.basic_get(dlq, no_ack=True)
+            if dead is not None:
+                break
+            await asyncio.sleep(0.05)
+    # The first delivery plus delivery_limit redeliveries; then it is dead-lettered.
+    assert deliveries == 3
+    assert dead.body == b"poison"
+    await ch.close()
