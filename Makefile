@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv broker lint types test demo format bench
+.PHONY: help venv broker lint types test demo demo-quick java docs format bench
 
 help:
 	@echo "Targets:"
@@ -25,12 +25,16 @@ help:
 	@echo "  broker   make sure a RabbitMQ broker answers at RABBITMQ_URL (starts a local one if needed)"
 	@echo "  lint     ruff format --check and ruff check on $(LINT_PATHS)"
 	@echo "  types    mypy (strict on src/rabbitry, configured in pyproject.toml)"
-	@echo "  test     venv + broker, then lint, types and the whole pytest suite (what CI runs)"
-	@echo "  demo     venv + broker, then run python -m rabbitry.demo"
+	@echo "  test     venv + broker, then lint, types, docs and the whole pytest suite (what CI runs)"
+	@echo "  demo     venv + Java check + broker, then the reference pipeline (docs/pipeline.md):"
+	@echo "           orders published with confirms, a Spark stream, retries, parking lot, Parquet"
+	@echo "  demo-quick  venv + broker, then a 10k-message confirmed round trip (python -m rabbitry.demo)"
+	@echo "  docs     build the documentation site (mkdocs --strict) into $(DOCS_OUT)"
 	@echo "  format   ruff format and ruff check --fix on $(LINT_PATHS)"
 	@echo "  bench    peer benchmarks (bench/peers, own venv bench/peers/.venv) -> $(BENCH_OUT);"
 	@echo "           e.g. make bench BENCH_ARGS='--repeats 1 --scale 0.3 --clients raw,rabbitry_async'"
 	@echo "Variables: PY=$(PY)  PYTEST_ARGS=...  RABBITMQ_URL=...  BROKER_WAIT_SECONDS=..."
+	@echo "           DEMO_ARGS=... (e.g. '-n 20000 --keep'; see python -m rabbitry.examples.orders_pipeline -h)"
 	@echo "           BENCH_ARGS=... (run_peers.py options)  BENCH_OUT=$(BENCH_OUT)"
 
 venv: $(STAMP)
@@ -53,11 +57,37 @@ types: venv
 # Lint and types come before the broker so a style slip fails fast, before a possibly
 # slow broker install. pytest's exit code is passed through untouched: "no tests
 # collected" (5) fails the build on purpose.
-test: venv lint types broker
+test: venv lint types docs broker
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-demo: venv broker
+# The reference pipeline. Spark runs on the JVM: Java is checked before the broker is set up.
+DEMO_ARGS ?=
+demo: venv java broker
+	$(BIN)/python -m rabbitry.examples.orders_pipeline $(DEMO_ARGS)
+
+demo-quick: venv broker
 	$(BIN)/python -m rabbitry.demo
+
+java:
+	@java_bin=java; \
+	if [[ -n "$${JAVA_HOME:-}" && -x "$$JAVA_HOME/bin/java" ]]; then java_bin="$$JAVA_HOME/bin/java"; fi; \
+	if ! command -v "$$java_bin" >/dev/null 2>&1; then \
+	    echo "make demo: Spark needs a Java runtime (17 or newer) and there is none on PATH." >&2; \
+	    echo "  Debian/Ubuntu: sudo apt-get install -y openjdk-17-jre-headless" >&2; \
+	    echo "  or set JAVA_HOME to an installed JDK/JRE 17+." >&2; exit 1; \
+	fi; \
+	version=$$("$$java_bin" -version 2>&1 | sed -nE '1s/.*version "([0-9]+)(\.([0-9]+))?.*/\1 \3/p'); \
+	major=$${version%% *}; [[ "$$major" == 1 ]] && major=$${version##* }; \
+	if [[ -z "$$major" || "$$major" -lt 17 ]]; then \
+	    echo "make demo: Spark 4 needs Java 17 or newer; '$$java_bin -version' says: $$("$$java_bin" -version 2>&1 | head -1)" >&2; \
+	    echo "  Debian/Ubuntu: sudo apt-get install -y openjdk-17-jre-headless" >&2; exit 1; \
+	fi
+
+# The documentation site: docs/*.md plus an API reference generated from docstrings
+# (mkdocstrings). --strict turns every warning (broken link, bad docstring) into an error.
+DOCS_OUT ?= site
+docs: venv
+	$(BIN)/mkdocs build --strict --site-dir $(DOCS_OUT)
 
 format: venv
 	$(BIN)/ruff format $(LINT_PATHS)

@@ -26,12 +26,19 @@ from .exceptions import (
     ConnectionLost,
     ConnectionRecovering,
     ConsumerCancelled,
+    CredentialsError,
     HandlerSignal,
     HeartbeatTimeout,
     InvalidStateError,
     LocalProtocolError,
+    ManagementError,
+    ManagementNotFound,
     Nacked,
     NotFound,
+    OutboxCorrupt,
+    OutboxError,
+    OutboxFull,
+    OutboxLocked,
     PoolTimeout,
     PreconditionFailed,
     ProtocolError,
@@ -51,12 +58,15 @@ from .exceptions import (
     Unroutable,
 )
 from .message import Message, Properties
+from .outbox import Outbox, OutboxStatus, SQLiteOutbox
+from .outbox_publisher import AsyncOutboxPublisher, OutboxStats
 from .pool import AsyncChannelPool
 from .protocol.frames import Float32, Int8, Int16, Int32, Int64, UInt8, UInt16, UInt32
 from .publisher import AsyncPublisher, OutgoingMessage
-from .recovery import RecoveryPolicy, State
+from .recovery import NackRetry, RecoveryPolicy, State
 from .sync import Channel, Connection
 from .sync.consumer import Consumer
+from .sync.outbox_publisher import OutboxPublisher
 from .sync.pool import ChannelPool
 from .sync.publisher import Publisher
 from .topology import (
@@ -78,6 +88,7 @@ __all__ = [
     "AsyncChannelPool",
     "AsyncConnection",
     "AsyncConsumer",
+    "AsyncOutboxPublisher",
     "AsyncPublisher",
     "AuthenticationError",
     "Binding",
@@ -99,6 +110,7 @@ __all__ = [
     "Consumer",
     "ConsumerCancelled",
     "ConsumerStats",
+    "CredentialsError",
     "DedupStore",
     "Exchange",
     "Float32",
@@ -110,10 +122,21 @@ __all__ = [
     "Int64",
     "InvalidStateError",
     "LocalProtocolError",
+    "ManagementError",
+    "ManagementNotFound",
     "MemoryDedupStore",
     "Message",
+    "NackRetry",
     "Nacked",
     "NotFound",
+    "Outbox",
+    "OutboxCorrupt",
+    "OutboxError",
+    "OutboxFull",
+    "OutboxLocked",
+    "OutboxPublisher",
+    "OutboxStats",
+    "OutboxStatus",
     "OutgoingMessage",
     "PoolTimeout",
     "PreconditionFailed",
@@ -131,6 +154,7 @@ __all__ = [
     "ResourceLocked",
     "Retry",
     "RetryPolicy",
+    "SQLiteOutbox",
     "State",
     "TLSError",
     "Timeout",

@@ -13,6 +13,7 @@ The tree::
     ├── AMQPConnectionError (ConnectionError)
     │   ├── ConnectError                   no configured address accepted us
     │   ├── AuthenticationError            the broker refused our credentials
+    │   ├── CredentialsError               the credentials_provider failed
     │   ├── HeartbeatTimeout               the peer went silent for 2 × heartbeat
     │   ├── ConnectionLost                 the socket failed or reached EOF
     │   ├── ConnectionRecovering           recovering; the policy says fail fast
@@ -40,10 +41,16 @@ The tree::
     │   ├── Unroutable                     a mandatory publish came back (basic.return)
     │   ├── PublishOutcomeUnknown          the channel or connection died before the confirm
     │   └── PublishTimeout (also Timeout)  a publish's deadline passed (room, block, confirm)
+    │       └── OutboxFull                 the durable outbox stayed at its bound (rows/bytes)
+    ├── OutboxError(path)                  the durable outbox cannot be used (path and cause)
+    │   ├── OutboxLocked                   another process holds the outbox file
+    │   └── OutboxCorrupt                  the file is not a sound rabbitry outbox
     ├── TopologyError                      declaring, checking or retrying topology failed
     │   ├── TopologyValidationError (ValueError)  a declaration breaks a RabbitMQ rule;
     │   │                                     raised before anything is sent
     │   └── TopologyConflict               an entity exists with other arguments (406)
+    ├── ManagementError(status, reason)    the management HTTP API refused or failed
+    │   └── ManagementNotFound             404: no such queue, vhost, policy…
     └── Timeout (TimeoutError)             a deadline passed
         └── PoolTimeout                    no pooled channel became free in time
 
@@ -81,6 +88,7 @@ __all__ = [
     "ConnectionRecovering",
     "ConsumerCancelled",
     "ContentTooLarge",
+    "CredentialsError",
     "FrameError",
     "HandlerSignal",
     "HeartbeatTimeout",
@@ -88,11 +96,17 @@ __all__ = [
     "InvalidPath",
     "InvalidStateError",
     "LocalProtocolError",
+    "ManagementError",
+    "ManagementNotFound",
     "Nacked",
     "NoConsumers",
     "NoRoute",
     "NotAllowed",
     "NotFound",
+    "OutboxCorrupt",
+    "OutboxError",
+    "OutboxFull",
+    "OutboxLocked",
     "PoolTimeout",
     "PreconditionFailed",
     "ProtocolError",
@@ -214,6 +228,16 @@ class ConnectError(AMQPConnectionError):
 
 class AuthenticationError(AMQPConnectionError):
     """The broker refused our credentials or our SASL mechanism."""
+
+
+class CredentialsError(AMQPConnectionError):
+    """The ``credentials_provider`` failed or returned something that is not a
+    ``(username, password)`` pair of strings.
+
+    On the first connect it ends ``connect()``; during recovery it counts as a failed
+    attempt and the next one calls the provider again. ``__cause__`` is the provider's
+    own exception, if it raised one.
+    """
 
 
 class HeartbeatTimeout(AMQPConnectionError):
@@ -563,6 +587,36 @@ def _show(value: Any) -> str:
     return "(not set)" if value is None else repr(value)
 
 
+# --------------------------------------------------------------------------- management
+
+
+class ManagementError(AMQPError):
+    """The management HTTP API answered with an error, or could not be reached.
+
+    Attributes:
+        status: the HTTP status code (``None`` when no answer came: refused, timed out).
+        reason: the API's own explanation (its JSON ``reason``), or the transport error.
+        method: the HTTP method of the request.
+        path: the request path (never carries credentials).
+    """
+
+    def __init__(self, status: int | None, reason: str, method: str = "", path: str = "") -> None:
+        where = f"{method} {path}: " if method else ""
+        code = f"HTTP {status}" if status is not None else "no answer"
+        super().__init__(f"{where}{code}: {reason}")
+        self.status = status
+        self.reason = reason
+        self.method = method
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.status, self.reason, self.method, self.path))
+
+
+class ManagementNotFound(ManagementError):
+    """404 from the management API: the queue, vhost, policy or connection does not exist."""
+
+
 # --------------------------------------------------------------------------- time
 
 
@@ -580,5 +634,48 @@ class PublishTimeout(PublishError, Timeout):
     """
 
 
+class OutboxFull(PublishTimeout):
+    """The durable outbox stayed at its bound (rows or bytes) until the publish's deadline.
+
+    Nothing was stored. The outbox drains as the broker confirms what it holds; while the
+    broker is unreachable it stays full.
+
+    Attributes:
+        rows: the rows stored when the deadline passed.
+        size: the bytes stored when the deadline passed.
+    """
+
+    def __init__(self, message: str, *, rows: int = 0, size: int = 0) -> None:
+        super().__init__(message)
+        self.rows = rows
+        self.size = size
+
+
 class PoolTimeout(Timeout):
     """No channel of a :class:`rabbitry.ChannelPool` became free within the timeout."""
+
+
+# --------------------------------------------------------------------------- outbox
+
+
+class OutboxError(AMQPError):
+    """The durable publisher outbox cannot be opened, read or written.
+
+    Attributes:
+        path: where the outbox lives (a file path, or a store's description).
+    """
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"outbox {path}: {message}")
+        self.path = path
+
+
+class OutboxLocked(OutboxError):
+    """Another publisher (in this or another process) holds the outbox.
+
+    One outbox serves one publisher at a time: two would send each other's messages.
+    """
+
+
+class OutboxCorrupt(OutboxError):
+    """The outbox file is damaged or is not a rabbitry outbox; nothing was read from it."""

@@ -59,6 +59,7 @@ from .exceptions import (
 from .protocol import spec
 from .protocol.channel import ChannelState
 from .protocol.frames import content_frames, method_frame
+from .recovery import NackRetry, State
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -244,7 +245,7 @@ class _Pending:
         if not future.done():
             future.set_result(None)
         owner = self.owner
-        if self.timer is not None or self.returnable:
+        if self.timer is not None or self.returnable or owner._nack_attempts:
             owner._finished(self)
             return
         # The common case of AsyncPublisher._finished, inlined: this runs once per ack.
@@ -256,8 +257,15 @@ class _Pending:
             owner._check_idle()
 
     def set_exception(self, exception: BaseException, /) -> None:
-        self.settled = True
         future = self.future
+        if (
+            isinstance(exception, Nacked)
+            and self.owner._nack_retry is not None
+            and not future.done()
+            and self.owner._retry_nacked(self)
+        ):
+            return  # sent again later; this record is replaced by the next attempt's
+        self.settled = True
         if not future.done():
             if isinstance(exception, Nacked) and exception.delivery_tag != self.seq:
                 exception = Nacked(self.seq)  # a multiple nack names its highest tag
@@ -350,6 +358,10 @@ class AsyncPublisher:
         republish_unconfirmed: keep unconfirmed messages for recovery to send again
             after a reconnect, with the same ``message_id`` (at-least-once). The resend
             is done by connection recovery.
+        nack_retry: send a message the broker nacked again after a backoff (a
+            :class:`rabbitry.NackRetry`; e.g. while a quorum queue elects a leader); its
+            future then resolves on a later confirm. ``None``: a nack fails the future
+            with :class:`Nacked`.
 
     Raises:
         ConfigurationError: an invalid option.
@@ -364,6 +376,7 @@ class AsyncPublisher:
         mandatory: bool = False,
         timeout: float | None = None,
         republish_unconfirmed: bool = False,
+        nack_retry: NackRetry | None = None,
     ) -> None:
         if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int):
             raise ConfigurationError(f"max_in_flight: must be an int, got {max_in_flight!r}")
@@ -373,6 +386,12 @@ class AsyncPublisher:
             raise ConfigurationError(f"timeout: must not be negative, got {timeout}")
         if republish_unconfirmed and not confirm:
             raise ConfigurationError("republish_unconfirmed needs confirm=True")
+        if nack_retry is not None and not isinstance(nack_retry, NackRetry):
+            raise ConfigurationError(
+                f"nack_retry: must be a rabbitry.NackRetry or None, got {type(nack_retry).__name__}"
+            )
+        if nack_retry is not None and not confirm:
+            raise ConfigurationError("nack_retry needs confirm=True (nacks are confirms)")
         loop = connection._loop
         if loop is None:
             raise InvalidStateError("the connection is not open (call connect() first)")
@@ -383,6 +402,12 @@ class AsyncPublisher:
         self._mandatory = mandatory
         self._timeout = timeout
         self._republish = republish_unconfirmed
+        self._nack_retry = nack_retry
+        # Nack retry: re-sends waiting for their delay, and attempts per future.
+        self._retrying = 0
+        self._nack_attempts: dict[Any, int] = {}
+        #: How many nacked messages were sent again (``nack_retry``).
+        self.nack_resends = 0
         self._channel: AsyncChannel | None = None
         self._opening: asyncio.Task[AsyncChannel] | None = None
         # What encoding needs, swapped as one tuple so a thread never mixes two channels:
@@ -607,12 +632,12 @@ class AsyncPublisher:
         Every message is encoded (and validated) before anything is sent. They go out
         on the publisher's channel in order, written to the socket at once when the
         window has room for all of them; otherwise in chunks as room frees up.
+        ``exchange``, ``routing_key``, ``properties``, ``mandatory``, ``persistent`` and
+        ``expiration`` are as for :meth:`publish`, for the messages that do not set their own.
 
         Args:
             messages: :class:`OutgoingMessage` objects, or bodies that use the arguments
-                below; ``None`` fields of an ``OutgoingMessage`` use them too.
-            exchange, routing_key, properties, mandatory, persistent, expiration: as
-                for :meth:`publish`, for the messages that do not set their own.
+                above; ``None`` fields of an ``OutgoingMessage`` use them too.
             timeout: one deadline for the whole batch, as for :meth:`publish`.
 
         Returns:
@@ -696,6 +721,10 @@ class AsyncPublisher:
         out: list[UnconfirmedMessage] = []
         channel = self._channel
         if channel is not None:
+            # Kept for the resend while the connection recovers (seq of the old channel).
+            for kept in channel._resend:
+                if isinstance(kept, _Pending) and not kept.settled:
+                    out.append(UnconfirmedMessage(kept.seq, kept.message_id, kept.frames))
             confirms = channel._confirms
             for seq in channel._confirm_order:
                 record = confirms.get(seq)
@@ -715,7 +744,9 @@ class AsyncPublisher:
             return
         self._closing = True
         try:
-            if self._confirm and self._conn.is_open:
+            # While the connection recovers, the unconfirmed messages kept for the resend
+            # are still ours: wait for them too instead of abandoning them.
+            if self._confirm and (self._conn.is_open or self._conn.state is State.RECOVERING):
                 try:
                     await self.wait_for_confirms(timeout=timeout)
                 except PublishTimeout:
@@ -1130,6 +1161,8 @@ class AsyncPublisher:
     def _finished(self, record: _Pending) -> None:
         """A record was settled by the broker or by the channel's end."""
         self._outstanding -= 1
+        if self._nack_attempts:
+            self._nack_attempts.pop(record.future, None)
         if record.timer is not None:
             record.timer.cancel()
             record.timer = None
@@ -1152,8 +1185,54 @@ class AsyncPublisher:
             if not same:
                 del self._returnable[key]
 
+    def _retry_nacked(self, record: _Pending) -> bool:
+        """A nack for ``record``: schedule it again if the policy allows (loop thread)."""
+        policy = self._nack_retry
+        assert policy is not None
+        if self._closing:
+            return False
+        attempt = self._nack_attempts.get(record.future, 0)
+        if attempt >= policy.max_attempts:
+            self._nack_attempts.pop(record.future, None)
+            return False
+        self._nack_attempts[record.future] = attempt + 1
+        record.settled = True  # this send is over; the next attempt gets a new record
+        self._outstanding -= 1
+        deadline: float | None = None
+        if record.timer is not None:
+            deadline = record.timer.when()
+            record.timer.cancel()
+            record.timer = None
+        mandatory = record.returnable
+        if mandatory:
+            self._forget_returnable(record)
+        self._retrying += 1
+        self.nack_resends += 1
+        delay = policy.delay(attempt)
+        logger.info(
+            "publish #%d (message_id %s) nacked; sending again in %.3f s (attempt %d of %d)",
+            record.seq,
+            record.message_id,
+            delay,
+            attempt + 1,
+            policy.max_attempts,
+        )
+        self._loop.call_later(delay, self._resend_nacked, record, mandatory, deadline)
+        return True
+
+    def _resend_nacked(self, record: _Pending, mandatory: bool, deadline: float | None) -> None:
+        self._retrying -= 1
+        future = record.future
+        if future.done():  # e.g. its deadline passed while waiting
+            self._nack_attempts.pop(future, None)
+            if record.release is not None:
+                record.release()
+            self._check_idle()
+            return
+        self._send(record.frames, future, record.message_id, mandatory, deadline, record.release)
+
     def _check_idle(self) -> None:
-        if self._outstanding or self._backlog:
+        if self._outstanding or self._backlog or self._retrying:
             return
         waiters, self._idle_waiters = self._idle_waiters, []
         for waiter in waiters:

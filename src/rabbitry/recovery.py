@@ -38,7 +38,38 @@ from .exceptions import (
     RemoteProtocolError,
 )
 
-__all__ = ["DEFAULT_RECOVERY", "RecoveryPolicy", "State", "is_recoverable"]
+__all__ = ["DEFAULT_RECOVERY", "NackRetry", "RecoveryPolicy", "State", "is_recoverable"]
+
+
+def _check_backoff(
+    initial_delay: float, max_delay: float, multiplier: float, jitter: float
+) -> None:
+    if not initial_delay >= 0:
+        raise ConfigurationError(f"initial_delay: must be >= 0, got {initial_delay}")
+    if not max_delay >= initial_delay:
+        raise ConfigurationError(
+            f"max_delay: must be >= initial_delay ({initial_delay}), got {max_delay}"
+        )
+    if not multiplier >= 1:
+        raise ConfigurationError(f"multiplier: must be >= 1, got {multiplier}")
+    if not 0 <= jitter < 1:
+        raise ConfigurationError(f"jitter: must be in [0, 1), got {jitter}")
+
+
+def _backoff(
+    attempt: int,
+    initial_delay: float,
+    max_delay: float,
+    multiplier: float,
+    jitter: float,
+    rand: float | None,
+) -> float:
+    """Exponential backoff capped at ``max_delay``, times a factor in ``1 ± jitter``."""
+    base = min(max_delay, initial_delay * multiplier**attempt)
+    if not jitter:
+        return base
+    factor = 1 + jitter * (2 * (random.random() if rand is None else rand) - 1)
+    return min(max_delay, base * factor)
 
 
 class State(enum.Enum):
@@ -81,16 +112,7 @@ class RecoveryPolicy:
     during_recovery: Literal["wait", "fail"] = "wait"
 
     def __post_init__(self) -> None:
-        if not self.initial_delay >= 0:
-            raise ConfigurationError(f"initial_delay: must be >= 0, got {self.initial_delay}")
-        if not self.max_delay >= self.initial_delay:
-            raise ConfigurationError(
-                f"max_delay: must be >= initial_delay ({self.initial_delay}), got {self.max_delay}"
-            )
-        if not self.multiplier >= 1:
-            raise ConfigurationError(f"multiplier: must be >= 1, got {self.multiplier}")
-        if not 0 <= self.jitter < 1:
-            raise ConfigurationError(f"jitter: must be in [0, 1), got {self.jitter}")
+        _check_backoff(self.initial_delay, self.max_delay, self.multiplier, self.jitter)
         if self.max_attempts is not None and (
             isinstance(self.max_attempts, bool) or self.max_attempts < 1
         ):
@@ -111,11 +133,50 @@ class RecoveryPolicy:
             attempt: how many attempts failed before this one.
             rand: a number in [0, 1) for the jitter (default: ``random.random()``).
         """
-        base = min(self.max_delay, self.initial_delay * self.multiplier**attempt)
-        if not self.jitter:
-            return base
-        factor = 1 + self.jitter * (2 * (random.random() if rand is None else rand) - 1)
-        return min(self.max_delay, base * factor)
+        return _backoff(
+            attempt, self.initial_delay, self.max_delay, self.multiplier, self.jitter, rand
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NackRetry:
+    """Send a message again, after a backoff, when the broker nacks it.
+
+    RabbitMQ nacks a publish when a queue cannot take it: most often a quorum queue
+    without a leader during an election (a transient state: the same message is accepted
+    a moment later), or a queue at ``x-max-length`` with ``x-overflow=reject-publish``.
+    With ``AsyncPublisher(nack_retry=NackRetry())`` a nacked message keeps its window
+    slot and its future, is sent again with the same ``message_id`` after
+    ``delay(attempt)``, and the future resolves on the confirm of a later attempt; only
+    when ``max_attempts`` re-sends were nacked too does it fail with
+    :class:`rabbitry.Nacked`. The publish deadline (``timeout``) still applies.
+
+    Args:
+        max_attempts: re-sends after the first nack before giving up (>= 1).
+        initial_delay: seconds before the first re-send.
+        max_delay: the cap of the exponential backoff, in seconds.
+        multiplier: growth of the delay per nacked attempt.
+        jitter: each delay is multiplied by a random factor in ``1 ± jitter``.
+    """
+
+    max_attempts: int = 10
+    initial_delay: float = 0.05
+    max_delay: float = 2.0
+    multiplier: float = 2.0
+    jitter: float = 0.2
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
+            raise ConfigurationError(f"max_attempts: must be an int, got {self.max_attempts!r}")
+        if self.max_attempts < 1:
+            raise ConfigurationError(f"max_attempts: must be >= 1, got {self.max_attempts}")
+        _check_backoff(self.initial_delay, self.max_delay, self.multiplier, self.jitter)
+
+    def delay(self, attempt: int, rand: float | None = None) -> float:
+        """Seconds to wait before re-send ``attempt`` (0 is the first re-send)."""
+        return _backoff(
+            attempt, self.initial_delay, self.max_delay, self.multiplier, self.jitter, rand
+        )
 
 
 #: The policy a connection uses unless it is given another one or ``recovery=None``.

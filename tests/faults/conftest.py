@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from tests.support.leaks import leaked, snapshot
 from tests.support.node import SCRIPTS_ENV, BrokerNode, find_scripts_dir, leftovers
 
 if TYPE_CHECKING:
@@ -121,3 +122,17 @@ def _session_node_guard(request: pytest.FixtureRequest) -> Iterator[None]:
     if not node.is_running:
         node.start()
     node.clear_alarms()
+
+
+@pytest.fixture(autouse=True)
+def _no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each fault test: no thread and no TCP socket of the test is left behind.
+
+    Requested first (it is autouse, function scope) so its snapshot is taken before the
+    test's own fixtures open anything, and checked after they are all torn down.
+    """
+    before = snapshot()
+    yield
+    problem = leaked(before)
+    if problem is not None:
+        pytest.fail(f"{request.node.name} leaked: {problem}", pytrace=False)

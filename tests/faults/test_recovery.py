@@ -12,6 +12,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 import pytest
+from tests.faults.helpers import FAST, WAIT, eventually, force_close, unique
 from tests.support.proxy import TcpProxy
 
 import rabbitry
@@ -31,13 +32,6 @@ if TYPE_CHECKING:
 
     from tests.support.node import BrokerNode
 
-FAST = RecoveryPolicy(initial_delay=0.05, max_delay=0.5, jitter=0.1)
-WAIT = 15.0
-
-
-def unique(prefix: str) -> str:
-    return f"rabbitry-rec-{prefix}-{uuid.uuid4().hex[:8]}"
-
 
 @pytest.fixture
 async def recovering(broker_node: BrokerNode) -> AsyncIterator[AsyncConnection]:
@@ -49,23 +43,6 @@ async def recovering(broker_node: BrokerNode) -> AsyncIterator[AsyncConnection]:
         yield conn
     finally:
         await conn.close(timeout=5)
-
-
-async def eventually(predicate: object, timeout: float = WAIT) -> bool:
-    assert callable(predicate)
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.02)
-    return bool(predicate())
-
-
-async def force_close(node: BrokerNode, conn: AsyncConnection) -> None:
-    name = conn.params.connection_name
-    assert name
-    closed = await asyncio.to_thread(node.close_connection_by_name, name, "recovery test")
-    assert closed == 1
 
 
 async def test_forced_close_recovers_channels_topology_and_consumers(
@@ -413,3 +390,38 @@ async def test_headline_10k_confirmed_connection_killed_twice_all_delivered(
     assert not lost, f"lost {len(lost)} confirmed messages"
     assert not unexpected
     assert duplicates <= 2 * 1000, duplicates
+
+
+async def test_credentials_provider_is_asked_again_on_reconnect(broker_node: BrokerNode) -> None:
+    """Issue 12: a rotated password is picked up by the reconnect, not only the first connect."""
+    user = unique("user")
+    passwords = ["first-" + uuid.uuid4().hex, "second-" + uuid.uuid4().hex]
+    current = passwords[0]
+    calls: list[str] = []
+    await asyncio.to_thread(broker_node.ctl, "add_user", user, current)
+    await asyncio.to_thread(broker_node.ctl, "set_permissions", "-p", "/", user, ".*", ".*", ".*")
+
+    async def provider() -> tuple[str, str]:
+        calls.append(current)
+        return (user, current)
+
+    conn = AsyncConnection(
+        broker_node.url,  # guest/guest: never used, the provider wins
+        connection_name=unique("conn"),
+        recovery=FAST,
+        credentials_provider=provider,
+    )
+    await conn.connect()
+    try:
+        await asyncio.to_thread(broker_node.ctl, "change_password", user, passwords[1])
+        current = passwords[1]
+        await force_close(broker_node, conn)
+        await conn.wait_recovered(WAIT)
+        channel = await conn.channel()
+        await channel.queue_declare("", exclusive=True)
+        assert calls[0] == passwords[0]
+        assert calls[-1] == passwords[1]
+        assert conn.state is State.OPEN
+    finally:
+        await conn.close(timeout=5)
+        await asyncio.to_thread(broker_node.ctl, "delete_user", user)

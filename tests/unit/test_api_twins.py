@@ -22,7 +22,9 @@ import pytest
 
 from rabbitry import AsyncChannel, AsyncConnection, Channel, Connection
 from rabbitry.consumer import AsyncConsumer
+from rabbitry.outbox_publisher import AsyncOutboxPublisher
 from rabbitry.sync.consumer import Consumer
+from rabbitry.sync.outbox_publisher import OutboxPublisher
 
 # Members that exist on one side only, deliberately. Keep these minimal: every entry
 # needs a reason, and an entry that stops being one-sided fails the test (so the list
@@ -330,3 +332,36 @@ def test_every_blocking_sync_method_takes_timeout(cls: type) -> None:
         assert "timeout" in params, f"{cls.__name__}.{name} blocks but takes no timeout="
         assert params["timeout"].default is None, f"{cls.__name__}.{name}"
     assert len(blocking) >= 5  # the scan found the blocking methods at all
+
+
+# ------------------------------------------------------------- outbox publisher twins
+# rabbitry.OutboxPublisher is the twin of rabbitry.AsyncOutboxPublisher (what
+# ``publisher(outbox=...)`` returns on each side).
+
+OUTBOX_PAIR = (AsyncOutboxPublisher, OutboxPublisher)
+
+
+def test_outbox_publisher_public_members_are_twins() -> None:
+    problems = _member_differences(*OUTBOX_PAIR)
+    assert not problems, "\n".join(problems)
+    shared = public_members(AsyncOutboxPublisher) & public_members(OutboxPublisher)
+    assert {"publish", "publish_many", "flush", "close", "stats", "outbox"} <= shared
+
+
+def test_outbox_publisher_blocking_methods() -> None:
+    for name in ("publish", "publish_many", "flush", "close"):
+        assert inspect.iscoroutinefunction(getattr(AsyncOutboxPublisher, name)), name
+        sync = getattr(OutboxPublisher, name)
+        assert not inspect.iscoroutinefunction(sync), name
+        assert ".call(" in inspect.getsource(sync), name
+        assert inspect.signature(sync).parameters["timeout"].default is None, name
+    assert not inspect.iscoroutinefunction(AsyncOutboxPublisher.stats)
+    assert inspect.iscoroutinefunction(AsyncOutboxPublisher.__aexit__)
+    assert not inspect.iscoroutinefunction(OutboxPublisher.__exit__)
+
+
+def test_publisher_factories_take_the_outbox_last() -> None:
+    for cls in (AsyncConnection, Connection):
+        params = inspect.signature(cls.publisher).parameters
+        assert list(params)[-1] == "outbox", cls
+        assert params["outbox"].default is None

@@ -523,7 +523,9 @@ class AsyncChannel:
         """Stop a consumer. Deliveries already sent still reach its callback."""
 
         def unregister(reply: spec.BasicCancelOk) -> None:
-            self._drop_consumer(reply.consumer_tag)
+            consumer = self._drop_consumer(reply.consumer_tag)
+            if consumer is not None and consumer.spec is not None:
+                self._conn._forget_if_auto_deleted(consumer.spec.queue)
 
         result: spec.BasicCancelOk = await self._rpc(
             spec.BasicCancel(consumer_tag=consumer_tag), timeout, unregister

@@ -13,11 +13,12 @@ publishers wait while the transport's buffer is above its high-water mark.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import random
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from ..config import ConnectionParameters, default_url, parse_urls
 from ..exceptions import (
@@ -25,11 +26,14 @@ from ..exceptions import (
     AMQPError,
     AuthenticationError,
     ChannelClosedByBroker,
+    ConfigurationError,
     ConnectError,
     ConnectionClosedByClient,
     ConnectionLost,
     ConnectionRecovering,
+    CredentialsError,
     InvalidStateError,
+    NotFound,
     ResourceLocked,
     Timeout,
     TLSError,
@@ -51,11 +55,13 @@ from ..protocol.events import (
     RpcReply,
 )
 from ..record import TopologyRecord
-from ..recovery import DEFAULT_RECOVERY, RecoveryPolicy, State, is_recoverable
+from ..recovery import DEFAULT_RECOVERY, NackRetry, RecoveryPolicy, State, is_recoverable
 from .channel import AsyncChannel
 
 if TYPE_CHECKING:
     from ..consumer import AsyncConsumer, DedupStore
+    from ..outbox import Outbox
+    from ..outbox_publisher import AsyncOutboxPublisher
     from ..pool import AsyncChannelPool
     from ..publisher import AsyncPublisher
 
@@ -70,6 +76,8 @@ _CLOSE_TIMEOUT = 10.0
 
 BlockedCallback = Callable[[str | None], Any]
 CloseCallback = Callable[[AMQPError], Any]
+#: Returns ``(username, password)``; called before every connect and reconnect attempt.
+CredentialsProvider = Callable[[], "tuple[str, str] | Awaitable[tuple[str, str]]"]
 
 
 class _RecoveryAborted(Exception):
@@ -139,6 +147,11 @@ class AsyncConnection:
         recovery: how to reconnect and replay channels, topology and consumers after a
             connection failure (:class:`rabbitry.RecoveryPolicy`; on by default);
             ``None`` ends the connection instead.
+        credentials_provider: a callable returning ``(username, password)``, called
+            before each connect and reconnect attempt (e.g. to fetch a short-lived token);
+            what it returns replaces the URL's user and password. It may be a coroutine
+            function. If it raises, the attempt fails with :class:`CredentialsError`
+            (recovery then tries again after its backoff).
 
     Options given as keywords override the same options in the URLs' query strings.
     """
@@ -157,7 +170,14 @@ class AsyncConnection:
         client_properties: dict[str, Any] | None = None,
         max_message_size: int = 128 * 1024 * 1024,
         recovery: RecoveryPolicy | None = DEFAULT_RECOVERY,
+        credentials_provider: CredentialsProvider | None = None,
     ) -> None:
+        if credentials_provider is not None and not callable(credentials_provider):
+            raise ConfigurationError(
+                "credentials_provider: must be a callable returning (username, password), "
+                f"not {type(credentials_provider).__name__}"
+            )
+        self._credentials_provider = credentials_provider
         options = {
             "heartbeat": heartbeat,
             "connection_timeout": connection_timeout,
@@ -189,6 +209,8 @@ class AsyncConnection:
         # Called (loop thread) when the transport accepts writes again.
         self._writable_hooks: list[Callable[[], None]] = []
         self._update_secret_waiter: asyncio.Future[None] | None = None
+        # An ssl.SSLError that ended the socket before connection.open-ok (see connect).
+        self._handshake_tls_error: ssl.SSLError | None = None
         self._blocked_callbacks: list[BlockedCallback] = []
         self._close_callbacks: list[CloseCallback] = []
         self.close_exc: AMQPError | None = None
@@ -288,6 +310,13 @@ class AsyncConnection:
                     try:
                         await self._connect_one(params)
                         self.params = params
+                        if not self.heartbeat:
+                            logger.warning(
+                                "heartbeats are off on the connection to %s: a dead peer "
+                                "behind a silent network is only noticed when TCP gives up "
+                                "(about 11 minutes on Linux), and recovery waits as long",
+                                params.address,
+                            )
                         self._recovered = asyncio.Event()
                         self._recovered.set()
                         self._set_state(State.OPEN, None)
@@ -304,12 +333,33 @@ class AsyncConnection:
             raise Timeout(f"could not connect within {timeout} s") from None
         summary = "; ".join(f"{address}: {exc!r}" for address, exc in errors)
         failure = ConnectError(f"could not connect to any broker ({summary})", errors)
-        tls = [exc for _, exc in errors if isinstance(exc, TLSError)]
-        if errors and len(tls) == len(errors):
-            # Every address refused us at TLS: a configuration problem, shown as such
-            # (its __cause__ stays the ssl error that explains it).
-            raise tls[-1]
+        for kind in (TLSError, CredentialsError):
+            same = [exc for _, exc in errors if isinstance(exc, kind)]
+            if errors and len(same) == len(errors):
+                # Every address failed the same local way (TLS configuration, or the
+                # credentials provider): shown as such, its __cause__ explaining it.
+                raise same[-1]
         raise failure from (errors[-1][1] if errors else None)
+
+    async def _provided_credentials(self) -> tuple[str, str]:
+        provider = self._credentials_provider
+        assert provider is not None
+        try:
+            result = provider()
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as exc:  # the provider is user code: any failure is reported
+            raise CredentialsError(f"credentials_provider raised {type(exc).__name__}") from exc
+        if (
+            not isinstance(result, tuple)
+            or len(result) != 2
+            or not all(isinstance(part, str) for part in result)
+        ):
+            raise CredentialsError(
+                "credentials_provider: must return a (username, password) tuple of two "
+                f"strings, got {type(result).__name__}"
+            )
+        return result
 
     def _reset_attempt(self) -> None:
         if self._transport is not None:
@@ -320,9 +370,13 @@ class AsyncConnection:
 
     async def _connect_one(self, params: ConnectionParameters) -> None:
         loop = asyncio.get_running_loop()
+        self._handshake_tls_error = None
+        username, password = params.username, params.password
+        if self._credentials_provider is not None:
+            username, password = await self._provided_credentials()
         self._proto = ConnectionProtocol(
-            username=params.username,
-            password=params.password,
+            username=username,
+            password=password,
             virtual_host=params.virtual_host,
             heartbeat=params.heartbeat,
             channel_max=params.channel_max,
@@ -357,7 +411,16 @@ class AsyncConnection:
             raise Timeout(
                 f"{params.address}: no open connection within {params.connection_timeout} s"
             ) from None
-        except AMQPError:
+        except AMQPError as exc:
+            alert = self._handshake_tls_error
+            if alert is not None and not isinstance(exc, AuthenticationError):
+                # TLS 1.3: the broker checks our certificate after our side of the
+                # handshake finished, so its refusal arrives as an alert on the first read.
+                reason = alert.reason or str(alert)
+                raise TLSError(
+                    f"{params.address}: the broker ended the TLS session during the AMQP "
+                    f"handshake: {reason} (is a valid client certificate configured?)"
+                ) from alert
             raise  # already ours (AuthenticationError is also an OSError: keep it as it is)
         except (ssl.SSLError, ssl.CertificateError) as exc:  # before OSError: its subclass
             reason = getattr(exc, "verify_message", None) or exc.reason or str(exc)
@@ -460,6 +523,32 @@ class AsyncConnection:
         await channel._await_rpc(spec.ChannelOpen.NAME, timeout)
         return channel
 
+    @overload
+    async def publisher(
+        self,
+        *,
+        confirm: bool = ...,
+        max_in_flight: int = ...,
+        mandatory: bool = ...,
+        timeout: float | None = ...,
+        republish_unconfirmed: bool = ...,
+        nack_retry: NackRetry | None = ...,
+        outbox: None = ...,
+    ) -> AsyncPublisher: ...
+
+    @overload
+    async def publisher(
+        self,
+        *,
+        confirm: bool = ...,
+        max_in_flight: int = ...,
+        mandatory: bool = ...,
+        timeout: float | None = ...,
+        republish_unconfirmed: bool = ...,
+        nack_retry: NackRetry | None = ...,
+        outbox: Outbox,
+    ) -> AsyncOutboxPublisher: ...
+
     async def publisher(
         self,
         *,
@@ -468,14 +557,37 @@ class AsyncConnection:
         mandatory: bool = False,
         timeout: float | None = None,
         republish_unconfirmed: bool = False,
-    ) -> AsyncPublisher:
+        nack_retry: NackRetry | None = None,
+        outbox: Outbox | None = None,
+    ) -> AsyncPublisher | AsyncOutboxPublisher:
         """A publisher on its own channel (see :class:`rabbitry.AsyncPublisher`).
 
         ``timeout`` is the default deadline of each publish and also bounds opening the
-        publisher's channel.
+        publisher's channel. With ``outbox`` (e.g. ``SQLiteOutbox(path)``) the result is
+        an :class:`rabbitry.AsyncOutboxPublisher`: ``publish()`` returns once the message
+        is durably stored, and the stored messages are delivered in the background.
         """
         from ..publisher import AsyncPublisher
 
+        if outbox is not None:
+            from ..outbox_publisher import AsyncOutboxPublisher
+
+            if nack_retry is not None:
+                raise ConfigurationError(
+                    "nack_retry: not used with outbox (the outbox resends nacked messages "
+                    "itself, with its own backoff)"
+                )
+
+            return await AsyncOutboxPublisher._create(
+                self,
+                outbox,
+                open_timeout=timeout,
+                confirm=confirm,
+                max_in_flight=max_in_flight,
+                mandatory=mandatory,
+                timeout=timeout,
+                republish_unconfirmed=republish_unconfirmed,
+            )
         return await AsyncPublisher._create(
             self,
             open_timeout=timeout,
@@ -484,6 +596,7 @@ class AsyncConnection:
             mandatory=mandatory,
             timeout=timeout,
             republish_unconfirmed=republish_unconfirmed,
+            nack_retry=nack_retry,
         )
 
     async def channel_pool(self, size: int = 10, *, confirm: bool = True) -> AsyncChannelPool:
@@ -625,6 +738,9 @@ class AsyncConnection:
             self._lost.set_result(None)
         if exc is not None:
             logger.debug("socket closed: %r", exc)
+            if isinstance(exc, ssl.SSLError) and self._opened is not None:
+                if not self._opened.done() or self._opened.exception() is not None:
+                    self._handshake_tls_error = exc
 
     def _on_tick(self) -> None:
         self._tick_handle = None
@@ -880,6 +996,20 @@ class AsyncConnection:
                 self._give_up(cause)
                 return
 
+    def _forget_if_auto_deleted(self, queue: str) -> None:
+        """A consumer of ``queue`` was cancelled: if it was the last one on this
+        connection and the record holds ``queue`` as auto-delete, the broker has deleted
+        the queue, so recovery must not declare it again (reliability.md §3.5 T4)."""
+        recorded = self.topology_record.queue(queue)
+        if recorded is None or not recorded.auto_delete:
+            return
+        for channel in self._channels.values():
+            for consumer in channel._consumers.values():
+                if consumer.spec is not None and consumer.spec.queue == queue:
+                    return
+        logger.debug("auto-delete queue %r lost its last consumer: forgotten", queue)
+        self.topology_record.forget_queue(queue)
+
     async def _replay(self) -> None:
         """Re-open channels (numbers, QoS, modes), then the topology, then consumers."""
         proto = self._proto
@@ -911,15 +1041,7 @@ class AsyncConnection:
                     channel,
                     "exchange",
                     exchange.name,
-                    lambda ch, e=exchange: ch.exchange_declare(  # type: ignore[misc]
-                        e.name,
-                        e.type,
-                        durable=e.durable,
-                        auto_delete=e.auto_delete,
-                        internal=e.internal,
-                        arguments=dict(e.arguments) or None,
-                        timeout=30.0,
-                    ),
+                    lambda ch, e=exchange: _declare_recorded_exchange(ch, e),  # type: ignore[misc]
                 )
             for queue in record.queues:
                 replies: list[Any] = []
@@ -927,16 +1049,7 @@ class AsyncConnection:
                 async def declare(
                     ch: AsyncChannel, q: Any = queue, replies: list[Any] = replies
                 ) -> None:
-                    replies.append(
-                        await ch.queue_declare(
-                            "" if q.server_named else q.name,
-                            durable=q.durable,
-                            exclusive=q.exclusive,
-                            auto_delete=q.auto_delete,
-                            arguments=dict(q.arguments) or None,
-                            timeout=30.0,
-                        )
-                    )
+                    replies.append(await _declare_recorded_queue(ch, q))
 
                 channel = await self._declare_entity(channel, "queue", queue.name, declare)
                 if replies and replies[0].queue != queue.name:
@@ -971,7 +1084,13 @@ class AsyncConnection:
                         )
 
                 label = f"{binding.source}->{binding.destination}:{binding.routing_key}"
-                channel = await self._declare_entity(channel, "binding", label, bind)
+                channel = await self._declare_entity(
+                    channel,
+                    "binding",
+                    label,
+                    bind,
+                    restore=lambda ch, b=binding: self._redeclare_ends(ch, b),  # type: ignore[misc]
+                )
         finally:
             if channel.is_open:
                 await channel.close(timeout=10.0)
@@ -983,8 +1102,13 @@ class AsyncConnection:
         kind: str,
         name: str,
         declare: Callable[[AsyncChannel], Awaitable[Any]],
+        restore: Callable[[AsyncChannel], Awaitable[Any]] | None = None,
     ) -> AsyncChannel:
-        """Run one re-declaration; report and skip (or abort) if the broker refuses it."""
+        """Run one re-declaration; report and skip (or abort) if the broker refuses it.
+
+        ``restore`` handles a 404 (an end of a binding deleted while recovery runs, e.g.
+        by another client): it declares the recorded ends again before the next try.
+        """
         assert self.recovery is not None
         for attempt in range(5):
             try:
@@ -996,6 +1120,15 @@ class AsyncConnection:
                     # The dead connection's exclusive queue may not be gone yet.
                     await asyncio.sleep(0.2 * (attempt + 1))
                     continue
+                if isinstance(exc, NotFound) and restore is not None and attempt < 4:
+                    logger.info("recovery: %s %r: %r; declaring its ends again", kind, name, exc)
+                    await asyncio.sleep(0.05 * 2**attempt)
+                    try:
+                        await restore(channel)
+                    except ChannelClosedByBroker as again:
+                        logger.info("recovery: restoring %r failed: %r", name, again)
+                        channel = await self._open_channel(None, 30.0)
+                    continue
                 logger.error("recovery: could not re-declare %s %r: %r", kind, name, exc)
                 for callback in list(self._recovery_error_callbacks):
                     try:
@@ -1006,6 +1139,21 @@ class AsyncConnection:
                     raise _RecoveryAborted(exc) from exc
                 return channel
         return channel
+
+    async def _redeclare_ends(self, channel: AsyncChannel, binding: Any) -> None:
+        """Declare a binding's recorded source exchange and destination again."""
+        record = self.topology_record
+        ends = [(binding.source, "exchange")]
+        ends.append((binding.destination, binding.destination_type))
+        for name, kind in ends:
+            if kind == "exchange":
+                exchange = record.exchange(name)
+                if exchange is not None and name and not name.startswith("amq."):
+                    await _declare_recorded_exchange(channel, exchange)
+            else:
+                queue = record.queue(name)
+                if queue is not None and not queue.server_named:
+                    await _declare_recorded_queue(channel, queue)
 
     def _give_up(self, exc: AMQPError) -> None:
         """Recovery failed for good: end the connection with ``exc``."""
@@ -1101,3 +1249,27 @@ class AsyncConnection:
                 callback(exc)
             except Exception:
                 logger.exception("close callback %r failed", callback)
+
+
+async def _declare_recorded_exchange(channel: AsyncChannel, exchange: Any) -> None:
+    await channel.exchange_declare(
+        exchange.name,
+        exchange.type,
+        durable=exchange.durable,
+        auto_delete=exchange.auto_delete,
+        internal=exchange.internal,
+        arguments=dict(exchange.arguments) or None,
+        timeout=30.0,
+    )
+
+
+async def _declare_recorded_queue(channel: AsyncChannel, queue: Any) -> Any:
+    """Declare a recorded queue again; a server-named one asks for a new name."""
+    return await channel.queue_declare(
+        "" if queue.server_named else queue.name,
+        durable=queue.durable,
+        exclusive=queue.exclusive,
+        auto_delete=queue.auto_delete,
+        arguments=dict(queue.arguments) or None,
+        timeout=30.0,
+    )

@@ -6,10 +6,12 @@ One IO thread per connection runs the asyncio engine; this class only forwards t
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import itertools
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
-from ..aio.connection import AsyncConnection
+from ..aio.connection import AsyncConnection, CredentialsProvider
 from ..exceptions import AMQPError, InvalidStateError, Timeout
 from ..recovery import DEFAULT_RECOVERY
 from ._portal import Dispatcher, Portal
@@ -21,9 +23,12 @@ if TYPE_CHECKING:
 
     from ..config import ConnectionParameters
     from ..consumer import DedupStore
+    from ..outbox import Outbox
+    from ..outbox_publisher import AsyncOutboxPublisher
     from ..record import TopologyRecord
-    from ..recovery import RecoveryPolicy, State
+    from ..recovery import NackRetry, RecoveryPolicy, State
     from .consumer import Consumer
+    from .outbox_publisher import OutboxPublisher
     from .pool import ChannelPool
     from .publisher import Publisher
 
@@ -69,7 +74,15 @@ class Connection:
         client_properties: dict[str, Any] | None = None,
         max_message_size: int = 128 * 1024 * 1024,
         recovery: RecoveryPolicy | None = DEFAULT_RECOVERY,
+        credentials_provider: CredentialsProvider | None = None,
     ) -> None:
+        provider: CredentialsProvider | None = None
+        if credentials_provider is not None and callable(credentials_provider):
+            # A plain function may block (an HTTP call for a token): it runs in a worker
+            # thread so the IO thread keeps serving the other connections' heartbeats.
+            provider = _off_loop(credentials_provider)
+        elif credentials_provider is not None:
+            provider = credentials_provider  # AsyncConnection reports the type error
         self._async = AsyncConnection(
             url,
             heartbeat=heartbeat,
@@ -82,6 +95,7 @@ class Connection:
             client_properties=client_properties,
             max_message_size=max_message_size,
             recovery=recovery,
+            credentials_provider=provider,
         )
         self._id = next(_ids)
         self._portal: Portal | None = None
@@ -284,6 +298,32 @@ class Connection:
         channel = portal.call(self._async.channel, channel_id, timeout=timeout, wait=_wait(timeout))
         return Channel(self, channel)
 
+    @overload
+    def publisher(
+        self,
+        *,
+        confirm: bool = ...,
+        max_in_flight: int = ...,
+        mandatory: bool = ...,
+        timeout: float | None = ...,
+        republish_unconfirmed: bool = ...,
+        nack_retry: NackRetry | None = ...,
+        outbox: None = ...,
+    ) -> Publisher: ...
+
+    @overload
+    def publisher(
+        self,
+        *,
+        confirm: bool = ...,
+        max_in_flight: int = ...,
+        mandatory: bool = ...,
+        timeout: float | None = ...,
+        republish_unconfirmed: bool = ...,
+        nack_retry: NackRetry | None = ...,
+        outbox: Outbox,
+    ) -> OutboxPublisher: ...
+
     def publisher(
         self,
         *,
@@ -292,14 +332,32 @@ class Connection:
         mandatory: bool = False,
         timeout: float | None = None,
         republish_unconfirmed: bool = False,
-    ) -> Publisher:
+        nack_retry: NackRetry | None = None,
+        outbox: Outbox | None = None,
+    ) -> Publisher | OutboxPublisher:
         """A publisher on its own channel (see :class:`rabbitry.Publisher`).
 
         ``timeout`` is the default deadline of each publish and also bounds opening the
-        publisher's channel.
+        publisher's channel. With ``outbox`` the result is an
+        :class:`rabbitry.OutboxPublisher` (durable; see ``docs/outbox.md``).
         """
         from .publisher import Publisher
 
+        if outbox is not None:
+            from .outbox_publisher import OutboxPublisher
+
+            durable = self._require_portal().call(
+                self._async.publisher,
+                confirm=confirm,
+                max_in_flight=max_in_flight,
+                mandatory=mandatory,
+                timeout=timeout,
+                republish_unconfirmed=republish_unconfirmed,
+                nack_retry=nack_retry,
+                outbox=outbox,
+                wait=None if timeout is None else timeout + 30.0,  # + reading the outbox
+            )
+            return OutboxPublisher(self, cast("AsyncOutboxPublisher", durable))
         engine = self._require_portal().call(
             self._async.publisher,
             confirm=confirm,
@@ -307,6 +365,7 @@ class Connection:
             mandatory=mandatory,
             timeout=timeout,
             republish_unconfirmed=republish_unconfirmed,
+            nack_retry=nack_retry,
             wait=_wait(timeout),
         )
         return Publisher(self, engine)
@@ -382,3 +441,13 @@ class Connection:
         dispatcher = self._dispatcher
         if dispatcher is not None:
             dispatcher.post(fn, *args)
+
+
+def _off_loop(provider: CredentialsProvider) -> CredentialsProvider:
+    async def call() -> tuple[str, str]:
+        result = await asyncio.to_thread(provider)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+    return call

@@ -92,6 +92,11 @@ class Publisher:
         return self._async.republish_unconfirmed
 
     @property
+    def nack_resends(self) -> int:
+        """How many nacked messages were sent again (``nack_retry``)."""
+        return self._async.nack_resends
+
+    @property
     def in_flight(self) -> int:
         """Messages handed to the IO thread and not settled yet (a snapshot)."""
         return self._async.in_flight

@@ -1,4 +1,5 @@
-"""Declarative topology: exchanges, queues and bindings, validated, applied, verified.
+"""Declarative topology: exchanges, queues, bindings and policies, validated, applied,
+verified.
 
 Usage::
 
@@ -23,17 +24,26 @@ Usage::
 * :class:`RetryPolicy`, ``Topology.with_retry`` and :func:`handle_failure` build and
   drive delayed retries with a parking lot (design in ``_retry``'s docstring and
   ``docs/topology.md``).
+* :class:`Policy` (``Topology(policies=[...])``) is set through the management HTTP
+  API: ``apply(connection, management=ManagementClient(...))``. Its definition keys are
+  checked by the same rules as queue arguments; ``diff`` reports where a policy and a
+  queue argument set the same key to different values, and which one applies
+  (:data:`LOWER_WINS`, :data:`ARGUMENT_WINS`).
 * Topologies load from our own JSON/YAML form and from RabbitMQ definitions exports,
   and save to both.
 """
 
 from ._apply import ApplyResult, VerifyReport, parse_inequivalent
+from ._diff import ARGUMENT_WINS, LOWER_WINS, PolicyOverlap
 from ._model import (
     BUILTIN_EXCHANGE_TYPES,
     OVERFLOW_MODES,
+    POLICY_APPLY_TO,
+    POLICY_KEYS,
     QUEUE_TYPES,
     Binding,
     Exchange,
+    Policy,
     Queue,
     format_expiration,
 )
@@ -57,20 +67,26 @@ from ._retry import (
 from ._topology import Topology
 
 __all__ = [
+    "ARGUMENT_WINS",
     "ATTEMPTS_HEADER",
     "BUILTIN_EXCHANGE_TYPES",
     "EXCEPTION_MESSAGE_HEADER",
     "EXCEPTION_TYPE_HEADER",
     "FIRST_FAILURE_HEADER",
     "LAST_FAILURE_HEADER",
+    "LOWER_WINS",
     "ORIGINAL_EXCHANGE_HEADER",
     "ORIGINAL_ROUTING_KEY_HEADER",
     "OVERFLOW_MODES",
     "PARKED_REASON_HEADER",
+    "POLICY_APPLY_TO",
+    "POLICY_KEYS",
     "QUEUE_TYPES",
     "ApplyResult",
     "Binding",
     "Exchange",
+    "Policy",
+    "PolicyOverlap",
     "Queue",
     "RetryDecision",
     "RetryNames",

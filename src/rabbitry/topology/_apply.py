@@ -37,7 +37,7 @@ from ..exceptions import (
     TopologyError,
 )
 from ..record import RecordedBinding, RecordedExchange, RecordedQueue, TopologyRecord
-from ._model import Binding, Exchange, Queue, is_reserved
+from ._model import Binding, Exchange, Policy, Queue, is_reserved
 from ._topology import Topology
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ __all__ = [
     "ApplyResult",
     "VerifyReport",
     "apply_topology",
+    "check_policies",
     "delete_topology",
     "parse_inequivalent",
     "verify_topology",
@@ -94,33 +95,41 @@ class VerifyReport:
     """What ``Topology.verify`` found with passive declares.
 
     Attributes:
-        missing: exchanges and queues that do not exist.
-        present: exchanges and queues that exist (arguments are not compared: a passive
-            declare does not return them; use ``diff`` against a definitions export).
-        unchecked: what cannot be checked over AMQP: bindings (there is no passive bind)
-            and server-named queues (their name is not known before they are declared).
+        missing: exchanges, queues and (checked through the management API) policies
+            that do not exist.
+        present: exchanges, queues and policies that exist (arguments are not compared:
+            a passive declare does not return them; use ``diff`` against a definitions
+            export).
+        unchecked: what cannot be checked over AMQP: bindings (there is no passive bind),
+            server-named queues (their name is not known before they are declared) and
+            policies when no management client was given.
         message_counts: ready messages per present queue.
+        policy_differences: policies that exist with another pattern, apply-to, priority
+            or definition (one line per difference).
     """
 
-    missing: tuple[Exchange | Queue, ...]
-    present: tuple[Exchange | Queue, ...]
-    unchecked: tuple[Binding | Queue, ...]
+    missing: tuple[Exchange | Queue | Policy, ...]
+    present: tuple[Exchange | Queue | Policy, ...]
+    unchecked: tuple[Binding | Queue | Policy, ...]
     message_counts: Mapping[str, int]
+    policy_differences: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
-        """Nothing is missing."""
-        return not self.missing
+        """Nothing is missing or different."""
+        return not self.missing and not self.policy_differences
 
     def __bool__(self) -> bool:
         return self.ok
 
     def lines(self) -> list[str]:
-        """One readable line per missing entity."""
-        return [f"{item.label}: missing" for item in self.missing]
+        """One readable line per missing entity or policy difference."""
+        return [f"{item.label}: missing" for item in self.missing] + list(self.policy_differences)
 
     def __str__(self) -> str:
         if self.ok:
+            if any(isinstance(item, Policy) for item in self.present):
+                return f"all {len(self.present)} exchanges, queues and policies exist"
             return f"all {len(self.present)} exchanges and queues exist"
         return "\n".join(self.lines())
 
@@ -272,7 +281,7 @@ async def apply_topology(
         q if q.name else _renamed(q, assigned[i]) for i, q in enumerate(topology.queues)
     ]
     return ApplyResult(
-        Topology(topology.exchanges, resolved_queues, resolved_bindings),
+        Topology(topology.exchanges, resolved_queues, resolved_bindings, topology.policies),
         tuple(assigned),
         counts,
         topology.queues,
@@ -432,9 +441,9 @@ async def verify_topology(
 ) -> VerifyReport:
     """Passive-declare every exchange and named queue. See ``Topology.averify``."""
     session = _Session(connection, timeout)
-    missing: list[Exchange | Queue] = []
-    present: list[Exchange | Queue] = []
-    unchecked: list[Binding | Queue] = []
+    missing: list[Exchange | Queue | Policy] = []
+    present: list[Exchange | Queue | Policy] = []
+    unchecked: list[Binding | Queue | Policy] = []
     counts: dict[str, int] = {}
     try:
         for x in topology.exchanges:
@@ -462,7 +471,32 @@ async def verify_topology(
     finally:
         await session.close()
     unchecked.extend(topology.bindings)
+    unchecked.extend(topology.policies)
     return VerifyReport(tuple(missing), tuple(present), tuple(unchecked), counts)
+
+
+def check_policies(topology: Topology, report: VerifyReport, found: list[Policy]) -> VerifyReport:
+    """``report`` with the topology's policies checked against ``found`` (the broker's)."""
+    from ._diff import diff_topologies
+
+    missing = list(report.missing)
+    present = list(report.present)
+    theirs = Topology(policies=found)
+    for policy in topology.policies:
+        if theirs.policy(policy.name) is None:
+            missing.append(policy)
+        else:
+            present.append(policy)
+    ours = Topology(policies=topology.policies)
+    differences = [
+        line
+        for line in diff_topologies(ours, theirs, extra=False)
+        if not line.endswith(": missing")
+    ]
+    unchecked = tuple(item for item in report.unchecked if not isinstance(item, Policy))
+    return VerifyReport(
+        tuple(missing), tuple(present), unchecked, report.message_counts, tuple(differences)
+    )
 
 
 # --------------------------------------------------------------------------- delete

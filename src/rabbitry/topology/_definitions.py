@@ -2,13 +2,15 @@
 
 Two document shapes are read:
 
-* **our form** — ``{"exchanges": [...], "queues": [...], "bindings": [...]}`` where each
+* **our form** — ``{"exchanges": [...], "queues": [...], "bindings": [...],
+  "policies": [...]}`` where each
   entry has the constructor's keyword names (``message_ttl``, ``alternate_exchange``…).
   Unknown keys are errors, so a typo (``durabel``) does not pass silently. A ``vhost``
   key is tolerated (and ignored) so entries copied from an export still load.
 * **a definitions export** — what ``rabbitmqctl export_definitions`` and the management
   API's ``GET /api/definitions`` produce: the same three lists, each entry with
-  ``vhost`` and the raw ``arguments`` table, next to users, policies and so on. Only
+  ``vhost`` and the raw ``arguments`` table (policies with ``apply-to`` and
+  ``definition``), next to users, permissions and so on. Only
   the entities of one vhost are read; other keys are ignored (exports gain keys between
   RabbitMQ versions).
 
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import TopologyValidationError
-from ._model import Binding, Exchange, Queue
+from ._model import Binding, Exchange, Policy, Queue, broker_policies
 from ._topology import Topology
 
 if TYPE_CHECKING:
@@ -44,7 +46,12 @@ __all__ = [
     "to_dict",
 ]
 
-_SECTIONS = (("exchanges", Exchange), ("queues", Queue), ("bindings", Binding))
+_SECTIONS = (
+    ("exchanges", Exchange),
+    ("queues", Queue),
+    ("bindings", Binding),
+    ("policies", Policy),
+)
 
 
 def _fields(cls: type) -> list[str]:
@@ -90,7 +97,7 @@ def from_dict(data: Mapping[str, Any]) -> Topology:
         raise TopologyValidationError(
             "topology",
             ", ".join(sorted(map(str, unknown))),
-            "unknown section; expected exchanges, queues and bindings",
+            "unknown section; expected exchanges, queues, bindings and policies",
         )
     built: dict[str, list[Any]] = {}
     for section, cls in _SECTIONS:
@@ -114,7 +121,7 @@ def from_dict(data: Mapping[str, Any]) -> Topology:
             except TypeError as exc:  # a required field is missing
                 raise TopologyValidationError(f"{section}[{index}]", "fields", str(exc)) from None
         built[section] = items
-    return Topology(built["exchanges"], built["queues"], built["bindings"])
+    return Topology(built["exchanges"], built["queues"], built["bindings"], built["policies"])
 
 
 def from_definitions(data: Mapping[str, Any], vhost: str = "/") -> Topology:
@@ -168,7 +175,18 @@ def from_definitions(data: Mapping[str, Any], vhost: str = "/") -> Topology:
         for e in mine("bindings")
         if e.get("source")  # the default exchange's implicit bindings are not exported
     ]
-    return Topology(exchanges, queues, bindings)
+    with broker_policies():  # the broker checked their keys; plugins may add keys
+        policies = [
+            Policy(
+                e["name"],
+                e.get("pattern", ""),
+                apply_to=e.get("apply-to", "all"),
+                definition=e.get("definition") or None,
+                priority=e.get("priority", 0),
+            )
+            for e in mine("policies")
+        ]
+    return Topology(exchanges, queues, bindings, policies)
 
 
 def to_dict(topology: Topology) -> dict[str, Any]:
@@ -241,7 +259,18 @@ def to_definitions(topology: Topology, vhost: str = "/") -> dict[str, Any]:
         if not (b.destination_type == "queue" and b.destination_name in skipped)
         and not isinstance(b.destination, Queue)
     ]
-    return {"exchanges": exchanges, "queues": queues, "bindings": bindings}
+    policies = [
+        {
+            "vhost": vhost,
+            "name": p.name,
+            "pattern": p.pattern,
+            "apply-to": p.apply_to,
+            "definition": dict(p.definition or {}),
+            "priority": p.priority,
+        }
+        for p in topology.policies
+    ]
+    return {"exchanges": exchanges, "queues": queues, "bindings": bindings, "policies": policies}
 
 
 def _yaml() -> Any:

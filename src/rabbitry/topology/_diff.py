@@ -12,18 +12,50 @@ Lines read ``<entity>: <what>``, e.g.::
     exchange 'events': missing
     binding 'events' -> queue 'jobs' (routing key 'job.*'): missing
     queue 'old': not in ours
+    policy 'ttl': message-ttl: ours 60000, theirs 30000
+    queue 'jobs': message-ttl: policy 'ttl' sets 60000, argument x-message-ttl 1000:
+        1000 applies (the lower value wins)
+
+Policy and queue argument for the same key (RabbitMQ's rule, for classic queues; see
+the ``dlx``, ``maxlength`` and ``ttl`` guides): for ``message-ttl``, ``expires``,
+``max-length``, ``max-length-bytes`` and ``delivery-limit`` the *lower* value applies;
+for ``dead-letter-exchange``, ``dead-letter-routing-key``, ``dead-letter-strategy``,
+``overflow``, ``queue-mode`` and ``queue-version`` the *queue argument* wins. One
+exception: before RabbitMQ 3.13 a quorum queue took ``expires`` from the policy
+(rabbitmq-server#10949). Only the highest-priority matching policy counts.
+``diff`` reports an overlap whose values differ; :func:`policy_overlaps` lists all.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._model import Binding, Exchange, Queue
+from ._model import Binding, Exchange, Policy, Queue
 
 if TYPE_CHECKING:
     from ._topology import Topology
 
-__all__ = ["diff_topologies"]
+__all__ = [
+    "ARGUMENT_WINS",
+    "LOWER_WINS",
+    "PolicyOverlap",
+    "diff_topologies",
+    "effective_policy",
+    "policy_overlaps",
+]
+
+#: Policy keys where, set by both, the lower of policy and queue argument applies.
+LOWER_WINS = ("message-ttl", "expires", "max-length", "max-length-bytes", "delivery-limit")
+#: Policy keys where, set by both, the queue argument wins over the policy.
+ARGUMENT_WINS = (
+    "dead-letter-exchange",
+    "dead-letter-routing-key",
+    "dead-letter-strategy",
+    "overflow",
+    "queue-mode",
+    "queue-version",
+)
 
 _ABSENT = object()
 
@@ -106,9 +138,119 @@ def diff_topologies(ours: Topology, theirs: Topology, *, extra: bool = True) -> 
             continue
         if not any(b.same_as(o) for o in theirs.bindings):
             lines.append(f"{b.label}: missing")
+    lines += _diff_policies(ours, theirs)
+    effective = list(ours.policies) + [p for p in theirs.policies if ours.policy(p.name) is None]
+    for q in ours.queues:
+        if q.server_named:
+            continue
+        for overlap in policy_overlaps(q, effective):
+            if not _same(overlap.policy_value, overlap.argument_value):
+                lines.append(overlap.line())
     if extra:
         lines += _extra(ours, theirs)
     return lines
+
+
+def _policy_view(p: Policy) -> dict[str, Any]:
+    view: dict[str, Any] = {"pattern": p.pattern, "apply-to": p.apply_to, "priority": p.priority}
+    view.update(p.definition or {})
+    return view
+
+
+def _diff_policies(ours: Topology, theirs: Topology) -> list[str]:
+    lines = []
+    for p in ours.policies:
+        other = theirs.policy(p.name)
+        if other is None:
+            lines.append(f"{p.label}: missing")
+        else:
+            lines += _compare(p.label, _policy_view(p), _policy_view(other))
+    return lines
+
+
+@dataclass(frozen=True)
+class PolicyOverlap:
+    """A key that both a policy and a queue argument set, and which value applies.
+
+    Attributes:
+        queue: the queue name.
+        key: the policy key (``message-ttl``); the argument is ``x-`` + key.
+        policy: the name of the policy in force for the queue.
+        policy_value: what the policy sets.
+        argument_value: what the queue argument sets.
+        winner: ``"policy"``, ``"argument"`` (or ``"lower"`` resolved to one of them),
+            or ``"unknown"`` for a key without a documented rule.
+        effective: the value that applies (``None`` when unknown).
+        rule: the rule, in words.
+    """
+
+    queue: str
+    key: str
+    policy: str
+    policy_value: Any
+    argument_value: Any
+    winner: str
+    effective: Any
+    rule: str
+
+    def line(self) -> str:
+        """``queue 'q': message-ttl: policy 'p' sets 60000, argument x-message-ttl 1000:
+        1000 applies (the lower value wins)``."""
+        applies = f"{self.effective!r} applies" if self.winner != "unknown" else "which applies is"
+        return (
+            f"queue {self.queue!r}: {self.key}: policy {self.policy!r} sets "
+            f"{self.policy_value!r}, argument x-{self.key} {self.argument_value!r}: "
+            f"{applies} ({self.rule})"
+        )
+
+
+def effective_policy(queue: Queue, policies: list[Policy] | tuple[Policy, ...]) -> Policy | None:
+    """The highest-priority policy of ``policies`` that selects ``queue`` (the first on a tie)."""
+    best: Policy | None = None
+    for policy in policies:
+        if policy.applies_to_queue(queue.name, queue.queue_type) and (
+            best is None or policy.priority > best.priority
+        ):
+            best = policy
+    return best
+
+
+def policy_overlaps(
+    queue: Queue, policies: list[Policy] | tuple[Policy, ...]
+) -> list[PolicyOverlap]:
+    """Every key set both by ``queue``'s arguments and by the policy in force for it.
+
+    Args:
+        queue: the queue (its name selects the policy).
+        policies: the policies that exist; the highest-priority match is in force.
+    """
+    policy = effective_policy(queue, policies)
+    if policy is None:
+        return []
+    arguments = queue.declare_arguments()
+    result = []
+    for key, value in (policy.definition or {}).items():
+        argument = f"x-{key}"
+        if argument not in arguments:
+            continue
+        ours = arguments[argument]
+        if key == "expires" and queue.queue_type == "quorum":
+            winner, effective = "policy", value
+            rule = "a quorum queue takes expires from the policy before RabbitMQ 3.13"
+        elif key in LOWER_WINS:
+            lower_is_policy = isinstance(value, int) and isinstance(ours, int) and value < ours
+            winner = "policy" if lower_is_policy else "argument"
+            effective = value if lower_is_policy else ours
+            rule = "the lower value wins"
+        elif key in ARGUMENT_WINS:
+            winner, effective, rule = "argument", ours, "the queue argument wins"
+        else:
+            winner, effective = "unknown", None
+            rule = "no documented rule for this key; see RabbitMQ's docs"
+        result.append(
+            PolicyOverlap(queue.name, key, policy.name, value, ours, winner, effective, rule)
+        )
+    return result
 
 
 def _extra(ours: Topology, theirs: Topology) -> list[str]:
@@ -124,6 +266,9 @@ def _extra(ours: Topology, theirs: Topology) -> list[str]:
             continue
         if not any(_binding_matches(b, o) for o in ours.bindings):
             lines.append(f"{b.label}: not in ours")
+    for p in theirs.policies:
+        if ours.policy(p.name) is None:
+            lines.append(f"{p.label}: not in ours")
     return lines
 
 

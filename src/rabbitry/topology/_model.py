@@ -15,8 +15,10 @@ rest (plugin or newer arguments), which are sent as they are.
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar, Literal
@@ -29,12 +31,16 @@ __all__ = [
     "BUILTIN_EXCHANGE_TYPES",
     "MAX_UINT32",
     "OVERFLOW_MODES",
+    "POLICY_APPLY_TO",
+    "POLICY_KEYS",
     "QUEUE_ARGUMENTS",
     "QUEUE_TYPES",
     "SERVER_NAMED_PREFIX",
     "Binding",
     "Exchange",
+    "Policy",
     "Queue",
+    "broker_policies",
     "entity_label",
     "field_for_argument",
     "format_expiration",
@@ -595,3 +601,220 @@ def format_expiration(value: int | float | timedelta | str) -> str:
             f"must be milliseconds (int or digit string) or a timedelta, got {value!r}",
         )
     return str(_integer(entity, name, ms, 0, MAX_UINT32, " (milliseconds)"))
+
+
+# --------------------------------------------------------------------------- policies
+
+#: What a policy may apply to (``apply-to``). RabbitMQ 3.12+ also knows the per-type
+#: values; an older broker refuses them with 400 and the API's reason.
+POLICY_APPLY_TO = ("all", "queues", "exchanges", "classic_queues", "quorum_queues", "streams")
+_QUEUE_MODES = ("default", "lazy")
+_HA_MODES = ("all", "exactly", "nodes")
+_HA_SYNC = ("manual", "automatic")
+_HA_PROMOTE = ("always", "when-synced")
+_LOCATORS = ("client-local", "min-masters", "random", "balanced")
+
+
+def _policy_int(low: int, high: int | None, unit: str = "") -> Any:
+    def check(entity: str, name: str, value: object) -> None:
+        _integer(entity, name, value, low, high, unit)
+
+    return check
+
+
+def _policy_str(empty: bool = True) -> Any:
+    def check(entity: str, name: str, value: object) -> None:
+        _shortstr(entity, name, value, empty=empty)
+
+    return check
+
+
+def _policy_choice(choices: tuple[Any, ...]) -> Any:
+    def check(entity: str, name: str, value: object) -> None:
+        if isinstance(value, bool) or value not in choices:
+            shown = ", ".join(map(str, choices))
+            raise TopologyValidationError(entity, name, f"must be one of {shown}, got {value!r}")
+
+    return check
+
+
+def _policy_max_age(entity: str, name: str, value: object) -> None:
+    if not (isinstance(value, str) and _MAX_AGE.fullmatch(value) is not None):
+        raise TopologyValidationError(
+            entity,
+            name,
+            f"must be a number and a unit Y, M, D, h, m or s (e.g. '7D'), got {value!r}",
+        )
+
+
+def _policy_ha_params(entity: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | list):
+        raise TopologyValidationError(
+            entity, name, f"must be a count (ha-mode exactly) or a list of nodes, got {value!r}"
+        )
+
+
+_MS = " (milliseconds)"
+#: Policy keys rabbitry checks, what they apply to (``q``: queues, ``x``: exchanges)
+#: and their rule. Queue keys are the ``x-`` arguments without the prefix and follow
+#: the same rules (RabbitMQ validates policy values with the same checks).
+POLICY_KEYS: dict[str, tuple[str, Any]] = {
+    "message-ttl": ("q", _policy_int(0, MAX_UINT32, _MS)),
+    "expires": ("q", _policy_int(1, MAX_UINT32, _MS)),
+    "dead-letter-exchange": ("q", _policy_str()),
+    "dead-letter-routing-key": ("q", _policy_str()),
+    "dead-letter-strategy": ("q", _policy_choice(("at-most-once", "at-least-once"))),
+    "max-length": ("q", _policy_int(0, None)),
+    "max-length-bytes": ("q", _policy_int(0, None)),
+    "overflow": ("q", _policy_choice(OVERFLOW_MODES)),
+    "queue-mode": ("q", _policy_choice(_QUEUE_MODES)),
+    "queue-version": ("q", _policy_choice((1, 2))),
+    "delivery-limit": ("q", _policy_int(0, None)),
+    "max-age": ("q", _policy_max_age),
+    "stream-max-segment-size-bytes": ("q", _policy_int(1, None)),
+    "queue-master-locator": ("q", _policy_choice(_LOCATORS)),
+    "queue-leader-locator": ("q", _policy_choice(_LOCATORS)),
+    "consumer-timeout": ("q", _policy_int(1, None, _MS)),
+    "ha-mode": ("q", _policy_choice(_HA_MODES)),
+    "ha-params": ("q", _policy_ha_params),
+    "ha-sync-mode": ("q", _policy_choice(_HA_SYNC)),
+    "ha-sync-batch-size": ("q", _policy_int(1, None)),
+    "ha-promote-on-shutdown": ("q", _policy_choice(_HA_PROMOTE)),
+    "ha-promote-on-failure": ("q", _policy_choice(_HA_PROMOTE)),
+    "alternate-exchange": ("x", _policy_str(empty=False)),
+    "federation-upstream": ("qx", _policy_str(empty=False)),
+    "federation-upstream-set": ("qx", _policy_str(empty=False)),
+}
+_QUEUE_ONLY_APPLY = ("queues", "classic_queues", "quorum_queues", "streams")
+_BROKER_POLICIES: ContextVar[bool] = ContextVar("rabbitry_broker_policies", default=False)
+
+
+@contextlib.contextmanager
+def broker_policies() -> Iterator[None]:
+    """Within it, ``Policy`` accepts definition keys rabbitry does not know.
+
+    Used when reading what a broker already has (a definitions export, the management
+    API): the broker validated those keys itself, and a plugin or a newer version may
+    define keys missing from :data:`POLICY_KEYS`. Known keys are still checked.
+    """
+    token = _BROKER_POLICIES.set(True)
+    try:
+        yield
+    finally:
+        _BROKER_POLICIES.reset(token)
+
+
+@dataclass(frozen=True, eq=True)
+class Policy:
+    """A policy: settings the broker applies to every queue and/or exchange whose name
+    matches ``pattern`` (``rabbitmqctl set_policy``, management ``PUT /api/policies``).
+
+    Only the highest-priority matching policy applies to an entity. A policy can be
+    changed at any time, unlike a queue's arguments. When a policy and a queue argument
+    both set a key, RabbitMQ resolves it per key (see ``Topology.diff``).
+
+    Args:
+        name: the policy name (not empty).
+        pattern: a regular expression matched against entity names (``"^orders\\."``;
+            ``".*"`` for all). Checked with Python's ``re``, close to RabbitMQ's PCRE.
+        apply_to: ``"all"``, ``"queues"`` or ``"exchanges"`` (3.12+ also
+            ``"classic_queues"``, ``"quorum_queues"``, ``"streams"``).
+        definition: the keys to set, e.g. ``{"message-ttl": 60000,
+            "dead-letter-exchange": "dlx"}``: queue keys are the ``x-`` arguments
+            without the prefix, checked by the same rules (see :data:`POLICY_KEYS`).
+        priority: higher wins when several policies match (an integer, default 0).
+
+    Raises:
+        TopologyValidationError: a field or a definition key breaks a rule; the message
+            names it.
+    """
+
+    name: str
+    pattern: str
+    apply_to: str = "all"
+    definition: Mapping[str, Any] | None = None
+    priority: int = 0
+
+    KIND: ClassVar[str] = "policy"
+    __hash__ = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        entity = entity_label("policy", self.name if isinstance(self.name, str) else "?")
+        _shortstr(entity, "name", self.name, empty=False)
+        if not isinstance(self.pattern, str):
+            raise TopologyValidationError(
+                entity, "pattern", f"must be a str (a regular expression), got {self.pattern!r}"
+            )
+        try:
+            re.compile(self.pattern)
+        except re.error as exc:
+            raise TopologyValidationError(
+                entity, "pattern", f"must be a valid regular expression: {exc}"
+            ) from None
+        if self.apply_to not in POLICY_APPLY_TO:
+            raise TopologyValidationError(
+                entity,
+                "apply_to",
+                f"must be one of {', '.join(POLICY_APPLY_TO)}, got {self.apply_to!r}",
+            )
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise TopologyValidationError(
+                entity, "priority", f"must be an integer, got {self.priority!r}"
+            )
+        definition = _arguments(entity, self.definition)
+        if not definition:
+            raise TopologyValidationError(
+                entity, "definition", "must set at least one key (RabbitMQ refuses an empty one)"
+            )
+        for key, value in definition.items():
+            field = f"definition[{key!r}]"
+            if key.startswith("x-"):
+                raise TopologyValidationError(
+                    entity,
+                    field,
+                    f"policy keys have no 'x-' prefix: use {key[2:]!r} (queue arguments "
+                    "are x-*, policy keys are not)",
+                )
+            known = POLICY_KEYS.get(key)
+            if known is None:
+                if _BROKER_POLICIES.get():
+                    continue
+                raise TopologyValidationError(
+                    entity,
+                    field,
+                    f"unknown policy key; known keys: {', '.join(sorted(POLICY_KEYS))}",
+                )
+            targets, check = known
+            check(entity, field, value)
+            if targets == "q" and self.apply_to == "exchanges":
+                raise TopologyValidationError(
+                    entity, field, "is a queue key but the policy applies to exchanges only"
+                )
+            if targets == "x" and self.apply_to in _QUEUE_ONLY_APPLY:
+                raise TopologyValidationError(
+                    entity, field, "is an exchange key but the policy applies to queues only"
+                )
+        if definition.get("ha-mode") in ("exactly", "nodes") and "ha-params" not in definition:
+            raise TopologyValidationError(
+                entity, "definition['ha-params']", "is required with ha-mode exactly or nodes"
+            )
+        object.__setattr__(self, "definition", definition)
+
+    @property
+    def label(self) -> str:
+        """``policy 'name'``: how messages name it."""
+        return entity_label("policy", self.name)
+
+    def applies_to_queue(self, name: str, queue_type: str | None = None) -> bool:
+        """Whether this policy's pattern and ``apply_to`` select queue ``name``."""
+        if self.apply_to == "exchanges":
+            return False
+        kind = queue_type or "classic"
+        per_type = {"classic_queues": "classic", "quorum_queues": "quorum", "streams": "stream"}
+        if self.apply_to in per_type and per_type[self.apply_to] != kind:
+            return False
+        return re.search(self.pattern, name) is not None
+
+    def applies_to_exchange(self, name: str) -> bool:
+        """Whether this policy's pattern and ``apply_to`` select exchange ``name``."""
+        return self.apply_to in ("all", "exchanges") and re.search(self.pattern, name) is not None

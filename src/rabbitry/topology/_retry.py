@@ -487,6 +487,7 @@ def build_retry(topology: Topology, queue: str, policy: RetryPolicy) -> Topology
         (*topology.exchanges, Exchange(names.dlx, "direct", durable=work.durable)),
         queues + retry_queues + parking,
         (*topology.bindings, *bindings),
+        topology.policies,
     )
 
 

@@ -11,16 +11,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from ..exceptions import TopologyValidationError
-from ._model import Binding, Exchange, Queue
+from ..exceptions import TopologyError, TopologyValidationError
+from ._model import Binding, Exchange, Policy, Queue
 
 if TYPE_CHECKING:
     import os
 
     from ..aio.connection import AsyncConnection
+    from ..management import AsyncManagementClient, ManagementClient
     from ..sync._portal import Portal
     from ..sync.connection import Connection
     from ._apply import ApplyResult, VerifyReport
+    from ._diff import PolicyOverlap
     from ._retry import RetryPolicy
 
 __all__ = ["Topology"]
@@ -28,7 +30,7 @@ __all__ = ["Topology"]
 
 @dataclass(frozen=True, eq=True, init=False)
 class Topology:
-    """A set of exchanges, queues and bindings, applied in that order.
+    """A set of exchanges, queues, bindings and policies, applied in that order.
 
     Build it directly, load it (:meth:`from_dict`, :meth:`load`, :meth:`from_definitions`)
     and combine topologies with ``+``. An entity given twice identically is kept once;
@@ -37,7 +39,9 @@ class Topology:
     Args:
         exchanges: the exchanges, declared first, in order.
         queues: the queues, declared next, in order.
-        bindings: the bindings, declared last, in order.
+        bindings: the bindings, declared next, in order.
+        policies: the :class:`Policy` objects, set last through the management API
+            (AMQP cannot set policies): ``apply`` then needs a management client.
 
     Raises:
         TopologyValidationError: an entity is invalid, a name is defined twice with
@@ -48,6 +52,7 @@ class Topology:
     exchanges: tuple[Exchange, ...]
     queues: tuple[Queue, ...]
     bindings: tuple[Binding, ...]
+    policies: tuple[Policy, ...]
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -56,7 +61,9 @@ class Topology:
         exchanges: Iterable[Exchange] = (),
         queues: Iterable[Queue] = (),
         bindings: Iterable[Binding] = (),
+        policies: Iterable[Policy] = (),
     ) -> None:
+        kept_policies = _unique(policies, Policy, "policies")
         kept_exchanges = _unique(exchanges, Exchange, "exchanges")
         kept_queues = _unique(queues, Queue, "queues")
         kept_bindings: list[Binding] = []
@@ -74,6 +81,7 @@ class Topology:
         object.__setattr__(self, "exchanges", tuple(kept_exchanges))
         object.__setattr__(self, "queues", tuple(kept_queues))
         object.__setattr__(self, "bindings", tuple(kept_bindings))
+        object.__setattr__(self, "policies", tuple(kept_policies))
 
     def __add__(self, other: object) -> Topology:
         if not isinstance(other, Topology):
@@ -82,10 +90,11 @@ class Topology:
             self.exchanges + other.exchanges,
             self.queues + other.queues,
             self.bindings + other.bindings,
+            self.policies + other.policies,
         )
 
     def __len__(self) -> int:
-        return len(self.exchanges) + len(self.queues) + len(self.bindings)
+        return len(self.exchanges) + len(self.queues) + len(self.bindings) + len(self.policies)
 
     def exchange(self, name: str) -> Exchange | None:
         """The exchange called ``name``, or ``None``."""
@@ -96,6 +105,40 @@ class Topology:
         if not name:
             return None
         return next((q for q in self.queues if q.name == name), None)
+
+    def policy(self, name: str) -> Policy | None:
+        """The policy called ``name``, or ``None``."""
+        return next((p for p in self.policies if p.name == name), None)
+
+    def effective_policy(self, queue: Queue | str) -> Policy | None:
+        """The policy of this topology that RabbitMQ would apply to ``queue``: the
+        highest-priority match (on a tie the first one given here is reported; the
+        broker's choice between equal priorities is not documented)."""
+        from ._diff import effective_policy
+
+        q = queue if isinstance(queue, Queue) else (self.queue(queue) or Queue(queue))
+        return effective_policy(q, self.policies)
+
+    def policy_overlaps(
+        self, other: Topology | Mapping[str, Any] | None = None, *, vhost: str = "/"
+    ) -> list[PolicyOverlap]:
+        """Every key that both a queue argument and the policy in force set, with the
+        value that applies (RabbitMQ's rule per key; see :mod:`rabbitry.topology`).
+
+        Args:
+            other: what else exists (another topology, or the broker's definitions
+                export): its policies count too, unless this topology has one of the
+                same name.
+            vhost: the vhost to read from a definitions export.
+        """
+        from ._definitions import from_definitions
+        from ._diff import policy_overlaps
+
+        policies = list(self.policies)
+        if other is not None:
+            theirs = other if isinstance(other, Topology) else from_definitions(other, vhost)
+            policies += [p for p in theirs.policies if self.policy(p.name) is None]
+        return [o for q in self.queues if q.name for o in policy_overlaps(q, policies)]
 
     # ------------------------------------------------------------------ documents
 
@@ -202,23 +245,34 @@ class Topology:
     # ------------------------------------------------------------------ the broker
 
     async def aapply(
-        self, connection: AsyncConnection, *, timeout: float | None = None
+        self,
+        connection: AsyncConnection,
+        *,
+        timeout: float | None = None,
+        management: AsyncManagementClient | None = None,
     ) -> ApplyResult:
         """Declare everything on an :class:`~rabbitry.AsyncConnection`, idempotently.
 
-        Exchanges, then queues, then bindings, on a channel of its own (opened and
-        closed here). Each declared entity is added to ``connection.topology_record``
-        for recovery. A server-named queue's assigned name is used by the bindings that
-        refer to its ``Queue`` object and reported in the result.
+        Policies first (through ``management``: AMQP cannot set them), then exchanges,
+        queues and bindings on a channel of its own (opened and closed here). Each
+        declared entity is added to ``connection.topology_record`` for recovery. A
+        server-named queue's assigned name is used by the bindings that refer to its
+        ``Queue`` object and reported in the result.
 
         Args:
             connection: an open connection.
             timeout: seconds per declaration.
+            management: an :class:`~rabbitry.management.AsyncManagementClient` for the
+                same broker; required when the topology has policies, which are set in
+                the connection's vhost.
 
         Returns:
             What was declared (:class:`ApplyResult`).
 
         Raises:
+            TopologyError: the topology has policies and no ``management`` was given
+                (raised before anything is sent).
+            ManagementError: the management API refused a policy.
             TopologyConflict: an entity exists with other arguments (406); the
                 connection stays usable.
             ChannelClosedByBroker: another refusal (e.g. 404 binding to a missing
@@ -227,48 +281,143 @@ class Topology:
         from ._apply import apply_topology
 
         _require_async(connection, "aapply", "apply")
+        _require_management(self, management, "apply")
+        if management is not None:
+            _require_management_kind(management, "AsyncManagementClient", "aapply")
+            for policy in self.policies:
+                await management.put_policy(policy, connection.params.virtual_host)
         return await apply_topology(self, connection, timeout=timeout)
 
-    def apply(self, connection: Connection, *, timeout: float | None = None) -> ApplyResult:
-        """:meth:`aapply` for a thread-safe :class:`~rabbitry.Connection` (blocks)."""
+    def apply(
+        self,
+        connection: Connection,
+        *,
+        timeout: float | None = None,
+        management: ManagementClient | None = None,
+    ) -> ApplyResult:
+        """:meth:`aapply` for a thread-safe :class:`~rabbitry.Connection` (blocks);
+        ``management`` is a :class:`~rabbitry.management.ManagementClient`."""
+        from ._apply import apply_topology
+
         portal = _require_sync(connection, "apply", "aapply")
-        return portal.call(self.aapply, connection._async, timeout=timeout)
+        _require_management(self, management, "apply")
+        if management is not None:
+            _require_management_kind(management, "ManagementClient", "apply")
+            for policy in self.policies:
+                management.put_policy(policy, connection._async.params.virtual_host)
+        return portal.call(apply_topology, self, connection._async, timeout=timeout)
 
     async def averify(
-        self, connection: AsyncConnection, *, timeout: float | None = None
+        self,
+        connection: AsyncConnection,
+        *,
+        timeout: float | None = None,
+        management: AsyncManagementClient | None = None,
     ) -> VerifyReport:
         """Check with passive declares which exchanges and queues exist.
 
         Bindings cannot be checked over AMQP (there is no passive bind) and arguments
         are not returned by a passive declare: compare a definitions export with
-        :meth:`diff` for those.
+        :meth:`diff` for those. Policies are checked through ``management`` (missing
+        or different); without it they are reported as unchecked.
         """
-        from ._apply import verify_topology
+        from ._apply import check_policies, verify_topology
 
         _require_async(connection, "averify", "verify")
-        return await verify_topology(self, connection, timeout=timeout)
+        report = await verify_topology(self, connection, timeout=timeout)
+        if management is None or not self.policies:
+            return report
+        _require_management_kind(management, "AsyncManagementClient", "averify")
+        found = await management.policies(connection.params.virtual_host)
+        return check_policies(self, report, found)
 
-    def verify(self, connection: Connection, *, timeout: float | None = None) -> VerifyReport:
+    def verify(
+        self,
+        connection: Connection,
+        *,
+        timeout: float | None = None,
+        management: ManagementClient | None = None,
+    ) -> VerifyReport:
         """:meth:`averify` for a thread-safe :class:`~rabbitry.Connection` (blocks)."""
-        portal = _require_sync(connection, "verify", "averify")
-        return portal.call(self.averify, connection._async, timeout=timeout)
+        from ._apply import check_policies, verify_topology
 
-    async def adelete(self, connection: AsyncConnection, *, timeout: float | None = None) -> None:
-        """Delete this topology's bindings, queues and exchanges, and forget them.
+        portal = _require_sync(connection, "verify", "averify")
+        report = portal.call(verify_topology, self, connection._async, timeout=timeout)
+        if management is None or not self.policies:
+            return report
+        _require_management_kind(management, "ManagementClient", "verify")
+        found = management.policies(connection._async.params.virtual_host)
+        return check_policies(self, report, found)
+
+    async def adelete(
+        self,
+        connection: AsyncConnection,
+        *,
+        timeout: float | None = None,
+        management: AsyncManagementClient | None = None,
+    ) -> None:
+        """Delete this topology's bindings, queues, exchanges and policies; forget them.
 
         They are removed from ``connection.topology_record`` so recovery does not declare
         them again. What is already gone is skipped. Server-named queues are skipped
-        unless this is ``ApplyResult.topology`` (which carries their names).
+        unless this is ``ApplyResult.topology`` (which carries their names). Policies
+        need ``management`` (checked before anything is deleted).
         """
+        from ..exceptions import ManagementNotFound
         from ._apply import delete_topology
 
         _require_async(connection, "adelete", "delete")
+        _require_management(self, management, "delete")
         await delete_topology(self, connection, timeout=timeout)
+        if management is not None:
+            _require_management_kind(management, "AsyncManagementClient", "adelete")
+            for policy in self.policies:
+                try:
+                    await management.delete_policy(policy.name, connection.params.virtual_host)
+                except ManagementNotFound:
+                    pass
 
-    def delete(self, connection: Connection, *, timeout: float | None = None) -> None:
+    def delete(
+        self,
+        connection: Connection,
+        *,
+        timeout: float | None = None,
+        management: ManagementClient | None = None,
+    ) -> None:
         """:meth:`adelete` for a thread-safe :class:`~rabbitry.Connection` (blocks)."""
+        from ..exceptions import ManagementNotFound
+        from ._apply import delete_topology
+
         portal = _require_sync(connection, "delete", "adelete")
-        portal.call(self.adelete, connection._async, timeout=timeout)
+        _require_management(self, management, "delete")
+        portal.call(delete_topology, self, connection._async, timeout=timeout)
+        if management is not None:
+            _require_management_kind(management, "ManagementClient", "delete")
+            for policy in self.policies:
+                try:
+                    management.delete_policy(policy.name, connection._async.params.virtual_host)
+                except ManagementNotFound:
+                    pass
+
+
+def _require_management(topology: Topology, management: object, what: str) -> None:
+    if topology.policies and management is None:
+        names = ", ".join(repr(p.name) for p in topology.policies)
+        raise TopologyError(
+            f"this topology has {len(topology.policies)} policies ({names}), which only the "
+            f"management HTTP API can {what} (AMQP cannot): pass "
+            "management=ManagementClient(...) (or AsyncManagementClient for the async API)"
+        )
+
+
+def _require_management_kind(management: object, kind: str, name: str) -> None:
+    from .. import management as api
+
+    if not isinstance(management, getattr(api, kind)):
+        raise TypeError(
+            f"Topology.{name}(management=...) takes a rabbitry.management.{kind}, "
+            f"got {type(management).__name__}"
+        )
 
 
 def _require_async(connection: object, name: str, twin: str) -> None:

@@ -1,0 +1,681 @@
+"""Durable outbox stores: where a publisher keeps messages until the broker confirms them.
+
+An :class:`Outbox` is storage plus the policy of the publisher that drains it (its bound,
+the confirm timeout, the resend backoff). Pass one to ``connection.publisher(outbox=...)``
+to get an :class:`rabbitry.AsyncOutboxPublisher` (or its sync twin): ``publish()`` then
+returns once the message is stored, and the publisher delivers it with confirms in the
+background, deleting it only after the broker's ack (see ``docs/outbox.md``).
+
+Theory of operation
+-------------------
+A store holds two tables: ``outbox`` (messages to deliver) and ``dead`` (messages the
+broker returned as unroutable, with the reason). The publisher calls the store from one
+writer thread only, and hands it all the changes gathered meanwhile in one
+:class:`OutboxBatch`, applied as one transaction (group commit): the inserts of every
+``publish()`` waiting, the deletes of every acked row, the resends and the deaths. Row
+ids are numbered by the publisher (from :meth:`Outbox.open`'s answer), so a stored
+message never has to be read back to be sent; the store is read only when a publisher
+starts (:meth:`Outbox.pending`) and by the ``rabbitry outbox`` command.
+
+One outbox serves one publisher at a time: :class:`SQLiteOutbox` holds an exclusive
+advisory lock on ``PATH.lock`` while open, so a second publisher on the same file gets
+:class:`rabbitry.exceptions.OutboxLocked` at start instead of both sending each other's
+rows. Reading the status needs no lock.
+
+To plug in another database, subclass :class:`Outbox` and implement its abstract methods;
+``apply`` must be atomic (all of the batch or none of it) and durable when it returns.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import os
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from .exceptions import ConfigurationError, OutboxCorrupt, OutboxError, OutboxLocked
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+
+try:  # POSIX; elsewhere the lock is taken by SQLite's own exclusive mode only
+    import fcntl
+except ImportError:  # pragma: no cover - not on Linux
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "DeadRecord",
+    "Outbox",
+    "OutboxBatch",
+    "OutboxRecord",
+    "OutboxStatus",
+    "SQLiteOutbox",
+]
+
+#: ``PRAGMA application_id`` of a rabbitry outbox ("RBOX").
+APPLICATION_ID = 0x52424F58
+#: The schema version, in ``PRAGMA user_version``.
+SCHEMA_VERSION = 1
+
+_COLUMNS = "id, message_id, exchange, routing_key, mandatory, properties, body, created_at"
+
+
+@dataclass(slots=True)
+class OutboxRecord:
+    """One stored message.
+
+    Attributes:
+        id: its row id, numbered by the publisher (increasing).
+        message_id: the AMQP ``message_id`` it is sent with (every send, every resend):
+            consumers de-duplicate on it.
+        exchange: the exchange to publish to.
+        routing_key: the routing key.
+        mandatory: published mandatory (a return moves it to the dead table).
+        properties: the encoded AMQP basic properties (flags and values).
+        body: the payload.
+        created_at: when it was stored (seconds since the epoch).
+        attempts: how many sends failed so far (nack, confirm timeout, lost channel).
+        last_error: why the last send failed.
+    """
+
+    id: int
+    message_id: str
+    exchange: str
+    routing_key: str
+    mandatory: bool
+    properties: bytes
+    body: bytes
+    created_at: float
+    attempts: int = 0
+    last_error: str | None = None
+
+    @property
+    def size(self) -> int:
+        """The bytes it counts against the outbox's ``max_bytes``."""
+        return len(self.body) + len(self.properties)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadRecord:
+    """A message the broker returned as unroutable, kept with the reason.
+
+    Attributes:
+        record: the message as it was stored.
+        reason: why it died, e.g. ``"312 NO_ROUTE"``.
+        died_at: when (seconds since the epoch).
+    """
+
+    record: OutboxRecord
+    reason: str
+    died_at: float
+
+
+@dataclass(slots=True)
+class OutboxBatch:
+    """Changes applied by :meth:`Outbox.apply` in one transaction, in this order.
+
+    Attributes:
+        inserts: new rows.
+        deletes: ids of rows the broker acked.
+        failures: ``(id, attempts, error)`` of rows whose send failed and that will be
+            sent again (nack, confirm timeout, channel lost).
+        deaths: ``(id, reason)`` of rows to move to the dead table.
+        resent: how many sends this batch counts as resends (kept as a total).
+    """
+
+    inserts: list[OutboxRecord] = field(default_factory=list)
+    deletes: list[int] = field(default_factory=list)
+    failures: list[tuple[int, int, str]] = field(default_factory=list)
+    deaths: list[tuple[int, str]] = field(default_factory=list)
+    resent: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.inserts or self.deletes or self.failures or self.deaths or self.resent)
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxStatus:
+    """What an outbox holds.
+
+    Attributes:
+        pending: messages waiting for the broker's ack.
+        pending_bytes: their size (body + properties).
+        oldest_created_at: when the oldest pending message was stored, or ``None``.
+        retrying: pending messages that failed at least one send.
+        dead: messages in the dead table.
+        resent: sends that were resends, in total over the outbox's life.
+        last_id: the highest row id used (in either table).
+    """
+
+    pending: int
+    pending_bytes: int
+    oldest_created_at: float | None
+    retrying: int
+    dead: int
+    resent: int
+    last_id: int
+
+    def oldest_age(self, now: float | None = None) -> float | None:
+        """Seconds since the oldest pending message was stored, or ``None`` when empty."""
+        if self.oldest_created_at is None:
+            return None
+        return max(0.0, (time.time() if now is None else now) - self.oldest_created_at)
+
+
+class Outbox(abc.ABC):
+    """Storage of a durable publisher outbox, and the policy of the publisher draining it.
+
+    A publisher calls these methods from one thread at a time (its writer thread), so
+    implementations need no locking of their own; they should hold an exclusive claim
+    on the storage between :meth:`open` and :meth:`close` (see the module docstring).
+
+    Args:
+        max_rows: at most this many messages stored; past it ``publish()`` waits.
+        max_bytes: at most this many bytes (bodies + properties) stored.
+        confirm_timeout: seconds to wait for a confirm before sending the message again.
+        retry_delay: the first resend's delay after a failed send, in seconds; it doubles
+            per failure of the same message (with ±25 % jitter) up to ``max_retry_delay``.
+        max_retry_delay: the cap of that backoff.
+
+    Raises:
+        ConfigurationError: an invalid option.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_rows: int = 100_000,
+        max_bytes: int = 256 * 1024 * 1024,
+        confirm_timeout: float = 30.0,
+        retry_delay: float = 0.5,
+        max_retry_delay: float = 30.0,
+    ) -> None:
+        for name, value in (("max_rows", max_rows), ("max_bytes", max_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"{name}: must be an int >= 1, got {value!r}")
+        if not confirm_timeout > 0:
+            raise ConfigurationError(f"confirm_timeout: must be > 0, got {confirm_timeout!r}")
+        if not retry_delay >= 0:
+            raise ConfigurationError(f"retry_delay: must be >= 0, got {retry_delay!r}")
+        if not max_retry_delay >= retry_delay:
+            raise ConfigurationError(
+                f"max_retry_delay: must be >= retry_delay ({retry_delay}), got {max_retry_delay!r}"
+            )
+        self.max_rows = max_rows
+        self.max_bytes = max_bytes
+        self.confirm_timeout = float(confirm_timeout)
+        self.retry_delay = float(retry_delay)
+        self.max_retry_delay = float(max_retry_delay)
+
+    @property
+    @abc.abstractmethod
+    def name(self) -> str:
+        """Where the outbox lives, as shown in errors (a path for a file)."""
+
+    @abc.abstractmethod
+    def open(self) -> OutboxStatus:
+        """Claim and check the storage (creating it if new); returns what it holds.
+
+        Raises:
+            OutboxLocked: another publisher holds it.
+            OutboxCorrupt: it is damaged or not an outbox.
+            OutboxError: it cannot be opened (permissions, missing directory...).
+        """
+
+    @abc.abstractmethod
+    def pending(self) -> Iterator[OutboxRecord]:
+        """The stored messages (not dead), oldest first (by id)."""
+
+    @abc.abstractmethod
+    def apply(self, batch: OutboxBatch) -> None:
+        """Apply ``batch`` atomically and durably (see :class:`OutboxBatch`).
+
+        Raises:
+            OutboxError: nothing of the batch was applied.
+        """
+
+    @abc.abstractmethod
+    def status(self) -> OutboxStatus:
+        """What the outbox holds now (works without :meth:`open` too)."""
+
+    @abc.abstractmethod
+    def dead(self, limit: int | None = None) -> list[DeadRecord]:
+        """Messages in the dead table, oldest first."""
+
+    @abc.abstractmethod
+    def retry_dead(self, ids: Sequence[int] | None = None) -> int:
+        """Move dead messages (all, or those ``ids``) back for delivery; returns how many.
+
+        Needs the exclusive claim (no publisher may be running on this outbox).
+        """
+
+    @abc.abstractmethod
+    def purge_dead(self, ids: Sequence[int] | None = None) -> int:
+        """Delete dead messages (all, or those ``ids``); returns how many."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the storage (idempotent)."""
+
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    message_id TEXT NOT NULL,
+    exchange TEXT NOT NULL,
+    routing_key TEXT NOT NULL,
+    mandatory INTEGER NOT NULL,
+    properties BLOB NOT NULL,
+    body BLOB NOT NULL,
+    created_at REAL NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT
+);
+CREATE TABLE IF NOT EXISTS dead (
+    id INTEGER PRIMARY KEY,
+    message_id TEXT NOT NULL,
+    exchange TEXT NOT NULL,
+    routing_key TEXT NOT NULL,
+    mandatory INTEGER NOT NULL,
+    properties BLOB NOT NULL,
+    body BLOB NOT NULL,
+    created_at REAL NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    reason TEXT NOT NULL,
+    died_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+INSERT OR IGNORE INTO meta VALUES ('resent', 0);
+PRAGMA application_id = {APPLICATION_ID};
+PRAGMA user_version = {SCHEMA_VERSION};
+"""
+_TABLES = {"outbox", "dead", "meta", "sqlite_sequence"}
+
+
+class SQLiteOutbox(Outbox):
+    """An outbox in one SQLite file (standard library ``sqlite3``, WAL journal).
+
+    Args:
+        path: the database file; created with its directory's permissions when missing
+            (the directory must exist). ``PATH-wal``, ``PATH-shm`` and ``PATH.lock``
+            live beside it.
+        synchronous: SQLite's ``synchronous`` setting. ``"FULL"`` (default) syncs the
+            write-ahead log at every commit: a stored message survives a power cut.
+            ``"NORMAL"`` survives a crash of the process (SIGKILL) but may lose the last
+            commits on a power cut; it is faster on slow disks.
+        busy_timeout: seconds to wait for SQLite's own locks (the CLI reading or purging
+            at the same time).
+        **policy: ``max_rows``, ``max_bytes``, ``confirm_timeout``, ``retry_delay``,
+            ``max_retry_delay`` (see :class:`Outbox`).
+
+    Raises:
+        ConfigurationError: an invalid option.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Literal["FULL", "NORMAL"] = "FULL",
+        busy_timeout: float = 5.0,
+        **policy: Any,
+    ) -> None:
+        super().__init__(**policy)
+        if synchronous not in ("FULL", "NORMAL"):
+            raise ConfigurationError(
+                f"synchronous: must be 'FULL' or 'NORMAL', got {synchronous!r}"
+            )
+        if not busy_timeout >= 0:
+            raise ConfigurationError(f"busy_timeout: must be >= 0, got {busy_timeout!r}")
+        self.path = os.fspath(path)
+        self.synchronous = synchronous
+        self.busy_timeout = float(busy_timeout)
+        self._db: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
+
+    def __repr__(self) -> str:
+        return f"<SQLiteOutbox {self.path!r} max_rows={self.max_rows} max_bytes={self.max_bytes}>"
+
+    @property
+    def name(self) -> str:
+        """The file path."""
+        return self.path
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def open(self) -> OutboxStatus:
+        """Lock, check and (if new) create the outbox file; see :meth:`Outbox.open`."""
+        if self._db is not None:
+            raise OutboxError(self.path, "already open")
+        self._lock()
+        try:
+            db = self._connect(create=True)
+            try:
+                self._check(db, create=True)
+                db.execute(f"PRAGMA synchronous={self.synchronous}")
+            except BaseException:
+                db.close()
+                raise
+        except BaseException:
+            self._unlock()
+            raise
+        self._db = db
+        return self.status()
+
+    def close(self) -> None:
+        """Close the database and release the lock (idempotent)."""
+        db, self._db = self._db, None
+        if db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                db.close()
+        self._unlock()
+
+    def _lock(self) -> None:
+        if fcntl is None:  # pragma: no cover - not on Linux
+            return
+        lock_path = self.path + ".lock"
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise OutboxError(self.path, f"cannot create its lock file {lock_path}: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = ""
+            with contextlib.suppress(OSError, ValueError):
+                holder = os.pread(fd, 32, 0).decode().strip()
+            os.close(fd)
+            who = f" (pid {holder})" if holder else ""
+            raise OutboxLocked(
+                self.path, f"in use by another publisher{who}; one outbox serves one publisher"
+            ) from None
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            os.close(fd)  # closing the descriptor releases the flock
+
+    def _connect(self, *, create: bool) -> sqlite3.Connection:
+        if not create and not os.path.exists(self.path):
+            raise OutboxError(self.path, "no such file")
+        try:
+            # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
+            db = sqlite3.connect(
+                self.path,
+                timeout=self.busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+        except sqlite3.Error as exc:
+            raise OutboxError(self.path, f"cannot open: {exc}") from exc
+        return db
+
+    def _check(self, db: sqlite3.Connection, *, create: bool) -> None:
+        """Refuse anything but a sound rabbitry outbox (or an empty file, when creating)."""
+        try:
+            mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            app_id = db.execute("PRAGMA application_id").fetchone()[0]
+            tables = {
+                row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            }
+            if not tables and app_id == 0:
+                if not create:
+                    raise OutboxCorrupt(self.path, "empty database, not a rabbitry outbox")
+                db.executescript(_SCHEMA)
+                return
+            if app_id != APPLICATION_ID or not _TABLES <= tables:
+                raise OutboxCorrupt(
+                    self.path,
+                    f"not a rabbitry outbox (application_id {app_id:#x}, tables {sorted(tables)})",
+                )
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version != SCHEMA_VERSION:
+                raise OutboxCorrupt(
+                    self.path, f"schema version {version}, this rabbitry reads {SCHEMA_VERSION}"
+                )
+            problems = [row[0] for row in db.execute("PRAGMA quick_check")]
+            if problems != ["ok"]:
+                raise OutboxCorrupt(self.path, "integrity check failed: " + "; ".join(problems[:5]))
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise OutboxLocked(self.path, f"the database is locked ({exc})") from exc
+            raise OutboxCorrupt(self.path, f"unreadable: {exc}") from exc
+        except sqlite3.DatabaseError as exc:
+            # "file is not a database", "database disk image is malformed"
+            raise OutboxCorrupt(self.path, f"unreadable: {exc}") from exc
+        if mode.lower() != "wal":
+            raise OutboxError(self.path, f"cannot use WAL journal mode (got {mode!r})")
+
+    def _require(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise OutboxError(self.path, "not open")
+        return self._db
+
+    @contextlib.contextmanager
+    def _reader(self) -> Iterator[sqlite3.Connection]:
+        """The open connection, or a short-lived one for the CLI (no lock needed)."""
+        if self._db is not None:
+            yield self._db
+            return
+        db = self._connect(create=False)
+        try:
+            self._check(db, create=False)
+            yield db
+        finally:
+            db.close()
+
+    # ------------------------------------------------------------------ the publisher's path
+
+    def pending(self) -> Iterator[OutboxRecord]:
+        """The stored messages, oldest first, read in pages."""
+        db = self._require()
+        last = 0
+        while True:
+            rows = db.execute(
+                f"SELECT {_COLUMNS}, attempts, last_error FROM outbox WHERE id > ? "
+                "ORDER BY id LIMIT 1000",
+                (last,),
+            ).fetchall()
+            if not rows:
+                return
+            for row in rows:
+                yield _record(row)
+            last = rows[-1][0]
+
+    def apply(self, batch: OutboxBatch) -> None:
+        """One transaction: inserts, deletes, failures, deaths (see :class:`OutboxBatch`)."""
+        db = self._require()
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                if batch.inserts:
+                    # AUTOINCREMENT: SQLite itself remembers the highest id ever stored
+                    # (sqlite_sequence), so ids are never reused after deletes.
+                    self._insert(db, batch.inserts)
+                if batch.deletes:
+                    self._delete(db, batch.deletes)
+                if batch.failures:
+                    db.executemany(
+                        "UPDATE outbox SET attempts = ?, last_error = ? WHERE id = ?",
+                        [(attempts, error, i) for i, attempts, error in batch.failures],
+                    )
+                if batch.deaths:
+                    now = time.time()
+                    db.executemany(
+                        f"INSERT OR REPLACE INTO dead ({_COLUMNS}, attempts, last_error, "
+                        f"reason, died_at) SELECT {_COLUMNS}, attempts, last_error, ?, ? "
+                        "FROM outbox WHERE id = ?",
+                        [(reason, now, i) for i, reason in batch.deaths],
+                    )
+                    db.executemany(
+                        "DELETE FROM outbox WHERE id = ?", [(i,) for i, _ in batch.deaths]
+                    )
+                if batch.resent:
+                    db.execute(
+                        "UPDATE meta SET value = value + ? WHERE key = 'resent'", (batch.resent,)
+                    )
+                db.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise OutboxError(self.path, f"write failed: {exc}") from exc
+
+    # Few statements per batch, each with many rows: sqlite3 releases the GIL around
+    # every statement step, and getting it back while the event loop's thread runs can
+    # take a whole switch interval (5 ms). One step per 1000 rows, not one per row.
+    _ROWS_PER_INSERT = 1000
+
+    def _insert(self, db: sqlite3.Connection, records: list[OutboxRecord]) -> None:
+        step = self._ROWS_PER_INSERT
+        for start in range(0, len(records), step):
+            chunk = records[start : start + step]
+            values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
+            args: list[Any] = []
+            for r in chunk:
+                args += (r.id, r.message_id, r.exchange, r.routing_key, r.mandatory,
+                         r.properties, r.body, r.created_at)  # fmt: skip
+            db.execute(f"INSERT INTO outbox ({_COLUMNS}) VALUES {values}", args)
+
+    @staticmethod
+    def _delete(db: sqlite3.Connection, ids: list[int]) -> None:
+        # Acks come mostly in id order: contiguous runs become one range each.
+        ordered = sorted(ids)
+        ranges: list[tuple[int, int]] = []
+        low = high = ordered[0]
+        for value in ordered[1:]:
+            if value == high + 1:
+                high = value
+            else:
+                ranges.append((low, high))
+                low = high = value
+        ranges.append((low, high))
+        for start in range(0, len(ranges), 500):
+            chunk = ranges[start : start + 500]
+            where = " OR ".join(["id BETWEEN ? AND ?"] * len(chunk))
+            db.execute(f"DELETE FROM outbox WHERE {where}", [v for pair in chunk for v in pair])
+
+    # ------------------------------------------------------------------ inspection (CLI)
+
+    def status(self) -> OutboxStatus:
+        """Counts and ages; opens the file read-only-ish for the moment if not open."""
+        try:
+            with self._reader() as db:
+                pending, size, oldest, retrying = db.execute(
+                    "SELECT count(*), coalesce(sum(length(body) + length(properties)), 0), "
+                    "min(created_at), coalesce(sum(attempts > 0), 0) FROM outbox"
+                ).fetchone()
+                dead = db.execute("SELECT count(*) FROM dead").fetchone()[0]
+                meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+                top = db.execute(
+                    "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = "
+                    "'outbox'), 0), coalesce((SELECT max(id) FROM outbox), 0), "
+                    "coalesce((SELECT max(id) FROM dead), 0))"
+                ).fetchone()[0]
+        except sqlite3.Error as exc:
+            raise OutboxError(self.path, f"read failed: {exc}") from exc
+        return OutboxStatus(
+            pending=pending,
+            pending_bytes=size,
+            oldest_created_at=oldest,
+            retrying=retrying,
+            dead=dead,
+            resent=int(meta.get("resent", 0)),
+            last_id=int(top),
+        )
+
+    def dead(self, limit: int | None = None) -> list[DeadRecord]:
+        """Dead messages, oldest first (at most ``limit``)."""
+        try:
+            with self._reader() as db:
+                rows = db.execute(
+                    f"SELECT {_COLUMNS}, attempts, last_error, reason, died_at FROM dead "
+                    "ORDER BY id LIMIT ?",
+                    (-1 if limit is None else limit,),
+                ).fetchall()
+        except sqlite3.Error as exc:
+            raise OutboxError(self.path, f"read failed: {exc}") from exc
+        return [DeadRecord(_record(row[:10]), row[10], row[11]) for row in rows]
+
+    def retry_dead(self, ids: Sequence[int] | None = None) -> int:
+        """Move dead messages back into the outbox (with new ids, attempts reset).
+
+        Takes the outbox's lock for the moment: fails with :class:`OutboxLocked` while a
+        publisher runs on it (it could not see the moved rows, and ids would collide).
+        """
+        owned = self._db is None
+        if owned:
+            if not os.path.exists(self.path):
+                raise OutboxError(self.path, "no such file")
+            self.open()
+        db = self._require()
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                where, args = _id_filter(ids)
+                rows = db.execute(f"SELECT id FROM dead {where} ORDER BY id", args).fetchall()
+                top = self.status().last_id
+                for offset, (old,) in enumerate(rows, start=1):
+                    db.execute(
+                        f"INSERT INTO outbox ({_COLUMNS}) SELECT ?, message_id, exchange, "
+                        "routing_key, mandatory, properties, body, created_at FROM dead "
+                        "WHERE id = ?",
+                        (top + offset, old),
+                    )
+                    db.execute("DELETE FROM dead WHERE id = ?", (old,))
+                db.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise OutboxError(self.path, f"write failed: {exc}") from exc
+        finally:
+            if owned:
+                self.close()
+        return len(rows)
+
+    def purge_dead(self, ids: Sequence[int] | None = None) -> int:
+        """Delete dead messages; safe while a publisher runs (it never reads them)."""
+        where, args = _id_filter(ids)
+        try:
+            with self._reader() as db:
+                count = db.execute(f"DELETE FROM dead {where}", args).rowcount
+        except sqlite3.Error as exc:
+            raise OutboxError(self.path, f"write failed: {exc}") from exc
+        return int(count)
+
+
+def _record(row: Sequence[Any]) -> OutboxRecord:
+    return OutboxRecord(
+        id=row[0],
+        message_id=row[1],
+        exchange=row[2],
+        routing_key=row[3],
+        mandatory=bool(row[4]),
+        properties=bytes(row[5]),
+        body=bytes(row[6]),
+        created_at=row[7],
+        attempts=row[8],
+        last_error=row[9],
+    )
+
+
+def _id_filter(ids: Sequence[int] | None) -> tuple[str, tuple[int, ...]]:
+    if ids is None:
+        return "", ()
+    values = tuple(int(i) for i in ids)
+    if not values:
+        return "WHERE 0", ()
+    return f"WHERE id IN ({', '.join('?' * len(values))})", values

@@ -1,0 +1,928 @@
+"""AsyncOutboxPublisher: publishing through a durable outbox (nothing lost if we crash).
+
+Get one with ``await connection.publisher(outbox=SQLiteOutbox(path))``.
+
+Theory of operation
+-------------------
+``publish()`` encodes and validates the message with the inner :class:`AsyncPublisher`'s
+encoder, reserves room in the outbox's bound (rows and bytes; waiting up to the publish
+timeout, then :class:`OutboxFull`), and queues the row for the writer thread. The writer
+thread owns the store: it takes everything queued since its last commit (the rows of
+every ``publish()`` waiting, the deletes of every ack, resends, deaths) and applies it as
+one transaction (group commit), so many concurrent publishes share one sync to disk.
+Only after that commit does ``publish()`` return, and only then is the row handed to the
+sender: a message is never on the wire before it is on disk.
+
+The sender task sends rows with confirms through the inner publisher's window. The
+confirm of a row is a small :class:`_Send` object in the channel's confirm table (no
+asyncio future per message). An ack queues the row's delete; the row leaves memory and
+the bound when that delete is committed. A nack, a lost channel or no confirm within
+``confirm_timeout`` (a sweep over the rows in flight, oldest first) schedules a resend
+with exponential backoff; a return (mandatory, unroutable) moves the row to the dead
+table with the broker's reason instead of retrying it forever. An ack that arrives late,
+after a resend was scheduled, still settles the row.
+
+On start every row still in the store is loaded and sent again (at-least-once: the
+stored ``message_id`` goes out unchanged, so consumers can de-duplicate). Rows are kept
+in memory while stored, which the bound (``max_bytes``) limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .exceptions import (
+    AMQPError,
+    ConfigurationError,
+    InvalidStateError,
+    LocalProtocolError,
+    OutboxError,
+    OutboxFull,
+    PublishTimeout,
+    Unroutable,
+)
+from .outbox import Outbox, OutboxBatch, OutboxRecord, OutboxStatus
+from .protocol.channel import ChannelState
+from .protocol.frames import content_frames
+from .publisher import AsyncPublisher
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from datetime import timedelta
+
+    from .aio.connection import AsyncConnection
+    from .protocol import spec
+    from .publisher import Body, OutgoingMessage
+
+__all__ = ["AsyncOutboxPublisher", "OutboxStats"]
+
+logger = logging.getLogger("rabbitry.outbox")
+
+_OPEN = ChannelState.OPEN
+# Entry states.
+_STORING, _READY, _IN_FLIGHT, _WAITING, _ACKED, _DEAD = range(6)
+_RETRY_WRITE_DELAY = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxStats:
+    """A snapshot of an outbox publisher's metrics.
+
+    Attributes:
+        pending: messages stored and not yet confirmed (or moved to the dead table).
+        pending_bytes: their size (bodies + properties), counted against ``max_bytes``.
+        oldest_age: seconds since the oldest pending message was stored (``None``: empty).
+        in_flight: messages sent and waiting for their confirm.
+        stored: messages stored by this publisher since it started.
+        acked: messages confirmed (and deleted) since it started.
+        resent: sends that were resends since it started (failed sends, and the rows
+            found in the outbox at start).
+        dead: messages in the dead table (returned as unroutable).
+    """
+
+    pending: int
+    pending_bytes: int
+    oldest_age: float | None
+    in_flight: int
+    stored: int
+    acked: int
+    resent: int
+    dead: int
+
+
+class _Entry:
+    """A stored row and what the publisher knows about it (loop thread)."""
+
+    __slots__ = ("due", "frames", "gen", "record", "sends", "sent_at", "size", "state")
+
+    def __init__(self, record: OutboxRecord, frames: list[bytes] | None, sends: int) -> None:
+        self.record = record
+        self.size = len(record.body) + len(record.properties)
+        self.frames = frames
+        self.state = _STORING
+        self.gen = 0
+        self.sends = sends
+        self.sent_at = 0.0
+        self.due = 0.0
+
+    def __lt__(self, other: _Entry) -> bool:  # heap order among equal due times
+        return self.record.id < other.record.id
+
+
+class _Send:
+    """One send of a row: the channel settles it on ack / nack / return / channel end."""
+
+    __slots__ = ("entry", "gen", "owner", "settled")
+
+    def __init__(self, owner: AsyncOutboxPublisher, entry: _Entry, gen: int) -> None:
+        self.owner = owner
+        self.entry = entry
+        self.gen = gen
+        self.settled = False
+
+    def done(self) -> bool:
+        return self.settled
+
+    def set_result(self, _result: None, /) -> None:
+        self.settled = True
+        self.owner._acked(self.entry)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self.settled = True
+        self.owner._send_failed(self.entry, self.gen, exception)
+
+
+class _Writer:
+    """The thread that owns the store and commits batches (group commit)."""
+
+    def __init__(self, store: Outbox, loop: asyncio.AbstractEventLoop) -> None:
+        self.store = store
+        self.loop = loop
+        self.cond = threading.Condition(threading.Lock())
+        self.batch = OutboxBatch()
+        self.waiters: list[tuple[asyncio.Future[None], list[_Entry]]] = []
+        self.stopping = False
+        self.on_commit: Any = None
+        self.thread = threading.Thread(
+            target=self._run, name=f"rabbitry-outbox {store.name}", daemon=True
+        )
+
+    def submit(
+        self, batch: OutboxBatch, waiters: list[tuple[asyncio.Future[None], list[_Entry]]]
+    ) -> None:
+        with self.cond:
+            mine = self.batch
+            mine.inserts += batch.inserts
+            mine.deletes += batch.deletes
+            mine.failures += batch.failures
+            mine.deaths += batch.deaths
+            mine.resent += batch.resent
+            self.waiters += waiters
+            self.cond.notify()
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.batch and not self.stopping:
+                    self.cond.wait()
+                if not self.batch:
+                    return
+                batch, self.batch = self.batch, OutboxBatch()
+                waiters, self.waiters = self.waiters, []
+            error: BaseException | None = None
+            try:
+                self.store.apply(batch)
+            except BaseException as exc:  # reported to the loop, never lost
+                error = exc
+            try:
+                self.loop.call_soon_threadsafe(self.on_commit, batch, waiters, error)
+            except RuntimeError:  # the loop is closed: nobody is left to tell
+                return
+
+
+class AsyncOutboxPublisher:
+    """Publishes through a durable outbox: ``publish()`` returns once the message is stored.
+
+    Get one with ``await connection.publisher(outbox=SQLiteOutbox(path))``; usable as
+    ``async with``. The other options of ``publisher()`` apply to the inner confirmed
+    publisher that delivers the stored rows (``confirm`` must stay ``True``); ``timeout``
+    bounds how long ``publish()`` waits for room in a full outbox.
+
+    Delivery is at-least-once: rows are deleted only after the broker's ack, resent after
+    a nack, a lost channel or ``confirm_timeout``, and resent when a publisher starts on
+    the same outbox after a crash. Returned (unroutable, with ``mandatory=True``) messages
+    go to the outbox's dead table (see ``rabbitry outbox``).
+    """
+
+    def __init__(
+        self, connection: AsyncConnection, publisher: AsyncPublisher, outbox: Outbox
+    ) -> None:
+        self._conn = connection
+        self._pub = publisher
+        self._outbox = outbox
+        self._loop = publisher._loop
+        self._timeout = publisher.timeout
+        self._writer = _Writer(outbox, self._loop)
+        self._writer.on_commit = self._committed
+        self._entries: dict[int, _Entry] = {}
+        self._rows = 0
+        self._bytes = 0
+        self._next_id = 1
+        self._ready: deque[_Entry] = deque()
+        self._ready_event = asyncio.Event()
+        self._in_flight: dict[int, _Entry] = {}
+        self._retry_heap: list[tuple[float, _Entry]] = []
+        self._retry_timer: asyncio.TimerHandle | None = None
+        self._room_waiters: deque[tuple[int, int, asyncio.Future[None]]] = deque()
+        self._idle_waiters: list[asyncio.Future[None]] = []
+        # Changes gathered on the loop during one iteration, handed to the writer at once.
+        self._batch = OutboxBatch()
+        self._batch_waiters: list[tuple[asyncio.Future[None], list[_Entry]]] = []
+        self._flush_handle: asyncio.Handle | None = None
+        self._closing = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stored = self._acked_count = self._resent = self._dead = 0
+        self._rng = random.Random()
+
+    @classmethod
+    async def _create(
+        cls,
+        connection: AsyncConnection,
+        outbox: Outbox,
+        *,
+        open_timeout: float | None = None,
+        **options: Any,
+    ) -> AsyncOutboxPublisher:
+        if not isinstance(outbox, Outbox):
+            raise ConfigurationError(
+                f"outbox: must be an Outbox (e.g. SQLiteOutbox(path)), got {type(outbox).__name__}"
+            )
+        if not options.get("confirm", True):
+            raise ConfigurationError("outbox: needs confirm=True (rows are deleted on ack)")
+        # The store first: a locked or corrupt file fails here, before the broker is used.
+        status, records = await asyncio.to_thread(_open_store, outbox)
+        try:
+            publisher = await AsyncPublisher._create(
+                connection, open_timeout=open_timeout, **options
+            )
+        except BaseException:
+            await asyncio.to_thread(outbox.close)
+            raise
+        self = cls(connection, publisher, outbox)
+        self._next_id = status.last_id + 1
+        self._dead = status.dead
+        for record in records:
+            entry = _Entry(record, None, 1)
+            entry.state = _READY
+            self._entries[record.id] = entry
+            self._rows += 1
+            self._bytes += entry.size
+            self._ready.append(entry)
+        if records:
+            logger.info("outbox %s: resending %d stored messages", outbox.name, len(records))
+        self._writer.thread.start()
+        self._ready_event.set()
+        self._tasks = [
+            self._loop.create_task(self._sender()),
+            self._loop.create_task(self._sweeper()),
+        ]
+        for task in self._tasks:
+            task.add_done_callback(self._task_done)
+        return self
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        # A background task that ends by itself stops delivery: never silently.
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            logger.error(
+                "outbox %s: %s failed; stored messages stay in the outbox until the next start",
+                self._outbox.name,
+                task.get_coro().__qualname__,  # type: ignore[union-attr]
+                exc_info=exc,
+            )
+        elif not self._closing:
+            logger.warning(
+                "outbox %s: sending stopped (the connection is closed); %d messages stay "
+                "in the outbox until the next start",
+                self._outbox.name,
+                self._rows,
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"<AsyncOutboxPublisher {self._outbox.name!r} pending={self._rows} "
+            f"in_flight={len(self._in_flight)}>"
+        )
+
+    async def __aenter__(self) -> AsyncOutboxPublisher:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def outbox(self) -> Outbox:
+        """The store (and its policy: bound, confirm timeout, backoff)."""
+        return self._outbox
+
+    @property
+    def publisher(self) -> AsyncPublisher:
+        """The inner confirmed publisher that delivers the stored rows."""
+        return self._pub
+
+    @property
+    def timeout(self) -> float | None:
+        """The default deadline of ``publish()`` for room in a full outbox."""
+        return self._timeout
+
+    @property
+    def is_closed(self) -> bool:
+        """``close()`` was called."""
+        return self._closing
+
+    def stats(self) -> OutboxStats:
+        """Metrics: pending rows and bytes, oldest age, in flight, resent, dead."""
+        oldest = None
+        for entry in self._entries.values():
+            oldest = max(0.0, time.time() - entry.record.created_at)
+            break
+        return OutboxStats(
+            pending=self._rows,
+            pending_bytes=self._bytes,
+            oldest_age=oldest,
+            in_flight=len(self._in_flight),
+            stored=self._stored,
+            acked=self._acked_count,
+            resent=self._resent,
+            dead=self._dead,
+        )
+
+    # ------------------------------------------------------------------ publishing
+
+    async def publish(
+        self,
+        body: Body,
+        *,
+        exchange: str = "",
+        routing_key: str = "",
+        properties: spec.BasicProperties | None = None,
+        mandatory: bool | None = None,
+        persistent: bool | None = None,
+        expiration: int | timedelta | None = None,
+        timeout: float | None = None,
+    ) -> str:
+        """Store one message durably; it is delivered in the background.
+
+        Arguments are those of :meth:`AsyncPublisher.publish`. Returns once the message
+        is committed to the outbox (shared commits with concurrent publishes).
+
+        Args:
+            timeout: how long to wait for room while the outbox is at its bound
+                (``None``: the publisher's default; ``None`` there waits without limit).
+
+        Returns:
+            The message's ``message_id`` (generated when ``properties`` has none); every
+            send of it carries the same one.
+
+        Raises:
+            LocalProtocolError: an invalid argument, or a message larger than the
+                outbox's ``max_bytes``; nothing was stored.
+            OutboxFull: the outbox stayed full until the deadline; nothing was stored.
+            OutboxError: the store failed to write; nothing was stored.
+            InvalidStateError: the publisher is closed.
+        """
+        pub = self._pub
+        if mandatory is None:
+            mandatory = pub._mandatory
+        frames, message_id = pub._encode(
+            body, exchange, routing_key, properties, mandatory, persistent, expiration
+        )
+        entry = self._entry(frames, message_id, exchange, routing_key, mandatory, time.time())
+        await self._reserve(1, entry.size, timeout)
+        await self._store([entry])
+        return entry.record.message_id
+
+    async def publish_many(
+        self,
+        messages: Iterable[OutgoingMessage | Body],
+        *,
+        exchange: str = "",
+        routing_key: str = "",
+        properties: spec.BasicProperties | None = None,
+        mandatory: bool | None = None,
+        persistent: bool | None = None,
+        expiration: int | timedelta | None = None,
+        timeout: float | None = None,
+    ) -> list[str]:
+        """Store many messages in one transaction (all or none); returns their message_ids.
+
+        Arguments are those of :meth:`AsyncPublisher.publish_batch`; every message is
+        validated before anything is stored.
+
+        Raises:
+            LocalProtocolError: a message is invalid, or the batch can never fit the
+                outbox's bound; nothing was stored.
+            OutboxFull: no room for the whole batch before the deadline.
+            OutboxError: the store failed to write; nothing was stored.
+            InvalidStateError: the publisher is closed.
+        """
+        pub = self._pub
+        encoded = pub._encode_batch(
+            messages, exchange, routing_key, properties, mandatory, persistent, expiration
+        )
+        if not encoded:
+            return []
+        keys: dict[bytes, tuple[str, str, bool]] = {}
+        entries = []
+        make = self._entry
+        now = time.time()
+        for frames, message_id, flag in encoded:
+            key = keys.get(frames[0])
+            if key is None:  # the message's own exchange and routing key, from its head
+                key = keys[frames[0]] = _head_key(frames[0])
+            entries.append(make(frames, message_id, key[0], key[1], flag, now))
+        rows = len(entries)
+        size = sum(e.size for e in entries)
+        await self._reserve(rows, size, timeout)
+        await self._store(entries)
+        return [e.record.message_id for e in entries]
+
+    async def flush(self, *, timeout: float | None = None) -> None:
+        """Wait until the outbox is empty: every message confirmed or moved to dead.
+
+        Raises:
+            PublishTimeout: messages were still pending after ``timeout`` seconds.
+        """
+        if not self._rows:
+            return
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._idle_waiters.append(waiter)
+        try:
+            async with asyncio.timeout(timeout):
+                await waiter
+        except TimeoutError:
+            raise PublishTimeout(
+                f"{self._rows} messages still in the outbox after {timeout} s"
+            ) from None
+        finally:
+            if waiter in self._idle_waiters:
+                self._idle_waiters.remove(waiter)
+
+    async def close(self, *, timeout: float | None = None) -> None:
+        """Stop sending, wait for the confirms of what is in flight, release the outbox.
+
+        Idempotent. Waits up to ``timeout`` seconds (``None``: without limit) for the
+        messages in flight, but not while the connection is down. Whatever is not
+        confirmed stays in the outbox and is sent by the next publisher on it.
+        """
+        if self._closing:
+            return
+        self._closing = True
+        self._wake_room_waiters(InvalidStateError("the publisher is closed"))
+        try:
+            deadline = None if timeout is None else self._loop.time() + timeout
+            pub = self._pub
+            while (self._in_flight or pub.in_flight) and self._conn.is_open:
+                if deadline is not None and self._loop.time() >= deadline:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            for task in self._tasks:
+                with contextlib.suppress(asyncio.CancelledError, AMQPError):
+                    await task
+            if self._retry_timer is not None:
+                self._retry_timer.cancel()
+            with contextlib.suppress(AMQPError):
+                await self._pub.close(timeout=0)
+            self._flush_batch()
+            self._writer.stop()
+            await asyncio.to_thread(self._writer.thread.join)
+            await asyncio.to_thread(self._outbox.close)
+
+    def _release_store(self) -> None:
+        """Blocking: stop the writer and close the store (the loop is gone)."""
+        self._closing = True
+        self._writer.stop()
+        if self._writer.thread.is_alive():
+            self._writer.thread.join()
+        self._outbox.close()
+
+    # ------------------------------------------------------------------ storing (loop)
+
+    def _entry(
+        self,
+        frames: list[bytes],
+        message_id: str | None,
+        exchange: str,
+        routing_key: str,
+        mandatory: bool,
+        now: float,
+    ) -> _Entry:
+        # Layout (see publisher._retarget): [method, header head, header payload, end,
+        # body head, body, end, ...]; the header payload is class, weight, size (12
+        # bytes) then the encoded properties.
+        properties = frames[2][12:]
+        if len(frames) == 7:
+            body = frames[5]
+        elif len(frames) == 4:
+            body = b""
+        else:
+            body = b"".join(frames[5::3])
+        size = len(body) + len(properties)
+        if size > self._outbox.max_bytes:
+            raise LocalProtocolError(
+                f"basic.publish.body: {size} bytes exceeds the outbox's max_bytes "
+                f"{self._outbox.max_bytes}"
+            )
+        assert message_id is not None  # _encode always sets one
+        record = OutboxRecord(
+            0, message_id, exchange, routing_key, mandatory, properties, body, now
+        )
+        return _Entry(record, frames, 0)
+
+    async def _reserve(self, rows: int, size: int, timeout: float | None) -> None:
+        if self._closing:
+            raise InvalidStateError("the publisher is closed")
+        outbox = self._outbox
+        if rows > outbox.max_rows or size > outbox.max_bytes:
+            raise LocalProtocolError(
+                f"publish_many.messages: {rows} messages of {size} bytes can never fit the "
+                f"outbox's bound (max_rows {outbox.max_rows}, max_bytes {outbox.max_bytes})"
+            )
+        if (
+            not self._room_waiters
+            and self._rows + rows <= outbox.max_rows
+            and self._bytes + size <= outbox.max_bytes
+        ):
+            self._rows += rows
+            self._bytes += size
+            return
+        if timeout is None:
+            timeout = self._timeout
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        item = (rows, size, waiter)
+        self._room_waiters.append(item)
+        try:
+            async with asyncio.timeout(timeout):
+                await waiter
+        except TimeoutError:
+            raise OutboxFull(
+                f"outbox {outbox.name}: full ({self._rows}/{outbox.max_rows} rows, "
+                f"{self._bytes}/{outbox.max_bytes} bytes) for {timeout} s; the broker "
+                "is not confirming fast enough (or is unreachable)",
+                rows=self._rows,
+                size=self._bytes,
+            ) from None
+        except BaseException:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self._release(rows, size)  # granted as we were cancelled: give it back
+            else:
+                with contextlib.suppress(ValueError):
+                    self._room_waiters.remove(item)
+            raise
+
+    def _release(self, rows: int, size: int) -> None:
+        self._rows -= rows
+        self._bytes -= size
+        outbox = self._outbox
+        waiters = self._room_waiters
+        while waiters:
+            need_rows, need_size, waiter = waiters[0]
+            if waiter.done():
+                waiters.popleft()
+                continue
+            if (
+                self._rows + need_rows > outbox.max_rows
+                or self._bytes + need_size > outbox.max_bytes
+            ):
+                break
+            waiters.popleft()
+            self._rows += need_rows
+            self._bytes += need_size
+            waiter.set_result(None)
+        if not self._rows:
+            idle, self._idle_waiters = self._idle_waiters, []
+            for waiter in idle:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def _wake_room_waiters(self, exc: BaseException) -> None:
+        waiters, self._room_waiters = self._room_waiters, deque()
+        for _rows, _size, waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(exc)
+
+    async def _store(self, entries: list[_Entry]) -> None:
+        rows = len(entries)
+        table = self._entries
+        next_id = self._next_id
+        for entry in entries:
+            entry.record.id = next_id
+            table[next_id] = entry
+            next_id += 1
+        self._next_id = next_id
+        if self._closing:
+            self._forget(entries)
+            raise InvalidStateError("the publisher is closed")
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._batch.inserts += [e.record for e in entries]
+        self._batch_waiters.append((waiter, entries))
+        self._schedule_flush()
+        # Once queued the rows are committed (and then sent) even if the caller is
+        # cancelled meanwhile (that cancels only this waiter): at-least-once, never half
+        # a batch.
+        await waiter
+        self._stored += rows
+
+    def _forget(self, entries: list[_Entry]) -> None:
+        size = 0
+        for entry in entries:
+            self._entries.pop(entry.record.id, None)
+            size += entry.size
+        self._release(len(entries), size)
+
+    def _schedule_flush(self) -> None:
+        if self._flush_handle is None:
+            self._flush_handle = self._loop.call_soon(self._flush_batch)
+
+    def _flush_batch(self) -> None:
+        """Hand what this loop iteration gathered to the writer thread (one lock round)."""
+        self._flush_handle = None
+        batch, waiters = self._batch, self._batch_waiters
+        if not batch and not waiters:
+            return
+        self._batch, self._batch_waiters = OutboxBatch(), []
+        if self._writer.thread.is_alive():
+            self._writer.submit(batch, waiters)
+            return
+        for waiter, _entries in waiters:  # closed: the writer is gone
+            if not waiter.done():
+                waiter.set_exception(InvalidStateError("the publisher is closed"))
+
+    def _committed(
+        self,
+        batch: OutboxBatch,
+        waiters: list[tuple[asyncio.Future[None], list[_Entry]]],
+        error: BaseException | None,
+    ) -> None:
+        """Loop thread: the writer applied ``batch`` (or failed to: nothing of it)."""
+        if error is not None:
+            logger.error("outbox %s: commit failed: %s", self._outbox.name, error)
+            if not isinstance(error, OutboxError):
+                wrapped = OutboxError(self._outbox.name, f"write failed: {error!r}")
+                wrapped.__cause__ = error
+                error = wrapped
+            for waiter, entries in waiters:
+                self._forget(entries)
+                if not waiter.done():
+                    waiter.set_exception(error)
+            # Acks, failures and deaths are not lost: they are tried again shortly.
+            batch.inserts = []
+            if batch and not self._closing:
+                self._loop.call_later(_RETRY_WRITE_DELAY, self._requeue, batch)
+            return
+        for waiter, entries in waiters:
+            for entry in entries:
+                if entry.state == _STORING:
+                    entry.state = _READY
+                    self._ready.append(entry)
+            if not waiter.done():
+                waiter.set_result(None)
+        if waiters:
+            self._ready_event.set()
+        freed_rows = freed_size = 0
+        table = self._entries
+        for row_id in batch.deletes:
+            gone = table.pop(row_id, None)
+            if gone is not None:
+                freed_rows += 1
+                freed_size += gone.size
+                self._acked_count += 1
+        for row_id, _reason in batch.deaths:
+            gone = table.pop(row_id, None)
+            if gone is not None:
+                freed_rows += 1
+                freed_size += gone.size
+                self._dead += 1
+        if freed_rows:
+            self._release(freed_rows, freed_size)
+
+    def _requeue(self, batch: OutboxBatch) -> None:
+        if self._closing:
+            return
+        mine = self._batch
+        mine.deletes += batch.deletes
+        mine.failures += batch.failures
+        mine.deaths += batch.deaths
+        mine.resent += batch.resent
+        self._schedule_flush()
+
+    # ------------------------------------------------------------------ sending (loop)
+
+    async def _sender(self) -> None:
+        pub = self._pub
+        ready = self._ready
+        event = self._ready_event
+        while True:
+            if not ready:
+                event.clear()
+                await event.wait()
+                continue
+            channel = pub._channel
+            if (
+                pub._blocked_reason is None
+                and not self._conn._write_paused
+                and not pub._closing
+                and channel is not None
+                and channel._proto.state is _OPEN
+                and pub._in_flight < pub._max
+                and not pub._room_waiters
+            ):
+                pub._in_flight += 1
+            else:
+                try:
+                    await pub._acquire(None, None)
+                except InvalidStateError:
+                    if pub._closing or self._conn.is_closed:
+                        return  # rows stay stored for the next publisher
+                    await asyncio.sleep(self._outbox.retry_delay or 0.1)
+                    continue
+                except AMQPError as exc:
+                    logger.warning("outbox %s: cannot send yet: %r", self._outbox.name, exc)
+                    await asyncio.sleep(self._outbox.retry_delay or 0.1)
+                    continue
+            # Send every ready row the window has room for, then one flush.
+            send = self._send_one
+            send(ready.popleft())
+            while ready and pub._in_flight < pub._max and not pub._room_waiters:
+                pub._in_flight += 1
+                send(ready.popleft())
+            self._conn._kick()
+
+    def _send_one(self, entry: _Entry) -> None:
+        """Send one row; its window slot is reserved (``pub._in_flight``) by the caller."""
+        pub = self._pub
+        if entry.state != _READY:  # acked late while waiting: nothing to send
+            pub._release_slot()
+            return
+        record = entry.record
+        frames = entry.frames
+        entry.frames = None
+        if frames is None:
+            try:
+                frames = self._frames(record)
+            except LocalProtocolError as exc:
+                pub._release_slot()
+                self._kill(entry, f"cannot be encoded: {exc}")
+                return
+        if entry.sends:
+            self._resent += 1
+            self._batch.resent += 1
+            self._schedule_flush()
+        entry.sends += 1
+        entry.gen += 1
+        entry.state = _IN_FLIGHT
+        entry.sent_at = self._loop.time()
+        self._in_flight[record.id] = entry
+        channel = pub._channel
+        send = _Send(self, entry, entry.gen)
+        if (
+            channel is not None
+            and channel._proto.state is _OPEN
+            and not pub._backlog
+            and not pub._closing
+        ):
+            # What AsyncPublisher._send does in this case, without a flush per message.
+            pub._send_now(
+                channel, frames, send, record.message_id, record.mandatory, None,
+                pub._release_slot_cb,
+            )  # fmt: skip
+        else:
+            pub._send(frames, send, record.message_id, record.mandatory, None, pub._release_slot_cb)
+
+    def _frames(self, record: OutboxRecord) -> list[bytes]:
+        pub = self._pub
+        channel_id, heads, frame_max = pub._enc
+        key = (record.exchange, record.routing_key, record.mandatory)
+        head = heads.get(key)
+        if head is None:
+            head = pub._new_head(channel_id, heads, key, frame_max)
+        frames = content_frames(channel_id, 60, record.properties, record.body, frame_max)
+        frames.insert(0, head)
+        return frames
+
+    def _acked(self, entry: _Entry) -> None:
+        if entry.state in (_ACKED, _DEAD, _STORING):
+            return
+        if entry.state == _IN_FLIGHT:
+            self._in_flight.pop(entry.record.id, None)
+        entry.state = _ACKED  # also a late ack of an earlier send: the broker has it
+        self._batch.deletes.append(entry.record.id)
+        self._schedule_flush()
+
+    def _send_failed(self, entry: _Entry, gen: int, exc: BaseException) -> None:
+        if entry.gen != gen or entry.state != _IN_FLIGHT:
+            return  # an earlier send, already given up on
+        self._in_flight.pop(entry.record.id, None)
+        if isinstance(exc, Unroutable):
+            message = exc.message
+            self._kill(entry, f"{message.reply_code} {message.reply_text}")
+            return
+        if self._closing:
+            entry.state = _WAITING  # stays stored; the next publisher sends it
+            return
+        self._retry_later(entry, exc)
+
+    def _kill(self, entry: _Entry, reason: str) -> None:
+        entry.state = _DEAD
+        logger.warning(
+            "outbox %s: message %s moved to dead: %s",
+            self._outbox.name,
+            entry.record.message_id,
+            reason,
+        )
+        self._batch.deaths.append((entry.record.id, reason))
+        self._schedule_flush()
+
+    def _retry_later(self, entry: _Entry, exc: BaseException) -> None:
+        record = entry.record
+        record.attempts += 1
+        record.last_error = f"{type(exc).__name__}: {exc}"
+        self._batch.failures.append((record.id, record.attempts, record.last_error))
+        self._schedule_flush()
+        outbox = self._outbox
+        delay = min(outbox.max_retry_delay, outbox.retry_delay * 2 ** (record.attempts - 1))
+        delay *= self._rng.uniform(0.75, 1.25)
+        entry.state = _WAITING
+        entry.due = self._loop.time() + delay
+        heapq.heappush(self._retry_heap, (entry.due, entry))
+        self._arm_retry_timer()
+
+    def _arm_retry_timer(self) -> None:
+        if not self._retry_heap:
+            return
+        due = self._retry_heap[0][0]
+        timer = self._retry_timer
+        if timer is not None:
+            if timer.when() <= due:
+                return
+            timer.cancel()
+        self._retry_timer = self._loop.call_at(due, self._retry_due)
+
+    def _retry_due(self) -> None:
+        self._retry_timer = None
+        now = self._loop.time()
+        heap = self._retry_heap
+        moved = False
+        while heap and heap[0][0] <= now:
+            _due, entry = heapq.heappop(heap)
+            if entry.state == _WAITING:
+                entry.state = _READY
+                self._ready.append(entry)
+                moved = True
+        if moved:
+            self._ready_event.set()
+        self._arm_retry_timer()
+
+    async def _sweeper(self) -> None:
+        """Treat rows unconfirmed for ``confirm_timeout`` as failed sends (resend)."""
+        limit = self._outbox.confirm_timeout
+        period = min(1.0, limit / 4)
+        while True:
+            await asyncio.sleep(period)
+            now = self._loop.time()
+            expired = []
+            for entry in self._in_flight.values():
+                if now - entry.sent_at < limit:
+                    break  # in send order: the rest are younger
+                expired.append(entry)
+            for entry in expired:
+                self._send_failed(
+                    entry,
+                    entry.gen,
+                    PublishTimeout(f"not confirmed within {limit:g} s (confirm_timeout)"),
+                )
+
+
+def _open_store(outbox: Outbox) -> tuple[OutboxStatus, list[OutboxRecord]]:
+    """Writer-side start: claim the store and read what it still holds."""
+    status = outbox.open()
+    try:
+        records = list(outbox.pending())
+    except BaseException:
+        outbox.close()
+        raise
+    return status, records
+
+
+def _head_key(head: bytes) -> tuple[str, str, bool]:
+    """(exchange, routing_key, mandatory) of an encoded basic.publish method frame."""
+    # frame head (7) + class/method (4) + reserved short (2), then two shortstrs, a bit.
+    offset = 13
+    length = head[offset]
+    exchange = head[offset + 1 : offset + 1 + length].decode()
+    offset += 1 + length
+    length = head[offset]
+    routing_key = head[offset + 1 : offset + 1 + length].decode()
+    offset += 1 + length
+    return exchange, routing_key, bool(head[offset] & 1)

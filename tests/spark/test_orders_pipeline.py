@@ -1,0 +1,113 @@
+"""The reference pipeline (``make demo``) at a small size, with exact accounting.
+
+Checks the outcome against the generator's own plan and against the broker: every valid
+order aggregated exactly once (Parquet totals equal totals computed here), every invalid
+or still-failing one in the parking lot once, every deliberate duplicate dropped,
+unroutable messages kept by the alternate exchange, no queue left with messages.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from rabbitry.examples.orders_pipeline import PipelineConfig, build_topology, generate, run
+from rabbitry.topology import ATTEMPTS_HEADER, PARKED_REASON_HEADER
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import rabbitry
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+
+def _drain(conn: rabbitry.Connection, queue: str) -> list[Any]:
+    channel = conn.channel()
+    try:
+        messages = []
+        while (message := channel.basic_get(queue, no_ack=True)) is not None:
+            messages.append(message)
+        return messages
+    finally:
+        channel.close()
+
+
+@pytest.mark.timeout(300)
+def test_orders_pipeline_accounts_for_every_message(
+    spark: Any, conn: rabbitry.Connection, url: str, tmp_path: Path
+) -> None:
+    config = PipelineConfig(
+        url=url,
+        events=2000,
+        batch_size=2000,
+        output_dir=tmp_path,
+        run_id=uuid.uuid4().hex[:10],
+        prefix="rabbitry-spark-pipeline",
+        retry_delays=(0.5, 1.0),
+        keep_topology=True,
+        progress=False,
+        timeout=240,
+    )
+    plan = generate(config.events, run_id=config.run_id, seed=config.seed, mix=config.mix)
+    names, policy = config.names, config.policy
+    assert plan.duplicates and plan.unroutable and plan.parked_ids  # the mix has every fault
+    try:
+        summary = run(config, spark=spark)
+
+        assert summary.published == summary.confirmed == len(plan.events) == 2000
+        assert summary.unroutable == plan.unroutable
+        assert summary.duplicates_dropped == plan.duplicates
+        assert summary.lost == 0 and summary.unexpected == 0
+        assert summary.aggregated == len(plan.valid_ids)
+        assert summary.parked == len(plan.parked_ids)
+        transient = sum(1 for e in plan.unique if e.kind == "transient")
+        poison = sum(1 for e in plan.unique if e.kind == "poison")
+        assert summary.recovered == transient
+        # Transient orders fail once; poison ones fail max_attempts times (2 retries).
+        assert summary.retried == transient + poison * (config.max_attempts - 1)
+        # Every routed message reached Spark once, plus one delivery per retry.
+        routed = len(plan.events) - plan.unroutable
+        assert summary.consumed == routed + summary.retried
+        assert summary.ok
+
+        # The Parquet output: each valid order once, totals equal to the generator's.
+        orders = spark.read.parquet(str(summary.orders_path))
+        ids = [r["message_id"] for r in orders.select("message_id").collect()]
+        assert len(ids) == len(set(ids))
+        assert set(ids) == plan.valid_ids
+        expected = {
+            (minute.timestamp(), category): totals
+            for (minute, category), totals in plan.revenue().items()
+        }
+        revenue = spark.read.parquet(str(summary.revenue_path)).collect()
+        got = {
+            (r["minute"].timestamp(), r["category"]): (r["revenue_eur"], r["orders"])
+            for r in revenue
+        }
+        assert got.keys() == expected.keys()
+        for key, (eur, count) in expected.items():
+            assert got[key][1] == count, key
+            assert got[key][0] == pytest.approx(eur, rel=1e-9), key
+
+        # The broker: the parking lot holds each invalid or poison message once, with
+        # the reason; the alternate exchange kept the unroutable ones; nothing else left.
+        parked = _drain(conn, policy.names().parking_lot or "")
+        parked_ids = [m.properties.message_id for m in parked]
+        assert sorted(parked_ids) == sorted(plan.parked_ids)
+        kinds = {e.message_id: e.kind for e in plan.unique}
+        for message in parked:
+            headers = message.properties.headers or {}
+            if kinds[message.properties.message_id] == "poison":
+                assert headers[PARKED_REASON_HEADER] == "max-attempts"
+                assert headers[ATTEMPTS_HEADER] == str(config.max_attempts)
+            else:
+                assert headers[PARKED_REASON_HEADER] == "not-retryable"
+        assert len(_drain(conn, names.unrouted)) == plan.unroutable
+        for queue in (names.work, *policy.names().retry_queues):
+            assert _drain(conn, queue) == [], queue
+    finally:
+        build_topology(names, policy).delete(conn)

@@ -1,0 +1,145 @@
+"""The reference pipeline's pure parts: the event generator, the config, the CLI checks.
+
+The pipeline itself runs in tests/spark/test_orders_pipeline.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rabbitry.examples.orders_pipeline import (
+    FAULT_HEADER,
+    Mix,
+    PipelineConfig,
+    build_topology,
+    generate,
+    main,
+)
+from rabbitry.examples.orders_pipeline._events import RATES_TO_EUR
+from rabbitry.exceptions import ConfigurationError
+
+
+def test_generator_is_deterministic_and_mixes_every_fault() -> None:
+    a = generate(5000, run_id="r", seed=3)
+    b = generate(5000, run_id="r", seed=3)
+    assert a.events == b.events
+    assert len(a.events) == 5000
+    for kind in ("ok", "malformed", "invalid", "transient", "poison", "unroutable"):
+        assert a.kinds[kind] > 0, kind
+    assert a.duplicates == a.kinds["duplicate"] > 0
+    assert generate(5000, run_id="r", seed=4).events != a.events
+
+
+def test_generator_events_match_their_kind() -> None:
+    plan = generate(3000, run_id="r", seed=1)
+    ids = [e.message_id for e in plan.unique]
+    assert len(ids) == len(set(ids))
+    originals = {e.message_id: e for e in plan.unique}
+    for event in plan.events:
+        if event.duplicate:  # same id, body and fault as an earlier original
+            original = originals[event.message_id]
+            assert (event.body, event.fault, event.routing_key) == (
+                original.body,
+                original.fault,
+                original.routing_key,
+            )
+            assert original.kind != "unroutable"
+            continue
+        if event.kind == "malformed":
+            with pytest.raises(ValueError):
+                json.loads(event.body)
+            continue
+        order = json.loads(event.body)
+        if event.kind == "invalid":
+            assert (
+                order.get("amount", 1) <= 0
+                or order.get("currency") not in RATES_TO_EUR
+                or "category" not in order
+                or order.get("ts") == "yesterday"
+            )
+        else:
+            assert order["amount"] > 0 and order["currency"] in RATES_TO_EUR
+        assert event.fault == (event.kind if event.kind in ("transient", "poison") else None)
+        assert event.routing_key.startswith(
+            "legacy.order." if event.kind == "unroutable" else "order.created."
+        )
+    assert plan.valid_ids.isdisjoint(plan.parked_ids)
+    unroutable = {e.message_id for e in plan.events if e.kind == "unroutable"}
+    assert len(plan.valid_ids) + len(plan.parked_ids) + len(unroutable) == len(plan.unique)
+    revenue = plan.revenue()
+    assert sum(count for _, count in revenue.values()) == len(plan.valid_ids)
+    assert FAULT_HEADER == "x-demo-fault"
+
+
+def test_no_faults_means_only_clean_orders() -> None:
+    plan = generate(
+        500, run_id="r", mix=Mix(malformed=0, invalid=0, transient=0, poison=0, unroutable=0,
+                                 duplicates=0),
+    )  # fmt: skip
+    assert {e.kind for e in plan.events} == {"ok"}
+    assert plan.duplicates == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"events": 0}, "events"),
+        ({"events": True}, "events"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": 40_000}, "batch_size"),
+        ({"run_id": "a b"}, "run_id"),
+        ({"prefix": ""}, "prefix"),
+        ({"timeout": 0}, "timeout"),
+        ({"mix": Mix(invalid=-1)}, "mix.invalid"),
+        ({"mix": Mix(malformed=60, invalid=50)}, "mix"),
+    ],
+)
+def test_config_errors_name_the_field(options: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigurationError, match=rf"^{field}"):
+        PipelineConfig(**options)  # type: ignore[arg-type]
+
+
+def test_config_checks_the_url_and_the_retry_policy() -> None:
+    with pytest.raises(ValueError):
+        PipelineConfig(url="http://nope/")
+    with pytest.raises(ValueError, match="max_attempts"):
+        PipelineConfig(max_attempts=0)
+
+
+def test_topology_has_alternate_exchange_retry_tiers_and_parking_lot() -> None:
+    config = PipelineConfig(run_id="abc", prefix="p")
+    names = config.names
+    topology = build_topology(names, config.policy)
+    exchange = topology.exchange(names.exchange)
+    assert exchange is not None
+    assert exchange.type == "topic" and exchange.alternate_exchange == names.unrouted_exchange
+    queue_names = {q.name for q in topology.queues}
+    assert {
+        names.work,
+        names.unrouted,
+        f"{names.work}.retry.1s",
+        f"{names.work}.retry.3s",
+        f"{names.work}.parking-lot",
+    } <= queue_names
+    assert PipelineConfig(run_id="x", output_dir="out").run_dir == Path("out", "x")
+
+
+def test_main_says_java_is_missing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    assert main(["-n", "10"]) == 2
+    err = capsys.readouterr().err
+    assert "Java runtime (17 or newer)" in err and "openjdk-17" in err
+
+
+def test_main_rejects_bad_arguments(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("rabbitry.examples.orders_pipeline.java_problem", lambda: None)
+    assert main(["-n", "0"]) == 2
+    assert "events: must be an integer >= 1" in capsys.readouterr().err
