@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from tests.cluster.workload import (
+    NACK_RETRY,
     Checker,
     Publishing,
     Stalls,
@@ -86,7 +87,9 @@ async def test_k1_leader_with_the_publisher_killed_twice(
     try:
         assert node_of(cluster, pub_conn) is leader
         consumer = await consume_into(con_conn, queue, checker)
-        publisher = await pub_conn.publisher(max_in_flight=window, republish_unconfirmed=True)
+        publisher = await pub_conn.publisher(
+            max_in_flight=window, republish_unconfirmed=True, nack_retry=NACK_RETRY
+        )
         publishing = Publishing(publisher, queue, checker, stalls)
 
         async def restart_after_failover(victim: BrokerNode) -> BrokerNode:
@@ -177,7 +180,9 @@ async def _follower_run(
     victim = f1 if fault == "stop-client-node" else leader
     try:
         consumer = await consume_into(con_conn, queue, checker)
-        publisher = await pub_conn.publisher(max_in_flight=1_000, republish_unconfirmed=True)
+        publisher = await pub_conn.publisher(
+            max_in_flight=1_000, republish_unconfirmed=True, nack_retry=NACK_RETRY
+        )
         publishing = Publishing(publisher, queue, checker, stalls)
         await publish_paced(publishing, range(fault_at), rate)
         stalls.fault(f"{fault} {victim.short_name}")
@@ -275,7 +280,9 @@ async def _soak_client(
     rng = random.Random(index)
     urls = cluster.urls_from(index)
     conn = await connect([urls[0], *rng.sample(urls[1:], len(urls) - 1)], f"{unique}-c{index}")
-    publisher = await conn.publisher(max_in_flight=1_000, republish_unconfirmed=True)
+    publisher = await conn.publisher(
+        max_in_flight=1_000, republish_unconfirmed=True, nack_retry=NACK_RETRY
+    )
     publishing = Publishing(publisher, queue, checker, stalls)
     channel = await conn.channel()
     interval = SOAK_CLIENTS / SOAK_RATE

@@ -1,8 +1,9 @@
 """The cluster tier's workload and checker, in the ``rabbitmq/jepsen`` ``total-queue`` style.
 
 Every message body is a unique integer id. A publish ends *confirmed* (broker ack),
-*nacked* (retried here with backoff until confirmed, and counted), or *unknown* (no
-outcome by the end). Consumers record every id they see. The checker then reports:
+*nacked* (sent again with backoff by the publisher's ``nack_retry``; counted), or
+*unknown* (no outcome by the end). Consumers record every id they see. The checker then
+reports:
 
 * lost = confirmed - delivered (must be 0);
 * unexpected = delivered - attempted (must be 0);
@@ -21,8 +22,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rabbitry import AsyncConnection, Nacked
-from rabbitry.recovery import RecoveryPolicy, State
+from rabbitry import AsyncConnection
+from rabbitry.recovery import NackRetry, RecoveryPolicy, State
 from rabbitry.topology import Queue, Topology
 
 if TYPE_CHECKING:
@@ -31,8 +32,9 @@ if TYPE_CHECKING:
 
 #: Reconnect fast: a cluster client has other nodes to go to.
 FAST_RECOVERY = RecoveryPolicy(initial_delay=0.05, max_delay=1.0, jitter=0.2)
-#: Backoff for re-publishing a nacked id (a quorum queue nacks while it has no leader).
-NACK_BACKOFF = RecoveryPolicy(initial_delay=0.05, max_delay=0.5, jitter=0.2)
+#: The publisher re-sends what a leaderless quorum queue nacks, with this backoff
+#: (50 ms doubling to 0.5 s; attempts enough for an election of more than 10 s).
+NACK_RETRY = NackRetry(max_attempts=40, initial_delay=0.05, max_delay=0.5, jitter=0.2)
 
 
 async def connect(urls: list[str], name: str) -> AsyncConnection:
@@ -138,7 +140,8 @@ class Stalls:
 
 
 class Publishing:
-    """Publishes ids on ``publisher``; nacked ids are sent again with backoff."""
+    """Publishes ids on ``publisher`` (made with ``nack_retry=NACK_RETRY``, so nacks
+    are re-sent by the publisher itself) and records each outcome."""
 
     def __init__(
         self, publisher: AsyncPublisher, queue: str, checker: Checker, stalls: Stalls
@@ -148,10 +151,10 @@ class Publishing:
         self.checker = checker
         self.stalls = stalls
         self.pending: set[asyncio.Future[None]] = set()
-        self._retries: set[asyncio.Task[None]] = set()
+        #: Publishes that failed for good (a Nacked after every retry, a timeout...).
         self.errors: list[BaseException] = []
 
-    async def publish(self, n: int, attempt: int = 0) -> None:
+    async def publish(self, n: int) -> None:
         self.checker.attempted.add(n)
         future = await self.publisher.publish(
             str(n).encode(), routing_key=self.queue, persistent=True
@@ -159,9 +162,9 @@ class Publishing:
         if not self.pending:
             self.stalls.busy()
         self.pending.add(future)
-        future.add_done_callback(lambda f: self._settled(f, n, attempt))
+        future.add_done_callback(lambda f: self._settled(f, n))
 
-    def _settled(self, future: asyncio.Future[None], n: int, attempt: int) -> None:
+    def _settled(self, future: asyncio.Future[None], n: int) -> None:
         self.pending.discard(future)
         if future.cancelled():
             return
@@ -169,23 +172,15 @@ class Publishing:
         if exc is None:
             self.checker.confirmed.add(n)
             self.stalls.confirmed()
-        elif isinstance(exc, Nacked):
-            self.checker.nacks += 1
-            task = asyncio.get_running_loop().create_task(self._retry(n, attempt + 1))
-            self._retries.add(task)
-            task.add_done_callback(self._retries.discard)
         else:
             self.errors.append(exc)
 
-    async def _retry(self, n: int, attempt: int) -> None:
-        await asyncio.sleep(NACK_BACKOFF.delay(min(attempt, 10)))
-        await self.publish(n, attempt)
-
     async def settle(self, timeout: float) -> None:
-        """Wait until nothing is pending or being retried (or ``timeout``)."""
+        """Wait until nothing is pending (or ``timeout``); then count the nack re-sends."""
         deadline = time.monotonic() + timeout
-        while (self.pending or self._retries) and time.monotonic() < deadline:
+        while self.pending and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+        self.checker.nacks += self.publisher.nack_resends
 
 
 async def publish_paced(publishing: Publishing, ids: range, rate: float | None = None) -> None:
