@@ -50,6 +50,7 @@ from .exceptions import (
     Retry,
 )
 from .protocol.message import Message
+from .streams import STREAM_OFFSET, check_consume
 
 if TYPE_CHECKING:
     from .aio.channel import AsyncChannel
@@ -251,6 +252,10 @@ class AsyncConsumer:
         self.batch_timeout = batch_timeout if batch_timeout is not None else 1.0
         self.exclusive = exclusive
         self.arguments = dict(arguments) if arguments else None
+        if self.arguments and STREAM_OFFSET in self.arguments:  # fail here, not at start()
+            check_consume(
+                queue, self.arguments, no_ack=not self._manual, qos=(self.prefetch, 0, False)
+            )
         self.dedup = dedup
         self.on_cancel = on_cancel
         self.resubscribe = resubscribe

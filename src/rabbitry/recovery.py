@@ -93,7 +93,8 @@ class RecoveryPolicy:
         max_attempts: give up (the connection ends ``CLOSED``) after this many failed
             reconnect attempts; ``None`` keeps trying.
         shuffle_hosts: try the configured addresses in random order on each attempt
-            (otherwise in the given order).
+            (otherwise in the given order). Either way the address whose connection
+            was lost is tried last.
         on_entity_error: ``"skip"`` an entity that fails to re-declare (after reporting
             it), or ``"abort"`` recovery and close.
         during_recovery: operations issued while recovering ``"wait"`` (up to their own

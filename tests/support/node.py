@@ -320,6 +320,8 @@ class BrokerNode:
         scheduler_threads: Erlang schedulers (``+S n:n``); 1 keeps the node light.
         niceness: ``nice`` increment for the node, so the shared broker keeps priority.
         start_timeout: default seconds :meth:`start` waits for the node to be ready.
+        cookie: the Erlang cookie to use instead of a random one; nodes that form a
+            cluster (``tests.support.cluster``) share one. Still private to this run.
 
     Lifecycle: :meth:`start` → (:meth:`kill` / :meth:`pause` / :meth:`restart` ...) →
     :meth:`stop`. Data survives :meth:`kill`, :meth:`restart` and ``stop(keep_data=True)``;
@@ -337,6 +339,7 @@ class BrokerNode:
         scheduler_threads: int = 1,
         niceness: int = 10,
         start_timeout: float = 60.0,
+        cookie: str | None = None,
     ) -> None:
         self.name: Final = f"{NAME_PREFIX}{next(_counter)}@{_HOST}"
         self.short_name: Final = self.name.partition("@")[0]
@@ -346,6 +349,9 @@ class BrokerNode:
         self._scheduler_threads = scheduler_threads
         self._niceness = niceness
         self._start_timeout = start_timeout
+        if cookie is not None and not re.fullmatch(r"[A-Za-z0-9]{16,255}", cookie):
+            raise BrokerNodeError("cookie: must be 16-255 letters and digits")
+        self._cookie = cookie
         self._base: Path | None = None
         self._lease: _PortLease | None = None
         self._alarms: set[Alarm] = set()
@@ -550,7 +556,7 @@ class BrokerNode:
             home = self._base / "home"
             home.mkdir(mode=0o700)
             cookie = home / ".erlang.cookie"
-            cookie.write_text(secrets.token_hex(20).upper())
+            cookie.write_text(self._cookie or secrets.token_hex(20).upper())
             cookie.chmod(0o400)
             for sub in ("mnesia", "log"):
                 (self._base / sub).mkdir()
@@ -593,6 +599,17 @@ class BrokerNode:
             if len(listeners) > _EXTRA_PORTS:
                 raise BrokerNodeError(f"at most {_EXTRA_PORTS} listener plugins per node")
             self._plugins.extend(added)
+            if self._base is not None and self._lease is not None:
+                self._write_config()
+
+    def configure(self, settings: Mapping[str, str]) -> None:
+        """Add or change ``rabbitmq.conf`` settings from the next start on.
+
+        For settings that depend on facts known only after construction, such as the
+        names of a cluster's other nodes. Call before :meth:`start`, or restart after.
+        """
+        with self._lock:
+            self._config.update(settings)
             if self._base is not None and self._lease is not None:
                 self._write_config()
 

@@ -29,6 +29,7 @@ from ..message import Message
 from ..protocol import spec
 from ..protocol.channel import ChannelProtocol, ChannelState
 from ..protocol.frames import Method
+from ..streams import check_consume
 
 if TYPE_CHECKING:
     from .connection import AsyncConnection
@@ -482,6 +483,9 @@ class AsyncChannel:
         on_close: Callable[[AMQPError], None] | None,
         timeout: float | None,
     ) -> str:
+        check_consume(
+            queue, arguments, no_ack=no_ack, qos=self._qos, record=self._conn.topology_record
+        )
         consumer = _Consumer(callback, on_cancel)
         consumer.on_close = on_close
         # What recovery needs to subscribe again (the tag is filled in on consume-ok).

@@ -950,6 +950,12 @@ class AsyncConnection:
             candidates = list(self._candidates)
             if policy.shuffle_hosts:
                 random.shuffle(candidates)
+            # The address that just failed goes last: it is the least likely to answer
+            # (a killed node refuses at once, but a frozen one holds a connect until its
+            # connection_timeout), so a cluster client fails over to a live node first.
+            lost = next((i for i, p in enumerate(candidates) if p is self.params), None)
+            if lost is not None and len(candidates) > 1:
+                candidates.append(candidates.pop(lost))
             connected = False
             for params in candidates:
                 try:

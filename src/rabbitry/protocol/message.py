@@ -92,6 +92,13 @@ class Message:
         """The headers table (empty dict when absent)."""
         return self.properties.headers or {}
 
+    @property
+    def stream_offset(self) -> int | None:
+        """The offset of a delivery from a stream queue (its ``x-stream-offset`` header);
+        None for messages from other queue types."""
+        offset = self.headers.get("x-stream-offset")
+        return offset if isinstance(offset, int) and not isinstance(offset, bool) else None
+
     def ack(self, multiple: bool = False) -> None:
         """Acknowledge this message (and, with ``multiple``, all earlier ones).
 
