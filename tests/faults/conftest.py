@@ -22,7 +22,9 @@ left it dead, and clears the alarms raised through ``set_alarm``. Every node is 
 by its fixture's teardown (a try/finally, so also on KeyboardInterrupt during its boot),
 with an ``atexit`` hook and a watchdog inside each node (it halts once this Python process
 is gone) behind it; and the session fails if epmd still lists one of this run's nodes,
-one of their processes still runs, or one of their directories still exists.
+one of their processes still runs, or one of their directories still exists (checked in
+``tests/conftest.py`` once every fixture of the session, the cluster's included, is torn
+down).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from tests.support.leaks import leaked, snapshot
-from tests.support.node import SCRIPTS_ENV, BrokerNode, find_scripts_dir, leftovers
+from tests.support.node import SCRIPTS_ENV, BrokerNode, find_scripts_dir
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -64,15 +66,6 @@ def _running_node() -> Iterator[BrokerNode]:
         yield node
     finally:
         node.stop()
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _no_leftover_nodes() -> Iterator[None]:
-    """Fail the session if a node of this run survived its teardown."""
-    yield
-    problems = leftovers()
-    if problems:
-        pytest.fail("throw-away nodes were not cleaned up: " + "; ".join(problems))
 
 
 @pytest.fixture(scope="session")
