@@ -188,13 +188,16 @@ async def test_r6_flapping_resets_lose_nothing(broker_node: BrokerNode) -> None:
 
         proxy.tap(reset_the_reconnect)
 
+        accepted_after_last_reset = 0
+
         async def flapper() -> None:
-            nonlocal resets
+            nonlocal resets, accepted_after_last_reset
             for n in range(12):
                 await asyncio.sleep(rng.uniform(0.1, 1.5))
                 if n % 3 == 2:
                     hit_recovery.set()  # and reset the recovery itself, mid-handshake
                 resets += proxy.reset() > 0
+                accepted_after_last_reset = proxy.connections
 
         async def settle(message_id: str, future: asyncio.Future[None]) -> None:
             try:
@@ -219,6 +222,9 @@ async def test_r6_flapping_resets_lose_nothing(broker_node: BrokerNode) -> None:
                 )
                 settlers.append(asyncio.ensure_future(settle(message_id, future)))
             await chaos
+            # The client reconnecting proves it noticed the last reset; only then does
+            # wait_recovered() wait for that recovery (it returns at once while OPEN).
+            assert await eventually(lambda: proxy.connections > accepted_after_last_reset)
             await asyncio.wait_for(asyncio.gather(*settlers), 90)
             await conn.wait_recovered(WAIT)
             await asyncio.wait_for(done.wait(), 60)
