@@ -358,11 +358,10 @@ class AsyncConsumer:
         if self._resubscribe_task is not None:
             self._resubscribe_task.cancel()
         channel = self._channel
-        if channel is not None and channel.is_open and self.consumer_tag is not None:
-            try:
-                await channel.basic_cancel(self.consumer_tag, timeout=timeout)
-            except AMQPError as exc:
-                logger.debug("basic.cancel during stop failed: %r", exc)
+        if channel is not None and not channel.is_closed and self.consumer_tag is not None:
+            # Cancelled now, or (connection recovering) forgotten so that recovery does
+            # not subscribe a stopped consumer again.
+            await channel._abandon_consumer(self.consumer_tag, 10.0 if timeout is None else timeout)
         self._release_waiting()
         if self._running:
             assert self._idle is not None
@@ -382,7 +381,7 @@ class AsyncConsumer:
                 task.cancel()
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
-        if channel is not None and channel.is_open:
+        if channel is not None and not channel.is_closed:
             try:
                 await channel.close(timeout=timeout)
             except AMQPError as exc:
@@ -391,7 +390,7 @@ class AsyncConsumer:
     async def _close_when_idle(self, channel: AsyncChannel | None, timeout: float | None) -> None:
         assert self._idle is not None
         await self._idle.wait()
-        if channel is not None and channel.is_open:
+        if channel is not None and not channel.is_closed:
             try:
                 await channel.close(timeout=timeout)
             except AMQPError as exc:

@@ -198,6 +198,7 @@ class TopologyRecord:
         """
         if old == new or old not in self._queues:
             return
+        self._queues.pop(new, None)  # recorded under its new name already: keep one
         self._queues = {
             (new if name == old else name): (replace(q, name=new) if name == old else q)
             for name, q in self._queues.items()

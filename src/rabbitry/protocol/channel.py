@@ -335,7 +335,8 @@ class ChannelProtocol:
 
     def _check_usable(self, what: str) -> None:
         if self.state is CLOSING or self.state is CLOSED:
-            exc = InvalidStateError(f"cannot send {what}: channel {self.channel_id} is closed")
+            why = f" ({self.close_exc})" if self.close_exc is not None else ""
+            exc = InvalidStateError(f"cannot send {what}: channel {self.channel_id} is closed{why}")
             raise exc from self.close_exc
 
     def _start_rpc(self, request: tuple[tuple[type[Method], ...], bytes]) -> None:
