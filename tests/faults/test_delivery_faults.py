@@ -345,7 +345,10 @@ async def test_t2_entity_changed_out_of_band(broker_node: BrokerNode, mode: str)
             await publisher.close()
         else:
             assert await eventually(lambda: conn.state is State.CLOSED)
-            assert [(k, n) for k, n, _ in errors] == [("queue", names[1])]
+            # The entity, then the connection given up because of it.
+            assert [k for k, _, _ in errors] == ["queue", "connection"]
+            assert errors[0][1] == names[1]
+            assert errors[1][2] is errors[0][2]
             with pytest.raises(rabbitry.InvalidStateError):
                 await conn.wait_recovered(1)
     finally:
