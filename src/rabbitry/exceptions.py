@@ -39,6 +39,8 @@ The tree::
     ├── PublishError
     │   ├── Nacked                         the broker nacked a confirmed publish
     │   ├── Unroutable                     a mandatory publish came back (basic.return)
+    │   ├── PublishRefused(reply_code, reply_text)  the broker closed the channel because
+    │   │                                     of this publish (404, 403, 406): do not resend
     │   ├── PublishOutcomeUnknown          the channel or connection died before the confirm
     │   └── PublishTimeout (also Timeout)  a publish's deadline passed (room, block, confirm)
     │       └── OutboxFull                 the durable outbox stayed at its bound (rows/bytes)
@@ -112,6 +114,7 @@ __all__ = [
     "ProtocolError",
     "PublishError",
     "PublishOutcomeUnknown",
+    "PublishRefused",
     "PublishTimeout",
     "Reject",
     "RemoteProtocolError",
@@ -462,11 +465,44 @@ class PublishOutcomeUnknown(PublishError):
 
     Attributes:
         delivery_tag: the publish sequence number on the channel that ended.
+        discarded: ``True`` when the message cannot have been routed: it was sent on
+            the channel after a publish the broker refused, and the broker discards
+            everything that follows the offending method on a channel it closes. Sending
+            it again cannot make a duplicate.
     """
 
-    def __init__(self, delivery_tag: int, message: str = "") -> None:
+    def __init__(self, delivery_tag: int, message: str = "", *, discarded: bool = False) -> None:
         super().__init__(message or f"publish #{delivery_tag}: outcome unknown, channel ended")
         self.delivery_tag = delivery_tag
+        self.discarded = discarded
+
+
+class PublishRefused(PublishError):
+    """The broker refused this publish: it closed the channel because of it.
+
+    A definite answer, unlike :class:`PublishOutcomeUnknown`: the message was not
+    routed, and sending it again unchanged fails the same way. Typical causes: 404 (the
+    exchange does not exist), 403 (no write permission, or an internal exchange) and 406
+    (a body above the broker's ``max_message_size``, a ``user_id`` that is not the
+    connection's user). ``__cause__`` is the :class:`ChannelClosedByBroker` the broker
+    sent.
+
+    Attributes:
+        delivery_tag: the publish sequence number on the channel that was closed.
+        reply_code: the broker's reply code (404, 403, 406...).
+        reply_text: the broker's explanation, as received.
+    """
+
+    def __init__(self, delivery_tag: int, reply_code: int, reply_text: str) -> None:
+        super().__init__(
+            f"publish #{delivery_tag} refused by the broker: ({reply_code}) {reply_text}"
+        )
+        self.delivery_tag = delivery_tag
+        self.reply_code = reply_code
+        self.reply_text = reply_text
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.delivery_tag, self.reply_code, self.reply_text))
 
 
 class HandlerSignal(AMQPError):

@@ -144,8 +144,8 @@ class Publisher:
 
         Returns:
             A ``concurrent.futures.Future``: ``None`` on ack; fails with
-            :class:`Nacked`, :class:`Unroutable`, :class:`PublishTimeout` or
-            :class:`PublishOutcomeUnknown`. With ``confirm=False`` the future is
+            :class:`Nacked`, :class:`Unroutable`, :class:`PublishTimeout`,
+            :class:`PublishRefused` or :class:`PublishOutcomeUnknown`. With ``confirm=False`` the future is
             already done when returned: fire-and-forget reports nothing.
 
         Raises:
