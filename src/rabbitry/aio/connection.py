@@ -59,11 +59,12 @@ from ..recovery import DEFAULT_RECOVERY, NackRetry, RecoveryPolicy, State, is_re
 from .channel import AsyncChannel
 
 if TYPE_CHECKING:
-    from ..consumer import AsyncConsumer, DedupStore
+    from ..consumer import AsyncConsumer, AsyncHandler, DedupStore
     from ..outbox import Outbox
     from ..outbox_publisher import AsyncOutboxPublisher
     from ..pool import AsyncChannelPool
     from ..publisher import AsyncPublisher
+    from ..topology import RetryPolicy
 
 __all__ = ["AsyncConnection"]
 
@@ -625,12 +626,12 @@ class AsyncConnection:
     def consumer(
         self,
         queue: str,
-        handler: Callable[[Any], Awaitable[Any]],
+        handler: AsyncHandler,
         *,
         ack: Literal["manual", "auto"] = "manual",
         prefetch: int = 100,
         concurrency: int = 1,
-        retry: Any = None,
+        retry: RetryPolicy | None = None,
         batch_size: int | None = None,
         batch_timeout: float | None = None,
         exclusive: bool = False,

@@ -22,11 +22,12 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from ..config import ConnectionParameters
-    from ..consumer import DedupStore
+    from ..consumer import DedupStore, SyncHandler
     from ..outbox import Outbox
     from ..outbox_publisher import AsyncOutboxPublisher
     from ..record import TopologyRecord
     from ..recovery import NackRetry, RecoveryPolicy, State
+    from ..topology import RetryPolicy
     from .consumer import Consumer
     from .outbox_publisher import OutboxPublisher
     from .pool import ChannelPool
@@ -391,12 +392,12 @@ class Connection:
     def consumer(
         self,
         queue: str,
-        handler: Callable[[Any], Any],
+        handler: SyncHandler,
         *,
         ack: Literal["manual", "auto"] = "manual",
         prefetch: int = 100,
         concurrency: int = 1,
-        retry: Any = None,
+        retry: RetryPolicy | None = None,
         batch_size: int | None = None,
         batch_timeout: float | None = None,
         exclusive: bool = False,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..exceptions import (
     ChannelClosedByBroker,
@@ -41,7 +41,7 @@ from ._model import Binding, Exchange, Policy, Queue, is_reserved
 from ._topology import Topology
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     from ..aio.channel import AsyncChannel
     from ..aio.connection import AsyncConnection
@@ -52,6 +52,7 @@ __all__ = [
     "apply_topology",
     "check_policies",
     "delete_topology",
+    "missing_entities",
     "parse_inequivalent",
     "verify_topology",
 ]
@@ -431,6 +432,41 @@ async def _conflict(
     ours = _our_value(entity, parsed.argument, arguments)
     theirs = value_from_reply(parsed.current, like=ours)
     return TopologyConflict(entity.KIND, entity.name, parsed.argument, ours, theirs, exc.reply_text)
+
+
+# --------------------------------------------------------------------------- existence
+
+
+async def missing_entities(
+    connection: AsyncConnection,
+    wanted: Sequence[tuple[Literal["exchange", "queue"], str]],
+    timeout: float | None = None,
+) -> list[tuple[Literal["exchange", "queue"], str]]:
+    """Which of ``wanted`` do not exist on the broker (passive declares).
+
+    Runs on a channel of its own, opened again after each 404 (which closes it). The
+    default exchange (``""``) always exists; a queue exclusive to another connection
+    (405) exists too.
+    """
+    session = _Session(connection, timeout)
+    missing: list[tuple[Literal["exchange", "queue"], str]] = []
+    try:
+        for kind, name in wanted:
+            if kind == "exchange" and not name:
+                continue
+            channel = await session.channel()
+            try:
+                if kind == "exchange":
+                    await channel.exchange_declare(name, passive=True, timeout=timeout)
+                else:
+                    await channel.queue_declare(name, passive=True, timeout=timeout)
+            except NotFound:
+                missing.append((kind, name))
+            except ResourceLocked:
+                pass
+    finally:
+        await session.close()
+    return missing
 
 
 # --------------------------------------------------------------------------- verify
