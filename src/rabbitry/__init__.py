@@ -55,6 +55,7 @@ from .exceptions import (
     TLSError,
     TopologyConflict,
     TopologyError,
+    TopologyMissingExchange,
     TopologyValidationError,
     Unroutable,
 )
@@ -163,6 +164,7 @@ __all__ = [
     "Topology",
     "TopologyConflict",
     "TopologyError",
+    "TopologyMissingExchange",
     "TopologyValidationError",
     "UInt8",
     "UInt16",

@@ -50,7 +50,9 @@ The tree::
     ├── TopologyError                      declaring, checking or retrying topology failed
     │   ├── TopologyValidationError (ValueError)  a declaration breaks a RabbitMQ rule;
     │   │                                     raised before anything is sent
-    │   └── TopologyConflict               an entity exists with other arguments (406)
+    │   ├── TopologyConflict               an entity exists with other arguments (406)
+    │   └── TopologyMissingExchange        an alternate or dead-letter exchange named by
+    │                                         the topology exists nowhere
     ├── ManagementError(status, reason)    the management HTTP API refused or failed
     │   └── ManagementNotFound             404: no such queue, vhost, policy…
     └── Timeout (TimeoutError)             a deadline passed
@@ -126,6 +128,7 @@ __all__ = [
     "Timeout",
     "TopologyConflict",
     "TopologyError",
+    "TopologyMissingExchange",
     "TopologyValidationError",
     "UnexpectedFrame",
     "Unroutable",
@@ -617,6 +620,33 @@ class TopologyConflict(TopologyError):
             type(self),
             (self.kind, self.name, self.argument, self.ours, self.theirs, self.reply_text),
         )
+
+
+class TopologyMissingExchange(TopologyError):
+    """An alternate exchange or dead-letter exchange the topology names does not exist.
+
+    Neither the topology declares it nor does the broker have it. RabbitMQ accepts such
+    a name without complaint and then drops the messages that should go there: an
+    unroutable message (alternate exchange) or a rejected, expired or overflowing one
+    (dead-letter exchange) is lost.
+
+    Attributes:
+        missing: one ``(entity, field, exchange)`` per dangling reference, e.g.
+            ``("queue 'jobs'", "dead_letter_exchange", "jobs.dlx")``.
+    """
+
+    def __init__(self, missing: tuple[tuple[str, str, str], ...]) -> None:
+        lines = "; ".join(
+            f"{entity}: {field} {exchange!r} does not exist" for entity, field, exchange in missing
+        )
+        super().__init__(
+            f"{lines} (not in the topology, not on the broker): messages sent there would be "
+            "dropped. Add the exchange to the topology, or pass missing_exchanges='warn'"
+        )
+        self.missing = missing
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.missing,))
 
 
 def _show(value: Any) -> str:
