@@ -601,12 +601,14 @@ class AsyncConnection:
             nack_retry=nack_retry,
         )
 
-    async def channel_pool(self, size: int = 10, *, confirm: bool = True) -> AsyncChannelPool:
+    async def channel_pool(
+        self, size: int = 10, *, confirm: bool = True, confirm_timeout: float | None = 30.0
+    ) -> AsyncChannelPool:
         """A pool of at most ``size`` channels (see :class:`rabbitry.AsyncChannelPool`)."""
         from ..pool import AsyncChannelPool
 
         self._require_open()
-        return AsyncChannelPool(self, size=size, confirm=confirm)
+        return AsyncChannelPool(self, size=size, confirm=confirm, confirm_timeout=confirm_timeout)
 
     async def update_secret(
         self, new_secret: bytes | str, reason: str = "", *, timeout: float | None = None

@@ -371,7 +371,9 @@ class Connection:
         )
         return Publisher(self, engine)
 
-    def channel_pool(self, size: int = 10, *, confirm: bool = True) -> ChannelPool:
+    def channel_pool(
+        self, size: int = 10, *, confirm: bool = True, confirm_timeout: float | None = 30.0
+    ) -> ChannelPool:
         """A pool of at most ``size`` channels (see :class:`rabbitry.ChannelPool`)."""
         from ..pool import AsyncChannelPool
         from .pool import ChannelPool
@@ -379,7 +381,12 @@ class Connection:
         self._require_portal()
         if not self._async.is_open:
             raise InvalidStateError("the connection is not open")
-        return ChannelPool(self, AsyncChannelPool(self._async, size=size, confirm=confirm))
+        return ChannelPool(
+            self,
+            AsyncChannelPool(
+                self._async, size=size, confirm=confirm, confirm_timeout=confirm_timeout
+            ),
+        )
 
     def update_secret(
         self, new_secret: bytes | str, reason: str = "", *, timeout: float | None = None
