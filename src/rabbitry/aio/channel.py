@@ -19,14 +19,17 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..exceptions import (
     AMQPError,
+    ChannelClosedByBroker,
     ChannelClosedByClient,
     ConsumerCancelled,
     Nacked,
     PublishOutcomeUnknown,
+    PublishRefused,
     Timeout,
 )
 from ..message import Message
 from ..protocol import spec
+from ..protocol._refusal import PublishSummary, is_publish_refusal, refused_index, summarize
 from ..protocol.channel import ChannelProtocol, ChannelState
 from ..protocol.frames import Method
 from ..record import RecordedBinding, RecordedExchange, RecordedQueue
@@ -58,6 +61,8 @@ class Settleable(Protocol):
 
 
 _END = object()
+#: How often (in publishes) the table of publish heads drops confirmed entries.
+_HEADS_PRUNE = 1024
 
 
 class _Consumer:
@@ -98,6 +103,10 @@ class AsyncChannel:
         self._consumers: dict[str, _Consumer] = {}
         self._confirms: dict[int, Settleable] = {}
         self._confirm_order: deque[int] = deque()
+        # The method frame and content header of confirm-mode publishes whose waiter
+        # does not keep its frames: what tells which publish a refusal names (see
+        # _fail_pending). Pruned every _HEADS_PRUNE publishes, not per confirm.
+        self._heads: dict[int, tuple[bytes, bytes]] = {}
         # Told when the confirm table becomes empty (see _confirms_settled).
         self._settled_waiters: list[asyncio.Future[None]] = []
         self._return_callbacks: list[ReturnCallback] = []
@@ -426,7 +435,8 @@ class AsyncChannel:
 
         Waits only while the socket's write buffer is full. In confirm mode returns a
         future that resolves when the broker acks the message and fails with
-        :class:`Nacked` or :class:`PublishOutcomeUnknown`; otherwise returns ``None``.
+        :class:`Nacked`, :class:`PublishRefused` (the broker closed the channel because of
+        this message) or :class:`PublishOutcomeUnknown`; otherwise returns ``None``.
         A ``str`` body is sent as UTF-8. Returned (unroutable mandatory) messages go to
         the return callbacks.
 
@@ -439,14 +449,24 @@ class AsyncChannel:
             await conn._await_recovery(None, "basic.publish")
         if conn._write_paused:
             await conn._wait_writable()
-        seq = self._proto.publish(exchange, routing_key, body, properties, mandatory)  # type: ignore[arg-type]
+        proto = self._proto
+        frames = proto.encode_publish(exchange, routing_key, body, properties, mandatory)  # type: ignore[arg-type]
+        seq = proto.send_publish(frames)
         conn._kick()
         if not seq:
             return None
         future: asyncio.Future[None] = self._loop.create_future()
         self._confirms[seq] = future
         self._confirm_order.append(seq)
+        self._keep_head(seq, frames)
         return future
+
+    def _keep_head(self, seq: int, frames: list[bytes]) -> None:
+        heads = self._heads
+        heads[seq] = (frames[0], frames[2])
+        if not seq % _HEADS_PRUNE:
+            confirms = self._confirms
+            self._heads = {s: h for s, h in heads.items() if s in confirms}
 
     def _publish_encoded(self, frames: list[bytes], waiter: Settleable | None) -> None:
         """Queue pre-encoded publish frames (the sync facade's hot path; loop thread).
@@ -466,6 +486,7 @@ class AsyncChannel:
         if seq:
             self._confirms[seq] = waiter
             self._confirm_order.append(seq)
+            self._keep_head(seq, frames)
         else:
             waiter.set_result(None)
 
@@ -924,6 +945,8 @@ class AsyncChannel:
                 future.set_exception(copy.copy(exc))
         confirms, self._confirms = self._confirms, {}
         self._confirm_order.clear()
+        heads, self._heads = self._heads, {}
+        refused = self._refused_seq(exc, confirms, heads)
         if not keep_resendable and self._resend:
             resend, self._resend = self._resend, []
             confirms.update((-i - 1, waiter) for i, waiter in enumerate(resend))
@@ -933,11 +956,58 @@ class AsyncChannel:
             if keep_resendable and getattr(waiter, "resend_on_recovery", False):
                 self._resend.append(waiter)
                 continue
-            unknown = PublishOutcomeUnknown(max(seq, 0))
-            unknown.__cause__ = exc
-            waiter.set_exception(unknown)
+            error: PublishOutcomeUnknown | PublishRefused
+            if refused is None or seq < refused:
+                error = PublishOutcomeUnknown(max(seq, 0))
+            elif seq == refused:
+                assert isinstance(exc, ChannelClosedByBroker)
+                error = PublishRefused(seq, exc.reply_code, exc.reply_text)
+            else:
+                error = PublishOutcomeUnknown(
+                    seq,
+                    f"publish #{seq}: not processed: the broker discarded it after "
+                    f"refusing publish #{refused} on the same channel",
+                    discarded=True,
+                )
+            error.__cause__ = exc
+            waiter.set_exception(error)
         if self._settled_waiters:
             self._notify_settled()
+
+    def _refused_seq(
+        self,
+        exc: AMQPError,
+        confirms: Mapping[int, Settleable],
+        heads: Mapping[int, tuple[bytes, bytes]],
+    ) -> int | None:
+        """The sequence number of the publish a broker's channel.close refused, if any.
+
+        See :mod:`rabbitry.protocol._refusal`: the broker closes the channel right after
+        the offending basic.publish, earlier publishes may still await their confirm,
+        later ones were discarded unprocessed.
+        """
+        if not isinstance(exc, ChannelClosedByBroker) or not is_publish_refusal(
+            exc.reply_code, exc.class_id, exc.method_id
+        ):
+            return None
+        order = sorted(seq for seq, waiter in confirms.items() if not waiter.done())
+        candidates: list[PublishSummary | None] = []
+        for seq in order:
+            frames: list[bytes] | None = getattr(confirms[seq], "frames", None)
+            head = (frames[0], frames[2]) if frames and len(frames) > 2 else heads.get(seq)
+            candidates.append(summarize(*head) if head is not None else None)
+        index = refused_index(exc.reply_text, candidates)
+        if index is None:
+            if order:
+                logger.error(
+                    "channel %s: the broker refused one of %d unconfirmed publishes (%s) and "
+                    "its reply does not say which; they all fail as outcome unknown",
+                    self.channel_id,
+                    len(order),
+                    exc,
+                )
+            return None
+        return order[index]
 
     def _suspend(self, exc: AMQPError) -> None:
         """The connection died and is recovering: keep the channel, fail what was pending.

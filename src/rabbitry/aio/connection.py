@@ -55,11 +55,12 @@ from ._recovery import Recovery
 from .channel import AsyncChannel
 
 if TYPE_CHECKING:
-    from ..consumer import AsyncConsumer, DedupStore
+    from ..consumer import AsyncConsumer, AsyncHandler, DedupStore
     from ..outbox import Outbox
     from ..outbox_publisher import AsyncOutboxPublisher
     from ..pool import AsyncChannelPool
     from ..publisher import AsyncPublisher
+    from ..topology import RetryPolicy
 
 __all__ = ["AsyncConnection"]
 
@@ -596,12 +597,14 @@ class AsyncConnection:
             nack_retry=nack_retry,
         )
 
-    async def channel_pool(self, size: int = 10, *, confirm: bool = True) -> AsyncChannelPool:
+    async def channel_pool(
+        self, size: int = 10, *, confirm: bool = True, confirm_timeout: float | None = 30.0
+    ) -> AsyncChannelPool:
         """A pool of at most ``size`` channels (see :class:`rabbitry.AsyncChannelPool`)."""
         from ..pool import AsyncChannelPool
 
         self._require_open()
-        return AsyncChannelPool(self, size=size, confirm=confirm)
+        return AsyncChannelPool(self, size=size, confirm=confirm, confirm_timeout=confirm_timeout)
 
     async def update_secret(
         self, new_secret: bytes | str, reason: str = "", *, timeout: float | None = None
@@ -621,12 +624,12 @@ class AsyncConnection:
     def consumer(
         self,
         queue: str,
-        handler: Callable[[Any], Awaitable[Any]],
+        handler: AsyncHandler,
         *,
         ack: Literal["manual", "auto"] = "manual",
         prefetch: int = 100,
         concurrency: int = 1,
-        retry: Any = None,
+        retry: RetryPolicy | None = None,
         batch_size: int | None = None,
         batch_timeout: float | None = None,
         exclusive: bool = False,

@@ -319,7 +319,8 @@ class Channel:
 
         The message is encoded (and validated) in the calling thread and queued whole.
         In confirm mode returns a ``concurrent.futures.Future`` that resolves on the
-        broker's ack and fails with :class:`Nacked` or :class:`PublishOutcomeUnknown`;
+        broker's ack and fails with :class:`Nacked`, :class:`PublishRefused` (the broker
+        closed the channel because of this message) or :class:`PublishOutcomeUnknown`;
         otherwise ``None``. Blocks only when too many operations are queued for the IO
         thread (the socket is slower than the caller).
 

@@ -22,11 +22,12 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from ..config import ConnectionParameters
-    from ..consumer import DedupStore
+    from ..consumer import DedupStore, SyncHandler
     from ..outbox import Outbox
     from ..outbox_publisher import AsyncOutboxPublisher
     from ..record import TopologyRecord
     from ..recovery import NackRetry, RecoveryPolicy, State
+    from ..topology import RetryPolicy
     from .consumer import Consumer
     from .outbox_publisher import OutboxPublisher
     from .pool import ChannelPool
@@ -370,7 +371,9 @@ class Connection:
         )
         return Publisher(self, engine)
 
-    def channel_pool(self, size: int = 10, *, confirm: bool = True) -> ChannelPool:
+    def channel_pool(
+        self, size: int = 10, *, confirm: bool = True, confirm_timeout: float | None = 30.0
+    ) -> ChannelPool:
         """A pool of at most ``size`` channels (see :class:`rabbitry.ChannelPool`)."""
         from ..pool import AsyncChannelPool
         from .pool import ChannelPool
@@ -378,7 +381,12 @@ class Connection:
         self._require_portal()
         if not self._async.is_open:
             raise InvalidStateError("the connection is not open")
-        return ChannelPool(self, AsyncChannelPool(self._async, size=size, confirm=confirm))
+        return ChannelPool(
+            self,
+            AsyncChannelPool(
+                self._async, size=size, confirm=confirm, confirm_timeout=confirm_timeout
+            ),
+        )
 
     def update_secret(
         self, new_secret: bytes | str, reason: str = "", *, timeout: float | None = None
@@ -391,12 +399,12 @@ class Connection:
     def consumer(
         self,
         queue: str,
-        handler: Callable[[Any], Any],
+        handler: SyncHandler,
         *,
         ack: Literal["manual", "auto"] = "manual",
         prefetch: int = 100,
         concurrency: int = 1,
-        retry: Any = None,
+        retry: RetryPolicy | None = None,
         batch_size: int | None = None,
         batch_timeout: float | None = None,
         exclusive: bool = False,
