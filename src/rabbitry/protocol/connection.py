@@ -166,8 +166,6 @@ class ConnectionProtocol:
         self.auth_mechanism = mechanism
         self.locale = locale
         self.max_message_size = max_message_size
-        # No "information" URL: the library is installed from its repository, and there
-        # is no public page for the broker's management UI to point at.
         props: dict[str, Any] = {
             "product": "rabbitry",
             "version": VERSION,
