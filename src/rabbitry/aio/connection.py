@@ -46,7 +46,7 @@ from ..protocol.events import (
     ConnectionOpened,
     ConnectionTerminated,
     ConnectionUnblocked,
-    ConsumerCancelled,
+    ConsumerCancelledByBroker,
     Delivery,
     Event,
     FlowChanged,
@@ -827,8 +827,8 @@ class AsyncConnection:
                 channel = channels.get(event.channel)
                 if channel is not None:
                     channel._on_return(event.message)
-            elif kind is ConsumerCancelled:
-                assert isinstance(event, ConsumerCancelled)
+            elif kind is ConsumerCancelledByBroker:
+                assert isinstance(event, ConsumerCancelledByBroker)
                 channel = channels.get(event.channel)
                 if channel is not None:
                     channel._on_consumer_cancelled(event.consumer_tag)
