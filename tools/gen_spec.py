@@ -6,7 +6,11 @@ Usage::
     python tools/gen_spec.py            # rewrite spec.py
     python tools/gen_spec.py --check    # exit 1 if spec.py differs from what would be written
 
-The input is ``../shared/spec/amqp-rabbitmq-0.9.1.json`` (override with ``--spec``).
+The input is RabbitMQ's machine-readable AMQP 0-9-1 spec, ``amqp-rabbitmq-0.9.1.json``
+(from RabbitMQ's code-generation project, MPL 2.0), given with ``--spec``. Without it,
+the generator reads ``shared/spec/amqp-rabbitmq-0.9.1.json`` in the parent of the
+repository root, where the development and CI machines keep it. The generated
+``spec.py`` is committed, so only the generator and its drift test read the file.
 
 For each method the generator writes a slotted class whose ``encode``/``decode`` are
 straight-line code: runs of fixed-size arguments (octets, shorts, longs, packed bits and

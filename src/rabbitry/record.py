@@ -4,7 +4,7 @@ Every :class:`~rabbitry.AsyncConnection` owns one record (``connection.topology_
 ``Topology.apply`` adds each exchange, queue and binding to it once the broker has
 confirmed the declaration, and ``Topology.delete`` removes them, so that automatic
 recovery re-declares exactly what the application still wants, in the order it was
-first declared: exchanges, then queues, then bindings (DESIGN §2 "Recovery").
+first declared: exchanges, then queues, then bindings.
 
 The record holds plain frozen dataclasses, not :mod:`rabbitry.topology` objects: it sits
 below the topology layer and must not import it. Arguments are copied into plain dicts

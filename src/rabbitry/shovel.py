@@ -613,6 +613,15 @@ class AsyncShovel:
             await asyncio.wait(set(self._in_flight))
 
 
+def _forwarded(name: str) -> Any:
+    """A read-only property of :class:`Shovel` that reads its :class:`AsyncShovel`'s."""
+
+    def get(self: Shovel) -> Any:
+        return getattr(self._async, name)
+
+    return property(get, doc=f"``{name}``, as given (see :class:`AsyncShovel`).")
+
+
 class Shovel:
     """:class:`AsyncShovel` for threads: the same arguments; :meth:`run` blocks.
 
@@ -652,6 +661,20 @@ class Shovel:
             connection_name=connection_name,
         )
         self._lock = threading.Lock()
+
+    # The configuration, read-only: the same members as the AsyncShovel twin.
+    source = _forwarded("source")
+    queue = _forwarded("queue")
+    destination = _forwarded("destination")
+    exchange = _forwarded("exchange")
+    routing_key = _forwarded("routing_key")
+    count = _forwarded("count")
+    filter = _forwarded("filter")
+    window = _forwarded("window")
+    idle_timeout = _forwarded("idle_timeout")
+    timeout = _forwarded("timeout")
+    on_progress = _forwarded("on_progress")
+    connection_name = _forwarded("connection_name")
 
     def __repr__(self) -> str:
         return repr(self._async).replace("AsyncShovel", "Shovel", 1)

@@ -1,5 +1,5 @@
-"""Publisher, consumer and topology faults (reliability.md §3.3 P1/P6, §3.4 C4/C5,
-§3.5 T2/T4). P2 (the headline), P5, C1, T1 and T5 are in ``test_recovery.py``; P3 is
+"""Publisher, consumer and topology faults (P1/P6, C4/C5, T2/T4 of the fault matrix in
+``docs/recovery.md``). P2 (the headline), P5, C1, T1 and T5 are in ``test_recovery.py``; P3 is
 ``tests/integration/test_nack_retry.py`` with ``test_publisher.py``'s exact-90-nacks
 test, P4 is ``test_unroutable_mandatory_*`` in ``tests/integration/test_publisher.py``
 and C2 is the broker-cancel tests of ``tests/integration/test_consumer.py``.

@@ -5,7 +5,7 @@ The engine owns the socket, the timers and the futures; every protocol rule live
 and events flow ``events_received → futures and callbacks``.
 
 Writes are corked: API calls queue frames in the protocol and schedule one flush per
-loop iteration, so a burst of publishes leaves in one ``write`` (DESIGN §3). A burst
+loop iteration, so a burst of publishes leaves in one ``write``. A burst
 longer than ``_FLUSH_FRAMES`` frames is flushed at once so memory stays bounded, and
 publishers wait while the transport's buffer is above its high-water mark.
 """
@@ -41,7 +41,7 @@ from ..protocol.events import (
     ConnectionOpened,
     ConnectionTerminated,
     ConnectionUnblocked,
-    ConsumerCancelled,
+    ConsumerCancelledByBroker,
     Delivery,
     Event,
     FlowChanged,
@@ -830,8 +830,8 @@ class AsyncConnection:
                 channel = channels.get(event.channel)
                 if channel is not None:
                     channel._on_return(event.message)
-            elif kind is ConsumerCancelled:
-                assert isinstance(event, ConsumerCancelled)
+            elif kind is ConsumerCancelledByBroker:
+                assert isinstance(event, ConsumerCancelledByBroker)
                 channel = channels.get(event.channel)
                 if channel is not None:
                     channel._on_consumer_cancelled(event.consumer_tag)

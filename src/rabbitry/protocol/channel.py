@@ -40,7 +40,7 @@ from ..exceptions import (
 from . import spec
 from .events import (
     ChannelClosedEvent,
-    ConsumerCancelled,
+    ConsumerCancelledByBroker,
     Delivery,
     FlowChanged,
     PublishConfirmed,
@@ -435,7 +435,9 @@ class ChannelProtocol:
                         self.channel_id, spec.BasicCancelOk(consumer_tag=method.consumer_tag)
                     )
                 )
-            self._conn._events.append(ConsumerCancelled(self.channel_id, method.consumer_tag))
+            self._conn._events.append(
+                ConsumerCancelledByBroker(self.channel_id, method.consumer_tag)
+            )
         elif cls is spec.ChannelFlow:
             assert isinstance(method, spec.ChannelFlow)
             self.flow_active = method.active
