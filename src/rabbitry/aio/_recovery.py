@@ -186,7 +186,9 @@ class Recovery:
                 tag = method.consumer_tag
                 queue = renamed.get(method.queue, method.queue)
                 if scratch is None or scratch.is_closed:
-                    scratch = await self._conn._open_channel(None, _STEP_TIMEOUT, record=False)
+                    scratch = await self._conn._open_channel(
+                        None, _STEP_TIMEOUT, record=False, internal=True
+                    )
                 try:
                     await scratch.queue_declare(queue, passive=True, timeout=_STEP_TIMEOUT)
                 except ChannelClosedByBroker as exc:
@@ -214,7 +216,7 @@ class Recovery:
         renamed: dict[str, str] = {}
         if not len(record):
             return renamed
-        channel = await conn._open_channel(None, _STEP_TIMEOUT, record=False)
+        channel = await conn._open_channel(None, _STEP_TIMEOUT, record=False, internal=True)
         try:
             for exchange in record.exchanges:
                 if not exchange.name or exchange.name.startswith("amq."):
@@ -274,7 +276,7 @@ class Recovery:
                 await declare(channel)
                 return channel
             except ChannelClosedByBroker as exc:
-                channel = await conn._open_channel(None, _STEP_TIMEOUT, record=False)
+                channel = await conn._open_channel(None, _STEP_TIMEOUT, record=False, internal=True)
                 if isinstance(exc, ResourceLocked) and attempt < 4:
                     # The dead connection's exclusive queue may not be gone yet.
                     await asyncio.sleep(0.2 * (attempt + 1))
@@ -286,7 +288,9 @@ class Recovery:
                         await restore(channel)
                     except ChannelClosedByBroker as again:
                         logger.info("recovery: restoring %r failed: %r", name, again)
-                        channel = await conn._open_channel(None, _STEP_TIMEOUT, record=False)
+                        channel = await conn._open_channel(
+                            None, _STEP_TIMEOUT, record=False, internal=True
+                        )
                     continue
                 self._report(kind, name, exc)
                 if self._policy.on_entity_error == "abort":

@@ -21,6 +21,7 @@ from ..exceptions import (
     AMQPError,
     ChannelClosedByBroker,
     ChannelClosedByClient,
+    ConnectionLost,
     ConsumerCancelled,
     Nacked,
     PublishOutcomeUnknown,
@@ -129,6 +130,8 @@ class AsyncChannel:
         # Record what this channel declares, binds and deletes for recovery to replay
         # (off for the channels recovery and the topology layer use themselves).
         self._records = connection._records_channel_topology()
+        # A channel of recovery itself: closed, not suspended, when the connection drops.
+        self._internal = False
         #: Unconfirmed publishes to send again after recovery, and how many were.
         self._resend: list[Settleable] = []
         self.republished = 0
@@ -1017,6 +1020,9 @@ class AsyncChannel:
         """
         if self._closed.done():
             return
+        if self._internal:
+            self._on_closed(exc)  # recovery's own channel: the next attempt opens another
+            return
         self._suspended = True
         self.epoch += 1
         # Every tag handed out so far died with the connection.
@@ -1030,14 +1036,29 @@ class AsyncChannel:
         self._proto = protocol
         self._register_rpc(None)  # channel.open, queued by the protocol
         await self._await_rpc("channel.open", 30.0)
-        self._suspended = False
+        # Still suspended: the application's calls wait until the modes are back (a
+        # publish in between would miss confirm mode).
         if self._qos is not None:
             count, size, global_ = self._qos
-            await self.basic_qos(count, prefetch_size=size, global_=global_, timeout=30.0)
+            qos = spec.BasicQos(prefetch_size=size, prefetch_count=count, global_=global_)
+            await self._replay_rpc(qos)
         if confirm:
-            await self.confirm_select(timeout=30.0)
+            await self._replay_rpc(spec.ConfirmSelect())
         if transactional:
-            await self.tx_select(timeout=30.0)
+            await self._replay_rpc(spec.TxSelect())
+        self._suspended = False
+
+    async def _replay_rpc(self, method: Method) -> Any:
+        """A request of recovery itself: sent now, never waiting for recovery.
+
+        Raises:
+            ConnectionLost: the connection dropped again (recovery tries again).
+        """
+        if self._proto.state is not ChannelState.OPEN:
+            raise ConnectionLost(f"the connection dropped before {method.NAME} was replayed")
+        self._proto.send_method(method)
+        self._register_rpc(None)
+        return await self._await_rpc(method.NAME, 30.0)
 
     def _republish(self) -> int:
         """Recovery: send again the unconfirmed messages kept at suspension, in order.
@@ -1075,10 +1096,10 @@ class AsyncChannel:
         if tag not in self._consumers:
             return  # its owner ended it while recovery ran
         method.queue = renamed.get(method.queue, method.queue)
-        await self._rpc(method, 30.0)
+        await self._replay_rpc(method)
         if tag not in self._consumers and self.is_open:
             # Abandoned while the consume was on its way: cancel what the broker made.
-            await self.basic_cancel(tag, timeout=30.0)
+            await self._replay_rpc(spec.BasicCancel(consumer_tag=tag))
 
     def _lose_consumer(self, tag: str, exc: AMQPError) -> None:
         """Recovery could not restore this consumer: end it through its cancel path."""

@@ -505,7 +505,12 @@ class AsyncConnection:
         return await self._open_channel(channel_id, timeout)
 
     async def _open_channel(
-        self, channel_id: int | None, timeout: float | None, *, record: bool = True
+        self,
+        channel_id: int | None,
+        timeout: float | None,
+        *,
+        record: bool = True,
+        internal: bool = False,
     ) -> AsyncChannel:
         """Open a channel now (recovery uses it while the connection is RECOVERING).
 
@@ -515,8 +520,8 @@ class AsyncConnection:
         proto = self._require_open()
         channel_proto = proto.open_channel(channel_id)
         channel = AsyncChannel(self, channel_proto)
-        if not record:
-            channel._records = False
+        channel._records = record and channel._records
+        channel._internal = internal
         self._channels[channel_proto.channel_id] = channel
         await channel._await_rpc(spec.ChannelOpen.NAME, timeout)
         return channel
