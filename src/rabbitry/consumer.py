@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
 from ._failure_log import FailureLog
+from .aio._recovery import redeclare_queue
 from .exceptions import (
     AMQPConnectionError,
     AMQPError,
@@ -912,13 +913,12 @@ class AsyncConsumer:
 
     async def _redeclare(self) -> None:
         """Declare the queue again from the connection's topology record, if it has it."""
-        record = getattr(self._conn, "topology_record", None)
-        redeclare = getattr(record, "redeclare_queue", None)
-        if redeclare is None:
+        record = self._conn.topology_record
+        if record.queue(self.queue) is None:
             return
         channel = await self._conn.channel()
         try:
-            name = await redeclare(channel, self.queue)
+            name = await redeclare_queue(record, channel, self.queue)
             if isinstance(name, str) and name and name != self.queue:
                 logger.info("consumer %s: queue re-declared as %r", self, name)
                 self.queue = name  # a server-named queue got a new name

@@ -41,11 +41,11 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from ..protocol import spec
-    from ..record import RecordedBinding, RecordedExchange, RecordedQueue
+    from ..record import RecordedBinding, RecordedExchange, RecordedQueue, TopologyRecord
     from .channel import AsyncChannel
     from .connection import AsyncConnection
 
-__all__ = ["Recovery"]
+__all__ = ["Recovery", "declare_binding", "declare_exchange", "declare_queue", "redeclare_queue"]
 
 logger = logging.getLogger("rabbitry.connection")
 
@@ -338,7 +338,9 @@ async def declare_queue(channel: AsyncChannel, queue: RecordedQueue) -> spec.Que
     )
 
 
-async def declare_binding(channel: AsyncChannel, binding: RecordedBinding) -> None:
+async def declare_binding(
+    channel: AsyncChannel, binding: RecordedBinding, *, timeout: float | None = _STEP_TIMEOUT
+) -> None:
     """Bind a recorded binding again (queue or exchange destination)."""
     bind = channel.exchange_bind if binding.destination_type == "exchange" else channel.queue_bind
     await bind(
@@ -346,5 +348,41 @@ async def declare_binding(channel: AsyncChannel, binding: RecordedBinding) -> No
         binding.source,
         binding.routing_key,
         arguments=dict(binding.arguments) or None,
-        timeout=_STEP_TIMEOUT,
+        timeout=timeout,
     )
+
+
+async def redeclare_queue(
+    record: TopologyRecord, channel: AsyncChannel, name: str, *, timeout: float | None = None
+) -> str | None:
+    """Declare a recorded queue again, then its recorded bindings to it.
+
+    Used when a queue disappeared under a consumer (deleted, or expired by
+    ``x-expires``). A server-named queue gets a new name, which the record follows.
+
+    Args:
+        record: the connection's topology record.
+        channel: an open channel; a broker error closes it (the error propagates).
+        name: the queue's recorded name.
+        timeout: seconds per declaration.
+
+    Returns:
+        The queue's name now, or ``None`` if no queue called ``name`` is recorded.
+    """
+    queue = record.queue(name)
+    if queue is None:
+        return None
+    reply = await channel.queue_declare(
+        "" if queue.server_named else queue.name,
+        durable=queue.durable,
+        exclusive=queue.exclusive,
+        auto_delete=queue.auto_delete,
+        arguments=dict(queue.arguments) or None,
+        timeout=timeout,
+    )
+    current: str = reply.queue
+    record.rename_queue(name, current)
+    for binding in record.bindings_of(current):
+        if binding.destination_type == "queue" and binding.destination == current:
+            await declare_binding(channel, binding, timeout=timeout)
+    return current
