@@ -71,7 +71,23 @@ class Recovery:
         self.losses: list[tuple[str, str, AMQPError]] = []
 
     async def run(self, last: BaseException | None) -> None:
-        """Reconnect and replay until it works, the policy gives up, or close() runs."""
+        """Reconnect and replay until it works, the policy gives up, or close() runs.
+
+        A bug in the replay must not leave the connection RECOVERING forever with
+        nobody working on it: any unexpected exception ends the connection, logged.
+        """
+        try:
+            await self._run(last)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.exception("recovery of the connection to %s failed", self._conn.params.address)
+            cause = ConnectionLost(f"recovery failed: {exc!r}")
+            cause.__cause__ = exc
+            self._conn._reset_attempt()
+            self._conn._give_up(cause)
+
+    async def _run(self, last: BaseException | None) -> None:
         conn = self._conn
         policy = self._policy
         attempt = 0

@@ -814,6 +814,13 @@ class AsyncConnection:
                 channel = channels.get(event.channel)
                 if channel is not None:
                     channel._on_delivery(event.message)
+                else:
+                    logger.error(
+                        "delivery %s on channel %s, which has no channel object: it stays "
+                        "unacknowledged until the channel closes",
+                        event.message.delivery_tag,
+                        event.channel,
+                    )
             elif kind is PublishConfirmed:
                 assert isinstance(event, PublishConfirmed)
                 channel = channels.get(event.channel)
