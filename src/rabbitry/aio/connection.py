@@ -462,6 +462,10 @@ class AsyncConnection:
             proto.close(reply_code, reply_text)
             self._flush()
             self._handle_events(proto.events_received())
+            if proto.close_exc is not None:
+                # Nothing the broker sends from now on but close-ok is read (0-9-1
+                # §4.2.2.1): what was pending fails now, not after the close-ok wait.
+                self._fail_all_pending(proto.close_exc)
             try:
                 await asyncio.wait_for(
                     asyncio.shield(self._terminated),
@@ -757,9 +761,47 @@ class AsyncConnection:
             self._tick_handle = loop.call_later(interval, self._on_tick)
 
     def _arm_close_deadline(self) -> None:
-        """The protocol closes the connection (it found a violation): bound the wait."""
+        """The protocol closes the connection (it found a violation): bound the wait.
+
+        The pending calls fail at once with the violation; only the socket waits (up
+        to ``_CLOSE_TIMEOUT``) for the broker's close-ok.
+        """
         assert self._loop is not None
         self._close_deadline = self._loop.call_later(_CLOSE_TIMEOUT, self._close_overdue)
+        proto = self._proto
+        if proto is not None and proto.close_exc is not None:
+            self._fail_all_pending(proto.close_exc)
+
+    def _fail_all_pending(self, exc: AMQPError) -> None:
+        """The connection is closing: fail every channel's waiting calls and confirms.
+
+        Publishes kept for a resend after recovery stay kept (the close may still turn
+        out recoverable); the channels themselves end when the connection does.
+        """
+        for channel in list(self._channels.values()):
+            channel._fail_pending(exc, keep_resendable=True)
+        waiter = self._update_secret_waiter
+        self._update_secret_waiter = None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+
+    def _abort(self, exc: AMQPError) -> None:
+        """End the connection now without waiting for the broker (loop thread).
+
+        For a loop about to stop under the connection (the sync facade's IO thread):
+        every future the engine holds fails with ``exc`` and the close callbacks run.
+        """
+        self._closing = True
+        task = self._recovery_task
+        if task is not None and not task.done():
+            task.cancel()
+        proto = self._proto
+        if proto is not None and proto.state is not ConnectionState.CLOSED:
+            proto.abort(exc)
+            self._handle_events(proto.events_received())
+        if not self.is_closed:
+            self._reset_attempt()
+            self._finish_closed(exc)
 
     def _close_overdue(self) -> None:
         proto = self._proto

@@ -315,8 +315,10 @@ class Channel:
         The message is encoded (and validated) in the calling thread and queued whole.
         In confirm mode returns a ``concurrent.futures.Future`` that resolves on the
         broker's ack and fails with :class:`Nacked` or :class:`PublishOutcomeUnknown`;
-        otherwise ``None``. Blocks only when too many operations are queued for the IO
-        thread (the socket is slower than the caller).
+        otherwise ``None``. Blocks while too many operations, or too many bytes
+        (``rabbitry.sync._portal.MAX_PENDING_BYTES``, 16 MiB), are queued for the IO
+        thread: the socket is slower than the caller, or the broker has blocked the
+        connection (a resource alarm). Closing the connection wakes it.
 
         Raises:
             LocalProtocolError: invalid field, property or body; nothing was queued.
@@ -334,11 +336,12 @@ class Channel:
             properties,
             mandatory,
         )
+        size = sum(map(len, frames))
         if channel.confirm_mode:
             future: concurrent.futures.Future[None] = ConfirmFuture()
-            self._portal.submit(channel._publish_encoded, frames, future)
+            self._portal.submit(channel._publish_encoded, frames, future, size=size)
             return future
-        self._portal.submit(channel._publish_encoded, frames, None)
+        self._portal.submit(channel._publish_encoded, frames, None, size=size)
         return None
 
     def basic_consume(
@@ -361,10 +364,14 @@ class Channel:
         Returns the consumer tag.
         """
         post = self._connection._post
+        dispatcher = self._connection._dispatcher
+        assert dispatcher is not None
+        post_delivery, engine = dispatcher.post_delivery, self._async
 
         def deliver(message: Message) -> None:
             message.channel = self
-            post(callback, message)
+            # Dropped if the channel closes first: no callback after close() returns.
+            post_delivery(engine, callback, message)
 
         cancel_hook = None
         if on_cancel is not None:
