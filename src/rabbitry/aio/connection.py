@@ -206,6 +206,10 @@ class AsyncConnection:
         self._tick_handle: asyncio.TimerHandle | None = None
         self._close_deadline: asyncio.TimerHandle | None = None
         self._write_paused = False
+        # Read back-pressure: how many holders paused reading, and the events already
+        # read (the rest of a chunk) that wait until the last pause is released.
+        self._read_pauses = 0
+        self._held_events: list[Event] = []
         self._drain_waiters: list[asyncio.Future[None]] = []
         # Called (loop thread) when the transport accepts writes again.
         self._writable_hooks: list[Callable[[], None]] = []
@@ -499,15 +503,36 @@ class AsyncConnection:
             raise Timeout(f"connection still open after {timeout} s") from None
 
     def _pause_reading(self) -> None:
-        """Stop reading the socket (the sync dispatcher is full); loop thread."""
-        if self._transport is not None and self._proto is not None:
+        """Stop reading the socket: a consumer's queue is full (loop thread).
+
+        Pauses are counted (the sync dispatcher and every full consumer queue each hold
+        one); reading resumes when the last is released by :meth:`_resume_reading`.
+        Deliveries already read in the same chunk are held back too (see
+        :meth:`_handle_events`), so a queue grows by at most the message that filled it.
+        """
+        self._read_pauses += 1
+        if self._read_pauses == 1 and self._transport is not None and self._proto is not None:
             self._proto.rx_paused = True
             self._transport.pause_reading()
 
     def _resume_reading(self) -> None:
+        """Release one :meth:`_pause_reading` (loop thread)."""
+        if not self._read_pauses:
+            return
+        self._read_pauses -= 1
+        if self._read_pauses:
+            return
+        if self._held_events and self._loop is not None:
+            self._loop.call_soon(self._release_held)
         if self._transport is not None and self._proto is not None:
             self._proto.rx_paused = False
             self._transport.resume_reading()
+
+    def _release_held(self) -> None:
+        """Handle the events held back while reading was paused (in order)."""
+        events, self._held_events = self._held_events, []
+        if events:
+            self._handle_events(events)
 
     # ------------------------------------------------------------------ channels
 
@@ -716,12 +741,19 @@ class AsyncConnection:
 
     def _on_connection_made(self, transport: asyncio.Transport) -> None:
         self._transport = transport
+        self._held_events = []  # deliveries of an earlier socket: the broker requeued them
+        if self._read_pauses and self._proto is not None:
+            # A consumer queue is still full from before a reconnect.
+            self._proto.rx_paused = True
+            transport.pause_reading()
         self._flush()  # the protocol header
 
     def _on_data(self, data: bytes) -> None:
         proto = self._proto
         if proto is None:
             return
+        if self._held_events:
+            self._release_held()  # what was read before goes first
         proto.receive_data(data)
         out = proto.data_to_send()
         if out and self._transport is not None:
@@ -841,13 +873,20 @@ class AsyncConnection:
                         self._state is State.OPEN and is_recoverable(event.exc)
                     ):
                         dropped = event.exc
-        for event in events:
+        for index, event in enumerate(events):
             kind = type(event)
             if kind is Delivery:
                 assert isinstance(event, Delivery)
                 channel = channels.get(event.channel)
                 if channel is not None:
                     channel._on_delivery(event.message)
+                if self._read_pauses and proto is not None and proto.state is ConnectionState.OPEN:
+                    # A consumer's queue just filled: the rest of this chunk waits as
+                    # if it had not been read yet (released with the last pause).
+                    rest = events[index + 1 :]
+                    if rest:
+                        self._held_events = rest + self._held_events
+                    return
             elif kind is PublishConfirmed:
                 assert isinstance(event, PublishConfirmed)
                 channel = channels.get(event.channel)
@@ -960,6 +999,7 @@ class AsyncConnection:
 
     def _on_dropped(self, exc: AMQPError) -> None:
         """The connection died for a recoverable reason; its channels are suspended."""
+        self._held_events = []  # unacked deliveries: the broker requeues them
         self._cancel_timers()
         transport = self._transport
         self._transport = None
@@ -1248,6 +1288,7 @@ class AsyncConnection:
 
     def _on_terminated(self, exc: AMQPError) -> None:
         self.close_exc = exc
+        self._held_events = []  # deliveries of closed channels: the broker requeues them
         if self._state is State.OPEN:
             self._set_state(State.CLOSED, exc)
         if self._recovered is not None:
