@@ -834,6 +834,9 @@ class AsyncConnection:
         if not self.is_closed:
             self._reset_attempt()
             self._finish_closed(exc)
+        if self._transport is not None:
+            # Not close(): a broker that reads nothing (blocked) would keep it open.
+            self._transport.abort()
 
     def _close_overdue(self) -> None:
         proto = self._proto

@@ -286,7 +286,7 @@ class Connection:
         if not portal.in_io_thread():
             try:
                 portal.call(
-                    self._async.close, reply_code, reply_text, timeout=limit, wait=limit + 1.0
+                    self._async.close, reply_code, reply_text, timeout=limit, wait=limit + 2.0
                 )
             except (AMQPError, InvalidStateError, Timeout):
                 pass
@@ -442,10 +442,8 @@ class Connection:
 
     def _end_engine(self) -> None:
         """IO thread, loop stopped: end the engine if ``close()`` did not (e.g. it was
-        called from the IO thread, or the portal stopped on its own), so that every
-        future it holds fails now."""
-        if self._async.is_closed:
-            return
+        called from the IO thread, or its wait ran out), so that every future it holds
+        fails now, and drop the socket."""
         reason = self._portal._stop_reason if self._portal is not None else None
         if not isinstance(reason, AMQPError):
             reason = ConnectionClosedByClient(200, "the connection's IO thread stopped")
