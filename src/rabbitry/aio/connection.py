@@ -15,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 import random
 import ssl
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
@@ -73,6 +75,9 @@ logger = logging.getLogger("rabbitry.connection")
 _FLUSH_FRAMES = 256
 #: How long close() waits for connection.close-ok by default.
 _CLOSE_TIMEOUT = 10.0
+
+# Every connection opened in this process, so that a forked child can disable them all.
+_CONNECTIONS: weakref.WeakSet[AsyncConnection] = weakref.WeakSet()
 
 BlockedCallback = Callable[[str | None], Any]
 CloseCallback = Callable[[AMQPError], Any]
@@ -230,6 +235,7 @@ class AsyncConnection:
         self._state_callbacks: list[Callable[[State, AMQPError | None], Any]] = []
         self._rename_callbacks: list[Callable[[str, str], Any]] = []
         self._recovery_error_callbacks: list[Callable[[str, str, AMQPError], Any]] = []
+        self._pid = os.getpid()
 
     def __repr__(self) -> str:
         state = self._proto.state.value if self._proto else "new"
@@ -308,6 +314,8 @@ class AsyncConnection:
         if self._proto is not None:
             raise InvalidStateError("connect() was already called on this connection")
         self._loop = asyncio.get_running_loop()
+        self._pid = os.getpid()
+        _CONNECTIONS.add(self)
         errors: list[tuple[str, BaseException]] = []
         try:
             async with asyncio.timeout(timeout):
@@ -453,8 +461,11 @@ class AsyncConnection:
         """Close cleanly: connection.close, wait for close-ok, close the socket.
 
         Idempotent. Past ``timeout`` (default 10 s) the socket is closed anyway, so this
-        returns in bounded time even when the broker is gone.
+        returns in bounded time even when the broker is gone. In a process forked from
+        the one that connected it does nothing (the socket is the parent's).
         """
+        if self._pid != os.getpid():
+            return
         self._closing = True
         if self._state is State.RECOVERING:
             await self._stop_recovery(ConnectionClosedByClient(reply_code, reply_text))
@@ -1336,6 +1347,32 @@ class AsyncConnection:
                 callback(exc)
             except Exception:
                 logger.exception("close callback %r failed", callback)
+
+
+def _after_fork() -> None:
+    """In a forked child: the sockets and the loop belong to the parent.
+
+    Each inherited connection is marked closed in the sans-IO core only (no frame is
+    written, no event handled, the socket is left alone for the parent), so every later
+    call raises :class:`InvalidStateError` at once, chained to an error naming the fork.
+    """
+    for conn in list(_CONNECTIONS):
+        proto = conn._proto
+        if proto is None or proto.state is ConnectionState.CLOSED:
+            continue
+        exc = InvalidStateError(
+            f"this connection was opened in process {conn._pid} and cannot be used after "
+            "fork(): its socket and event loop belong to the parent. Open a new "
+            "connection in the child process (see 'Processes and fork' in docs/recovery.md)"
+        )
+        proto.abort(exc)
+        proto.events_received()  # dropped: nothing of the parent's loop runs here
+        conn.close_exc = exc
+        conn._closing = True
+        conn._transport = None
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 async def _declare_recorded_exchange(channel: AsyncChannel, exchange: Any) -> None:
