@@ -73,6 +73,8 @@ logger = logging.getLogger("rabbitry.connection")
 
 #: Flush at once when this many frames are queued within one loop iteration.
 _FLUSH_FRAMES = 256
+#: Above this many bytes queued, a flush writes the pieces one by one instead of joining.
+_JOIN_BYTES = 1024 * 1024
 #: How long close() waits for connection.close-ok by default.
 _CLOSE_TIMEOUT = 10.0
 
@@ -725,10 +727,19 @@ class AsyncConnection:
         proto = self._proto
         if proto is None:
             return
-        data = proto.data_to_send()
+        out = proto.buffers_to_send()
         transport = self._transport
-        if data and transport is not None and not transport.is_closing():
-            transport.write(data)
+        if not out or transport is None or transport.is_closing():
+            return
+        if sum(map(len, out)) <= _JOIN_BYTES:
+            transport.write(out[0] if len(out) == 1 else b"".join(out))
+            return
+        # A large message: joining would copy its body once more before the transport
+        # copies what the socket did not take. Piece by piece, the transport's buffer
+        # holds the only copy.
+        write = transport.write
+        for piece in out:
+            write(piece)
 
     async def _wait_writable(self) -> None:
         """Wait while the transport's write buffer is above its high-water mark."""
