@@ -145,9 +145,10 @@ class Publisher:
 
         Returns:
             A ``concurrent.futures.Future``: ``None`` on ack; fails with
-            :class:`Nacked`, :class:`Unroutable`, :class:`PublishTimeout` or
-            :class:`PublishOutcomeUnknown`. With ``confirm=False`` the future is
-            already done when returned: fire-and-forget reports nothing.
+            :class:`Nacked`, :class:`Unroutable`, :class:`PublishTimeout`,
+            :class:`PublishRefused` or :class:`PublishOutcomeUnknown`. With
+            ``confirm=False`` the future is already done when returned:
+            fire-and-forget reports nothing.
 
         Raises:
             LocalProtocolError: an invalid argument; nothing was sent.
@@ -171,7 +172,14 @@ class Publisher:
             # Fire-and-forget: there is no outcome to wait for, so no future to settle
             # on the IO thread; the caller gets one that is already done.
             self._portal.submit(
-                engine._send, frames, None, message_id, False, None, None, size=_size(frames)
+                engine._send,
+                frames,
+                None,
+                message_id,
+                False,
+                None,
+                None,
+                size=sum(map(len, frames)),
             )
             return _SENT
         if not self._slots.acquire(True, _remaining(deadline)):
@@ -193,7 +201,7 @@ class Publisher:
                 mandatory,
                 deadline,
                 self._release,
-                size=_size(frames),
+                size=sum(map(len, frames)),
             )
         except BaseException:
             self._slots.release()  # not handed over: give the slot back from here
@@ -267,7 +275,7 @@ class Publisher:
                 start,
                 deadline,
                 release,
-                size=sum(_size(frames) for frames, _id, _mandatory in chunk),
+                size=sum(sum(map(len, frames)) for frames, _id, _mandatory in chunk),
             )
             start += count
         wait = None if deadline is None else max(0.0, deadline - time.monotonic()) + 1.0
@@ -419,11 +427,6 @@ class _Releaser:
 #: What ``publish`` returns without confirms: a future that is already done.
 _SENT: concurrent.futures.Future[None] = concurrent.futures.Future()
 _SENT.set_result(None)
-
-
-def _size(frames: list[bytes]) -> int:
-    """The bytes a message's frames hold (what the portal's byte budget counts)."""
-    return sum(map(len, frames))
 
 
 def _remaining(deadline: float | None) -> float | None:
