@@ -97,6 +97,11 @@ _UNKNOWN = object()
 
 _ACK_TIMEOUT_TEXT = "delivery acknowledgement"
 _RESUBSCRIBE_BACKOFF = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+#: What may wait for a handler when the broker's prefetch does not bound it (auto ack,
+#: or prefetch 0): messages (with prefetch 0) and body bytes, before the connection stops
+#: reading the socket.
+_INBOX_MESSAGES = 1024
+_INBOX_BYTES = 16 * 1024 * 1024
 #: Seconds to wait before requeueing a message whose retry/parking move failed.
 _FAILED_MOVE_PAUSE = 1.0
 
@@ -206,7 +211,11 @@ class AsyncConsumer:
         queue: the queue to consume from.
         handler: ``async def handler(message)`` (or ``handler(messages)`` with batches).
         ack: ``"manual"`` (at-least-once, default) or ``"auto"`` (at-most-once).
-        prefetch: unacknowledged deliveries allowed (raised to ``concurrency``).
+        prefetch: unacknowledged deliveries allowed (raised to ``concurrency``). With
+            ``ack="auto"`` (the broker does not count those) or ``prefetch=0`` it bounds
+            the messages waiting for a handler instead: past it (1,024 with
+            ``prefetch=0``), or past 16 MiB of bodies, the connection stops reading the
+            socket until half of them have been handed out.
         concurrency: handlers running at once.
         retry: a ``RetryPolicy`` (see ``rabbitry.topology``); ``None`` dead-letters.
             ``start()`` checks that the retry topology the policy needs exists.
@@ -295,6 +304,13 @@ class AsyncConsumer:
         self._channel: AsyncChannel | None = None
         # Work waiting for a handler slot: single messages, or whole batches.
         self._inbox: deque[Message | list[Message]] = deque()
+        # What waits for a handler (inbox and open batch), counted when the broker's
+        # prefetch does not bound it (auto ack, or prefetch 0): past the bound the
+        # connection stops reading the socket (_reads_paused) until half is handed out.
+        self._bounded = not self._manual or not self.prefetch
+        self._waiting = 0
+        self._waiting_bytes = 0
+        self._reads_paused = False
         self._batch: list[Message] = []
         self._batch_timer: asyncio.TimerHandle | None = None
         self._running = 0
@@ -511,6 +527,7 @@ class AsyncConsumer:
         waiting += self._batch
         self._inbox.clear()
         self._batch = []
+        self._forget_waiting()
         for message in waiting:
             self.stats.released += 1
             if self._manual:
@@ -526,6 +543,15 @@ class AsyncConsumer:
                 self._settle(message, "nack", requeue=True)
             return
         self._attempt = 0
+        if self._bounded:
+            self._waiting += 1
+            self._waiting_bytes += len(message.body)
+            if not self._reads_paused and (
+                self._waiting >= (self.prefetch or _INBOX_MESSAGES)
+                or self._waiting_bytes >= _INBOX_BYTES
+            ):
+                self._reads_paused = True
+                self._conn._pause_reading()
         if self.batch_size is not None:
             self._batch.append(message)
             if len(self._batch) >= self.batch_size:
@@ -560,10 +586,33 @@ class AsyncConsumer:
         inbox = self._inbox
         while inbox and not self._stopping:
             work = inbox.popleft()
+            if self._bounded:
+                self._handed_out(work)
             if isinstance(work, list):
                 await self._handle_batch(work)
             else:
                 await self._handle(work)
+
+    def _handed_out(self, work: Message | list[Message]) -> None:
+        """A message (or batch) left the inbox for a handler: read again at half."""
+        for message in work if isinstance(work, list) else (work,):
+            self._waiting -= 1
+            self._waiting_bytes -= len(message.body)
+        if (
+            self._reads_paused
+            and self._waiting <= (self.prefetch or _INBOX_MESSAGES) // 2
+            and self._waiting_bytes <= _INBOX_BYTES // 2
+        ):
+            self._reads_paused = False
+            self._conn._resume_reading()
+
+    def _forget_waiting(self) -> None:
+        """The inbox was emptied (stop, or the channel ended): read again."""
+        self._waiting = 0
+        self._waiting_bytes = 0
+        if self._reads_paused:
+            self._reads_paused = False
+            self._conn._resume_reading()
 
     def _spawn(self, work: Awaitable[None]) -> None:
         self._running += 1
@@ -865,6 +914,7 @@ class AsyncConsumer:
         # What was waiting belongs to the dead channel; the broker requeues it.
         self._inbox.clear()
         self._batch = []
+        self._forget_waiting()
         if isinstance(exc, AMQPConnectionError):
             return  # the connection is gone: recovery (not this consumer) brings it back
         if self.resubscribe and self._conn.is_open:

@@ -440,7 +440,11 @@ class AsyncPublisher:
         if self._blocked_reason is None:
             self._unblocked.set()
         self._block_hooks: list[Callable[[str | None], None]] = []
+        # Told (loop thread) when the publisher closes or its connection ends.
+        self._close_hooks: list[Callable[[], None]] = []
         self._closing = False
+        # The connection's end, when that is what closed the publisher.
+        self._closed_by: AMQPError | None = None
         # close() has given up waiting (or _create failed): nothing will use or close a
         # channel that finishes opening from now on, so it is closed on arrival.
         self._detached = False
@@ -911,7 +915,7 @@ class AsyncPublisher:
     async def _acquire(self, deadline: float | None, timeout: float | None) -> None:
         """Wait until a message may be sent; reserves a window slot in confirm mode."""
         if self._closing:
-            raise InvalidStateError("the publisher is closed")
+            raise self._closed_state()
         reserved = False
         scope = asyncio.timeout_at(deadline)
         try:
@@ -919,7 +923,7 @@ class AsyncPublisher:
                 while self._blocked_reason is not None:
                     await self._unblocked.wait()
                     if self._closing:
-                        raise InvalidStateError("the publisher is closed")
+                        raise self._closed_state()
                 if self._confirm:
                     if self._in_flight < self._max and not self._room_waiters:
                         self._in_flight += 1
@@ -946,13 +950,13 @@ class AsyncPublisher:
                     await self._conn._wait_writable()
                 await self._ensure_channel()
                 if self._closing:
-                    raise InvalidStateError("the publisher is closed")
+                    raise self._closed_state()
         except BaseException as exc:
             if reserved:
                 self._release_slot()
             if isinstance(exc, TimeoutError) and scope.expired():
                 what = (
-                    f"blocked by the broker ({self._blocked_reason})"
+                    f"connection blocked by the broker: {self._blocked_reason}"
                     if self._blocked_reason is not None
                     else f"no room in the window of {self._max}"
                 )
@@ -1049,7 +1053,7 @@ class AsyncPublisher:
         channel = self._channel
         if self._closing:
             if future is not None:
-                future.set_exception(InvalidStateError("the publisher is closed"))
+                future.set_exception(self._closed_error())
             if release is not None:
                 release()
             return
@@ -1273,18 +1277,50 @@ class AsyncPublisher:
         self._block_hooks.append(hook)
         hook(self._blocked_reason)
 
+    def _closed_error(self) -> AMQPError:
+        """What a message handed over after the close fails with: the connection's end
+        when that closed the publisher, else :class:`InvalidStateError`."""
+        if self._closed_by is not None:
+            return copy.copy(self._closed_by)
+        return InvalidStateError("the publisher is closed")
+
+    def _closed_state(self) -> InvalidStateError:
+        """The error of a call made on the closed publisher (chained to the connection's
+        end when that closed it)."""
+        error = InvalidStateError("the publisher is closed")
+        error.__cause__ = self._closed_by
+        return error
+
+    def _add_close_hook(self, hook: Callable[[], None]) -> None:
+        """Call ``hook()`` once the publisher is closed (loop thread; now if it is)."""
+        if self._closing:
+            hook()
+        else:
+            self._close_hooks.append(hook)
+
+    def _run_close_hooks(self) -> None:
+        hooks, self._close_hooks = self._close_hooks, []
+        for hook in hooks:
+            hook()
+
     def _on_connection_closed(self, exc: AMQPError) -> None:
         # Blocked state ends with the connection; waiters then fail on the channel.
         self._on_blocked(None)
         self._fail_backlog(exc)
         if self._closing:
+            self._run_close_hooks()
             return
+        # The connection is gone for good (recovery, if any, has given up): the
+        # publisher is closed with it, and whatever is handed over later fails at once.
+        self._closing = True
+        self._closed_by = exc
         for waiter in self._room_waiters:
             if not waiter.done():
                 error = InvalidStateError("the connection is closed")
                 error.__cause__ = exc
                 waiter.set_exception(error)
         self._room_waiters.clear()
+        self._run_close_hooks()
 
     def _detach(self) -> None:
         """Stop listening to the connection and release everyone waiting (closing)."""
@@ -1301,6 +1337,7 @@ class AsyncPublisher:
         self._unblocked.set()
         self._wake_room_waiters(InvalidStateError("the publisher is closed"))
         self._fail_backlog(InvalidStateError("the publisher is closed"), closing=True)
+        self._run_close_hooks()
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:

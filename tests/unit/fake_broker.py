@@ -77,6 +77,8 @@ class FakeBroker:
 
     def __init__(self, *, auto_ack: bool = False) -> None:
         self.auto_ack = auto_ack
+        #: Answer connection.close with close-ok (False: a peer that never does).
+        self.answer_close = True
         self.published: list[Published] = []
         self.methods: list[tuple[int, Method]] = []
         self.connections = 0
@@ -301,7 +303,8 @@ class FakeBroker:
         elif kind is spec.ConnectionOpen:
             write(method_frame(0, spec.ConnectionOpenOk()))
         elif kind is spec.ConnectionClose:
-            write(method_frame(0, spec.ConnectionCloseOk()))
+            if self.answer_close:
+                write(method_frame(0, spec.ConnectionCloseOk()))
         elif kind is spec.ChannelOpen:
             conn.channels[channel] = _Channel()
             write(method_frame(channel, spec.ChannelOpenOk()))

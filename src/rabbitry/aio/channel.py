@@ -62,6 +62,10 @@ class Settleable(Protocol):
 
 
 _END = object()
+#: Deliveries queued for a coroutine consumer callback, and their body bytes, before
+#: the connection stops reading the socket (until the queue is half empty).
+_CONSUMER_QUEUE_MESSAGES = 1024
+_CONSUMER_QUEUE_BYTES = 16 * 1024 * 1024
 #: How often (in publishes) the table of publish heads drops confirmed entries.
 _HEADS_PRUNE = 1024
 
@@ -69,7 +73,17 @@ _HEADS_PRUNE = 1024
 class _Consumer:
     """A registered consumer: where its deliveries go."""
 
-    __slots__ = ("callback", "is_async", "on_cancel", "on_close", "queue", "spec", "task")
+    __slots__ = (
+        "callback",
+        "is_async",
+        "on_cancel",
+        "on_close",
+        "paused",
+        "queue",
+        "queued_bytes",
+        "spec",
+        "task",
+    )
 
     def __init__(self, callback: ConsumerCallback, on_cancel: CancelCallback | None) -> None:
         self.callback = callback
@@ -79,8 +93,12 @@ class _Consumer:
         #: The basic.consume that made it, for recovery to send again.
         self.spec: spec.BasicConsume | None = None
         self.is_async = inspect.iscoroutinefunction(callback)
-        # Async callbacks run one at a time, in delivery order, on a worker task.
+        # Async callbacks run one at a time, in delivery order, on a worker task. The
+        # queue is bounded in messages and bytes: when full, the connection stops
+        # reading the socket (``paused``) until the worker has drained it to half.
         self.queue: asyncio.Queue[Message | object] | None = None
+        self.queued_bytes = 0
+        self.paused = False
         self.task: asyncio.Task[None] | None = None
 
 
@@ -511,8 +529,14 @@ class AsyncChannel:
         Args:
             queue: the queue to consume from.
             callback: called with each :class:`Message`, in order. A coroutine function
-                is awaited one message at a time on a worker task; a plain function runs
-                on the event loop and must not block.
+                is awaited one message at a time on a worker task; deliveries wait for it
+                in a queue of at most 1,024 messages or 16 MiB of bodies, past which
+                the connection stops
+                reading the socket until the queue is half empty (so a callback that
+                waits for a reply on the same connection while its queue is full waits
+                for ever: set ``basic_qos`` below the bound). A plain function runs on
+                the event loop and must not block. Once the channel has closed, queued
+                deliveries are dropped (the broker requeues them).
             consumer_tag: our tag for it ("" lets the broker choose).
             no_local: not supported by RabbitMQ; sent as given.
             no_ack: automatic acknowledgement (at-most-once).
@@ -841,8 +865,18 @@ class AsyncChannel:
             self.basic_reject(message.delivery_tag, requeue=True)
             return
         if consumer.is_async:
-            assert consumer.queue is not None
-            consumer.queue.put_nowait(message)
+            queue = consumer.queue
+            assert queue is not None
+            queue.put_nowait(message)
+            consumer.queued_bytes += len(message.body)
+            if not consumer.paused and (
+                queue.qsize() >= _CONSUMER_QUEUE_MESSAGES
+                or consumer.queued_bytes >= _CONSUMER_QUEUE_BYTES
+            ):
+                # TCP back-pressure, as the sync dispatcher does: the broker keeps the
+                # rest (no basic_qos means no other bound on what it sends).
+                consumer.paused = True
+                self._conn._pause_reading()
             return
         try:
             consumer.callback(message)
@@ -850,12 +884,22 @@ class AsyncChannel:
             logger.exception("consumer callback %r failed", consumer.callback)
 
     async def _run_async_consumer(self, consumer: _Consumer) -> None:
-        assert consumer.queue is not None
+        queue = consumer.queue
+        assert queue is not None
         while True:
-            item = await consumer.queue.get()
-            if item is _END:
+            item = await queue.get()
+            if item is _END or self._closed.done():
+                # Closed: what is still queued is dropped (the broker requeues it).
+                self._release_consumer_pause(consumer)
                 return
             assert isinstance(item, Message)
+            consumer.queued_bytes -= len(item.body)
+            if (
+                consumer.paused
+                and queue.qsize() <= _CONSUMER_QUEUE_MESSAGES // 2
+                and consumer.queued_bytes <= _CONSUMER_QUEUE_BYTES // 2
+            ):
+                self._release_consumer_pause(consumer)
             try:
                 result = consumer.callback(item)
                 if result is not None:
@@ -863,10 +907,17 @@ class AsyncChannel:
             except Exception:
                 logger.exception("consumer callback %r failed", consumer.callback)
 
+    def _release_consumer_pause(self, consumer: _Consumer) -> None:
+        if consumer.paused:
+            consumer.paused = False
+            self._conn._resume_reading()
+
     def _drop_consumer(self, tag: str) -> _Consumer | None:
         consumer = self._consumers.pop(tag, None)
         if consumer is not None and consumer.is_async and consumer.queue is not None:
             consumer.queue.put_nowait(_END)
+            if self._closed.done():
+                self._release_consumer_pause(consumer)
         return consumer
 
     def _on_consumer_cancelled(self, tag: str) -> None:

@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 import ssl
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
@@ -68,8 +70,13 @@ logger = logging.getLogger("rabbitry.connection")
 
 #: Flush at once when this many frames are queued within one loop iteration.
 _FLUSH_FRAMES = 256
+#: Above this many bytes queued, a flush writes the pieces one by one instead of joining.
+_JOIN_BYTES = 1024 * 1024
 #: How long close() waits for connection.close-ok by default.
 _CLOSE_TIMEOUT = 10.0
+
+# Every connection opened in this process, so that a forked child can disable them all.
+_CONNECTIONS: weakref.WeakSet[AsyncConnection] = weakref.WeakSet()
 
 BlockedCallback = Callable[[str | None], Any]
 CloseCallback = Callable[[AMQPError], Any]
@@ -195,6 +202,10 @@ class AsyncConnection:
         self._tick_handle: asyncio.TimerHandle | None = None
         self._close_deadline: asyncio.TimerHandle | None = None
         self._write_paused = False
+        # Read back-pressure: how many holders paused reading, and the events already
+        # read (the rest of a chunk) that wait until the last pause is released.
+        self._read_pauses = 0
+        self._held_events: list[Event] = []
         self._drain_waiters: list[asyncio.Future[None]] = []
         # Called (loop thread) when the transport accepts writes again.
         self._writable_hooks: list[Callable[[], None]] = []
@@ -215,6 +226,7 @@ class AsyncConnection:
         self._state_callbacks: list[Callable[[State, AMQPError | None], Any]] = []
         self._rename_callbacks: list[Callable[[str, str], Any]] = []
         self._recovery_error_callbacks: list[Callable[[str, str, AMQPError], Any]] = []
+        self._pid = os.getpid()
 
     def __repr__(self) -> str:
         state = self._proto.state.value if self._proto else "new"
@@ -293,6 +305,8 @@ class AsyncConnection:
         if self._proto is not None:
             raise InvalidStateError("connect() was already called on this connection")
         self._loop = asyncio.get_running_loop()
+        self._pid = os.getpid()
+        _CONNECTIONS.add(self)
         errors: list[tuple[str, BaseException]] = []
         try:
             async with asyncio.timeout(timeout):
@@ -438,8 +452,11 @@ class AsyncConnection:
         """Close cleanly: connection.close, wait for close-ok, close the socket.
 
         Idempotent. Past ``timeout`` (default 10 s) the socket is closed anyway, so this
-        returns in bounded time even when the broker is gone.
+        returns in bounded time even when the broker is gone. In a process forked from
+        the one that connected it does nothing (the socket is the parent's).
         """
+        if self._pid != os.getpid():
+            return
         self._closing = True
         if self._state is State.RECOVERING:
             await self._stop_recovery(ConnectionClosedByClient(reply_code, reply_text))
@@ -451,6 +468,10 @@ class AsyncConnection:
             proto.close(reply_code, reply_text)
             self._flush()
             self._handle_events(proto.events_received())
+            if proto.close_exc is not None:
+                # Nothing the broker sends from now on but close-ok is read (0-9-1
+                # §4.2.2.1): what was pending fails now, not after the close-ok wait.
+                self._fail_all_pending(proto.close_exc)
             try:
                 await asyncio.wait_for(
                     asyncio.shield(self._terminated),
@@ -484,15 +505,36 @@ class AsyncConnection:
             raise Timeout(f"connection still open after {timeout} s") from None
 
     def _pause_reading(self) -> None:
-        """Stop reading the socket (the sync dispatcher is full); loop thread."""
-        if self._transport is not None and self._proto is not None:
+        """Stop reading the socket: a consumer's queue is full (loop thread).
+
+        Pauses are counted (the sync dispatcher and every full consumer queue each hold
+        one); reading resumes when the last is released by :meth:`_resume_reading`.
+        Deliveries already read in the same chunk are held back too (see
+        :meth:`_handle_events`), so a queue grows by at most the message that filled it.
+        """
+        self._read_pauses += 1
+        if self._read_pauses == 1 and self._transport is not None and self._proto is not None:
             self._proto.rx_paused = True
             self._transport.pause_reading()
 
     def _resume_reading(self) -> None:
+        """Release one :meth:`_pause_reading` (loop thread)."""
+        if not self._read_pauses:
+            return
+        self._read_pauses -= 1
+        if self._read_pauses:
+            return
+        if self._held_events and self._loop is not None:
+            self._loop.call_soon(self._release_held)
         if self._transport is not None and self._proto is not None:
             self._proto.rx_paused = False
             self._transport.resume_reading()
+
+    def _release_held(self) -> None:
+        """Handle the events held back while reading was paused (in order)."""
+        events, self._held_events = self._held_events, []
+        if events:
+            self._handle_events(events)
 
     # ------------------------------------------------------------------ channels
 
@@ -693,10 +735,19 @@ class AsyncConnection:
         proto = self._proto
         if proto is None:
             return
-        data = proto.data_to_send()
+        out = proto.buffers_to_send()
         transport = self._transport
-        if data and transport is not None and not transport.is_closing():
-            transport.write(data)
+        if not out or transport is None or transport.is_closing():
+            return
+        if sum(map(len, out)) <= _JOIN_BYTES:
+            transport.write(out[0] if len(out) == 1 else b"".join(out))
+            return
+        # A large message: joining would copy its body once more before the transport
+        # copies what the socket did not take. Piece by piece, the transport's buffer
+        # holds the only copy.
+        write = transport.write
+        for piece in out:
+            write(piece)
 
     async def _wait_writable(self) -> None:
         """Wait while the transport's write buffer is above its high-water mark."""
@@ -720,12 +771,19 @@ class AsyncConnection:
 
     def _on_connection_made(self, transport: asyncio.Transport) -> None:
         self._transport = transport
+        self._held_events = []  # deliveries of an earlier socket: the broker requeued them
+        if self._read_pauses and self._proto is not None:
+            # A consumer queue is still full from before a reconnect.
+            self._proto.rx_paused = True
+            transport.pause_reading()
         self._flush()  # the protocol header
 
     def _on_data(self, data: bytes) -> None:
         proto = self._proto
         if proto is None:
             return
+        if self._held_events:
+            self._release_held()  # what was read before goes first
         proto.receive_data(data)
         out = proto.data_to_send()
         if out and self._transport is not None:
@@ -765,9 +823,50 @@ class AsyncConnection:
             self._tick_handle = loop.call_later(interval, self._on_tick)
 
     def _arm_close_deadline(self) -> None:
-        """The protocol closes the connection (it found a violation): bound the wait."""
+        """The protocol closes the connection (it found a violation): bound the wait.
+
+        The pending calls fail at once with the violation; only the socket waits (up
+        to ``_CLOSE_TIMEOUT``) for the broker's close-ok.
+        """
         assert self._loop is not None
         self._close_deadline = self._loop.call_later(_CLOSE_TIMEOUT, self._close_overdue)
+        proto = self._proto
+        if proto is not None and proto.close_exc is not None:
+            self._fail_all_pending(proto.close_exc)
+
+    def _fail_all_pending(self, exc: AMQPError) -> None:
+        """The connection is closing: fail every channel's waiting calls and confirms.
+
+        Publishes kept for a resend after recovery stay kept (the close may still turn
+        out recoverable); the channels themselves end when the connection does.
+        """
+        for channel in list(self._channels.values()):
+            channel._fail_pending(exc, keep_resendable=True)
+        waiter = self._update_secret_waiter
+        self._update_secret_waiter = None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+
+    def _abort(self, exc: AMQPError) -> None:
+        """End the connection now without waiting for the broker (loop thread).
+
+        For a loop about to stop under the connection (the sync facade's IO thread):
+        every future the engine holds fails with ``exc`` and the close callbacks run.
+        """
+        self._closing = True
+        task = self._recovery_task
+        if task is not None and not task.done():
+            task.cancel()
+        proto = self._proto
+        if proto is not None and proto.state is not ConnectionState.CLOSED:
+            proto.abort(exc)
+            self._handle_events(proto.events_received())
+        if not self.is_closed:
+            self._reset_attempt()
+            self._finish_closed(exc)
+        if self._transport is not None:
+            # Not close(): a broker that reads nothing (blocked) would keep it open.
+            self._transport.abort()
 
     def _close_overdue(self) -> None:
         proto = self._proto
@@ -807,7 +906,7 @@ class AsyncConnection:
                         self._state is State.OPEN and is_recoverable(event.exc)
                     ):
                         dropped = event.exc
-        for event in events:
+        for index, event in enumerate(events):
             kind = type(event)
             if kind is Delivery:
                 assert isinstance(event, Delivery)
@@ -821,6 +920,13 @@ class AsyncConnection:
                         event.message.delivery_tag,
                         event.channel,
                     )
+                if self._read_pauses and proto is not None and proto.state is ConnectionState.OPEN:
+                    # A consumer's queue just filled: the rest of this chunk waits as
+                    # if it had not been read yet (released with the last pause).
+                    rest = events[index + 1 :]
+                    if rest:
+                        self._held_events = rest + self._held_events
+                    return
             elif kind is PublishConfirmed:
                 assert isinstance(event, PublishConfirmed)
                 channel = channels.get(event.channel)
@@ -933,6 +1039,7 @@ class AsyncConnection:
 
     def _on_dropped(self, exc: AMQPError) -> None:
         """The connection died for a recoverable reason; its channels are suspended."""
+        self._held_events = []  # unacked deliveries: the broker requeues them
         self._cancel_timers()
         transport = self._transport
         self._transport = None
@@ -1041,6 +1148,7 @@ class AsyncConnection:
 
     def _on_terminated(self, exc: AMQPError) -> None:
         self.close_exc = exc
+        self._held_events = []  # deliveries of closed channels: the broker requeues them
         if self._state is State.OPEN:
             self._set_state(State.CLOSED, exc)
         if self._recovered is not None:
@@ -1085,3 +1193,29 @@ class AsyncConnection:
                 callback(exc)
             except Exception:
                 logger.exception("close callback %r failed", callback)
+
+
+def _after_fork() -> None:
+    """In a forked child: the sockets and the loop belong to the parent.
+
+    Each inherited connection is marked closed in the sans-IO core only (no frame is
+    written, no event handled, the socket is left alone for the parent), so every later
+    call raises :class:`InvalidStateError` at once, chained to an error naming the fork.
+    """
+    for conn in list(_CONNECTIONS):
+        proto = conn._proto
+        if proto is None or proto.state is ConnectionState.CLOSED:
+            continue
+        exc = InvalidStateError(
+            f"this connection was opened in process {conn._pid} and cannot be used after "
+            "fork(): its socket and event loop belong to the parent. Open a new "
+            "connection in the child process (see 'Processes and fork' in docs/recovery.md)"
+        )
+        proto.abort(exc)
+        proto.events_received()  # dropped: nothing of the parent's loop runs here
+        conn.close_exc = exc
+        conn._closing = True
+        conn._transport = None
+
+
+os.register_at_fork(after_in_child=_after_fork)

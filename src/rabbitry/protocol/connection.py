@@ -220,6 +220,19 @@ class ConnectionProtocol:
         self._tx_since_tick = True
         return out[0] if len(out) == 1 else b"".join(out)
 
+    def buffers_to_send(self) -> list[bytes | memoryview]:
+        """Like :meth:`data_to_send`, but the queued pieces as they are, not joined.
+
+        A large message's body frames are views of the caller's body: an engine that
+        writes them one by one (or with a zero-copy ``writelines``) sends the body
+        without copying it here.
+        """
+        out = self._out
+        if out:
+            self._out = []
+            self._tx_since_tick = True
+        return out  # type: ignore[return-value]
+
     def events_received(self) -> list[Event]:
         """Events since the last call, oldest first."""
         events = self._events

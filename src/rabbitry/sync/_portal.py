@@ -12,9 +12,17 @@ no locks (thread confinement). Other threads reach it through :class:`Portal`:
 * ``call(coroutine_function, *args)`` goes through the same deque, so operations keep the
   order in which one thread issued them (``confirm_select`` before ``publish``), and
   waits for the result on a ``concurrent.futures.Future``.
-* The deque is bounded (``max_pending``): a thread that outruns the socket blocks in
-  ``submit`` instead of growing memory, and the drain stops while the transport's write
-  buffer is above its high-water mark.
+* The deque is bounded in operations (``max_pending``) and in bytes (``max_pending_bytes``,
+  counted from the ``size`` each publish declares): a thread that outruns the socket, or
+  publishes while the broker has blocked the connection, blocks in ``submit`` instead of
+  growing memory, and the drain stops while the transport's write buffer is above its
+  high-water mark. One operation larger than the whole budget is still accepted when the
+  deque is empty, so the bound is ``max_pending_bytes`` plus one message.
+* Stopping settles everything. ``stop`` wakes the threads waiting for room; once the loop
+  has stopped, the IO thread calls the ``on_stop`` hook (the connection ends the engine,
+  failing its futures), then runs every operation still queued, so each one fails its own
+  future against the closed engine instead of being forgotten. An operation queued after
+  that sweep is taken back by its submitter, which raises.
 
 User callbacks never run on the IO thread (a slow one would stop heartbeats). They go to
 :class:`Dispatcher`, a worker thread with a bounded queue; when it is full the IO thread
@@ -25,15 +33,18 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import copy
 import logging
+import os
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..exceptions import InvalidStateError, Timeout
+from ..exceptions import AMQPError, InvalidStateError, Timeout
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -151,25 +162,49 @@ class ConfirmFuture(concurrent.futures.Future[T]):
             self._invoke_callbacks()  # type: ignore[attr-defined]
 
 
+#: Bytes of operations queued for the IO thread before ``submit`` blocks (publishes
+#: declare their size). With the transport's own write buffer (64 KiB high-water mark)
+#: this bounds what a thread can park in memory while the socket is slow or blocked.
+MAX_PENDING_BYTES = 16 * 1024 * 1024
+
+# Every live portal, so that a forked child can mark them all unusable (see _after_fork).
+_PORTALS: weakref.WeakSet[Portal] = weakref.WeakSet()
+
+
 class Portal:
     """An asyncio loop on a daemon thread, and the way into it from other threads.
 
     Args:
         name: the thread's name.
         max_pending: operations queued for the loop before ``submit`` blocks.
+        max_pending_bytes: bytes (as declared by ``submit(size=...)``) queued for the
+            loop before ``submit`` blocks.
     """
 
-    def __init__(self, name: str, max_pending: int = 8192) -> None:
+    def __init__(
+        self, name: str, max_pending: int = 8192, max_pending_bytes: int = MAX_PENDING_BYTES
+    ) -> None:
         self._loop = asyncio.new_event_loop()
-        self._ops: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
+        self._ops: deque[tuple[Callable[..., Any], tuple[Any, ...], int]] = deque()
         self._wake_pending = False
         self._max_pending = max_pending
+        self._max_bytes = max_pending_bytes
+        # Bytes queued: added by submitters and taken off by the drain, under this lock.
+        self._bytes = 0
+        self._bytes_lock = threading.Lock()
         self._room = threading.Condition()
         self._room_waiters = 0
         self._paused: Callable[[Callable[[], None]], bool] | None = None
         self._stopped = False
+        # Why the portal stopped (the connection's close reason), for what it fails.
+        self._stop_reason: BaseException | None = None
+        self._pid = os.getpid()
+        #: Called on the IO thread once the loop has stopped, before the queued
+        #: operations are run for the last time: the connection ends its engine there.
+        self.on_stop: Callable[[], None] | None = None
         #: The connection's callback dispatcher, told about blocking calls it makes.
         self.dispatcher: Dispatcher | None = None
+        _PORTALS.add(self)
         started = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(started,), name=name, daemon=True)
         self._thread.start()
@@ -204,6 +239,8 @@ class Portal:
             self._loop.run_forever()
         finally:
             try:
+                self._stopped = True
+                self._sweep()
                 pending = asyncio.all_tasks(self._loop)
                 for task in pending:
                     task.cancel()
@@ -212,55 +249,162 @@ class Portal:
                 self._loop.run_until_complete(self._loop.shutdown_asyncgens())
             finally:
                 self._loop.close()
+                self._wake_room_waiters()
+
+    def _sweep(self) -> None:
+        """IO thread, loop stopped: end the engine, then run what is still queued.
+
+        Each operation then meets a closed engine and fails its own future (a publish its
+        confirm future, a ``call`` its result) with the reason, instead of never running.
+        """
+        hook = self.on_stop
+        if hook is not None:
+            try:
+                hook()
+            except Exception:
+                logger.exception("ending the connection on the IO thread failed")
+        ops = self._ops
+        while ops:
+            fn, args, _size = ops.popleft()
+            try:
+                fn(*args)
+            except Exception:
+                logger.exception("operation %r failed on the IO thread", fn)
+        with self._bytes_lock:
+            self._bytes = 0
+        self._wake_room_waiters()
+
+    def _wake_room_waiters(self) -> None:
+        with self._room:
+            self._room.notify_all()
+
+    def stopped_error(self) -> InvalidStateError:
+        """The error for an operation that comes after the portal stopped."""
+        if self._pid != os.getpid():
+            return InvalidStateError(
+                f"this connection was opened in process {self._pid} and cannot be used "
+                "after fork(): its socket and IO thread belong to the parent. Open a new "
+                "connection in the child process (see 'Processes and fork' in "
+                "docs/connections.md)"
+            )
+        error = InvalidStateError("the connection is closed (its IO thread has stopped)")
+        error.__cause__ = self._stop_reason
+        return error
+
+    def failed(self) -> BaseException:
+        """What an operation queued before the stop and never run fails with."""
+        reason = self._stop_reason
+        if isinstance(reason, AMQPError):
+            return copy.copy(reason)
+        return self.stopped_error()
 
     # ------------------------------------------------------------------ hand-off
 
-    def submit(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> None:
+    def submit(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        timeout: float | None = None,
+        size: int = 0,
+    ) -> None:
         """Run ``fn(*args)`` on the IO thread soon, after everything submitted before.
 
-        Blocks while ``max_pending`` operations are waiting (at most ``timeout``).
+        Blocks while ``max_pending`` operations, or ``max_pending_bytes`` bytes, are
+        waiting (at most ``timeout``).
+
+        Args:
+            size: the bytes the operation holds (a message's frames), counted against
+                ``max_pending_bytes`` until the IO thread has run it.
 
         Raises:
-            InvalidStateError: the portal is stopped.
+            InvalidStateError: the portal is stopped (the connection is closed), or this
+                process is a fork of the one that opened the connection.
             Timeout: no room within ``timeout``.
         """
         if self._stopped:
-            raise InvalidStateError("the connection's IO thread has stopped")
+            raise self.stopped_error()
         ops = self._ops
-        if len(ops) >= self._max_pending and not self.in_io_thread():
-            self._wait_for_room(timeout)
-        ops.append((fn, args))
+        if size:
+            # The fast path of _reserve, inlined: this runs once per publish.
+            with self._bytes_lock:
+                queued = self._bytes
+                room = (not queued or queued + size <= self._max_bytes) and len(
+                    ops
+                ) < self._max_pending
+                if room:
+                    self._bytes = queued + size
+            if not room:
+                if self.in_io_thread():
+                    with self._bytes_lock:
+                        self._bytes += size
+                else:
+                    self._wait_for_room(timeout, size)
+        elif len(ops) >= self._max_pending and not self.in_io_thread():
+            self._wait_for_room(timeout, 0)
+        item = (fn, args, size)
+        ops.append(item)
+        if self._stopped:
+            # The IO thread may have swept the deque already: take the item back if it
+            # is still there (then it never runs, and the caller learns it here).
+            try:
+                ops.remove(item)
+            except ValueError:
+                return  # the sweep ran it
+            raise self.stopped_error()
         # Order matters: append first, then look at the flag. _drain clears the flag
         # before it pops, so an item is always seen by a drain that is still to run.
         if not self._wake_pending:
             self._wake_pending = True
             self._loop.call_soon_threadsafe(self._drain)
 
-    def _wait_for_room(self, timeout: float | None) -> None:
+    def _reserve(self, size: int) -> bool:
+        """Count ``size`` more bytes as queued if they fit (and an operation does)."""
+        if len(self._ops) >= self._max_pending:
+            return False
+        if not size:
+            return True
+        with self._bytes_lock:
+            queued = self._bytes
+            if queued and queued + size > self._max_bytes:
+                return False
+            self._bytes = queued + size
+            return True
+
+    def _has_room(self, size: int) -> bool:
+        return self._stopped or self._reserve(size)
+
+    def _wait_for_room(self, timeout: float | None, size: int) -> None:
         with self._room:
             self._room_waiters += 1
             try:
-                if not self._room.wait_for(
-                    lambda: len(self._ops) < self._max_pending or self._stopped, timeout
-                ):
-                    raise Timeout(f"no room to queue the operation within {timeout} s")
+                if not self._room.wait_for(lambda: self._has_room(size), timeout):
+                    raise Timeout(
+                        f"no room to queue the operation within {timeout} s "
+                        f"({len(self._ops)} operations, {self._bytes} bytes queued for "
+                        "the IO thread)"
+                    )
             finally:
                 self._room_waiters -= 1
         if self._stopped:
-            raise InvalidStateError("the connection's IO thread has stopped")
+            raise self.stopped_error()
 
     def _drain(self) -> None:
         self._wake_pending = False
         ops = self._ops
         gate = self._paused
+        drained = 0
         while ops:
             if gate is not None and gate(self._resume_drain):
                 break
-            fn, args = ops.popleft()
+            fn, args, size = ops.popleft()
+            drained += size
             try:
                 fn(*args)
             except Exception:
                 logger.exception("operation %r failed on the IO thread", fn)
+        if drained:
+            with self._bytes_lock:
+                self._bytes -= drained
         if self._room_waiters:
             with self._room:
                 self._room.notify_all()
@@ -314,12 +458,17 @@ class Portal:
         def start() -> None:
             if not result.set_running_or_notify_cancel():
                 return
+            if self._stopped:  # run by the final sweep: the engine is gone
+                result.set_exception(self.failed())
+                return
             task = self._loop.create_task(fn(*args, **kwargs))
             task_box.append(task)
 
             def done(finished: asyncio.Task[T]) -> None:
                 if finished.cancelled():
-                    result.set_exception(Timeout("the operation was cancelled"))
+                    result.set_exception(
+                        self.failed() if self._stopped else Timeout("the operation was cancelled")
+                    )
                 elif (exc := finished.exception()) is not None:
                     result.set_exception(exc)
                 else:
@@ -338,17 +487,38 @@ class Portal:
             self._loop.call_soon_threadsafe(lambda: task_box and task_box[0].cancel())
             raise Timeout(f"no result within {wait} s") from None
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop the loop and join the IO thread (idempotent; not from the IO thread)."""
+    def stop(self, timeout: float = 5.0, reason: BaseException | None = None) -> None:
+        """Stop the loop and join the IO thread (idempotent).
+
+        Args:
+            timeout: seconds to wait for the IO thread to end.
+            reason: why (the connection's close reason): operations still queued, and
+                ``call``s still waiting, fail with it.
+        """
         if self._stopped:
             return
+        if self._stop_reason is None:
+            self._stop_reason = reason
         self._stopped = True
-        with self._room:
-            self._room.notify_all()
+        self._wake_room_waiters()
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
         if not self.in_io_thread():
             self._thread.join(timeout)
+
+
+def _after_fork() -> None:
+    """In a forked child: no IO thread came along, so every portal is unusable.
+
+    Marking them stopped makes every later call raise at once (naming the fork), and
+    nothing in the child writes to the parent's socket or wakes the parent's loop.
+    """
+    for portal in list(_PORTALS):
+        portal._stopped = True
+        portal._ops.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 class Dispatcher:
@@ -357,6 +527,10 @@ class Dispatcher:
     ``post`` is called on the IO thread. When the queue is full the item is kept aside
     and ``pause_reading`` is called; the worker calls ``resume_reading`` (through the
     portal) once the queue has drained to half, and the kept items go first.
+
+    Deliveries are posted with their channel (``post_delivery``): one whose channel has
+    closed by the time the worker reaches it is dropped, not run (the broker requeues
+    it, and its ack could only fail), so no consumer callback starts after ``close()``.
 
     Args:
         portal: the connection's portal.
@@ -381,7 +555,7 @@ class Dispatcher:
         # thread puts, so checking qsize() first keeps it at most ``maxsize`` long.
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._maxsize = maxsize
-        self._overflow: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()
+        self._overflow: deque[tuple[Callable[..., Any], tuple[Any, ...], Any]] = deque()
         self._paused = False
         self._resume_asked = False
         self._pause_reading = pause_reading
@@ -399,10 +573,26 @@ class Dispatcher:
 
     def post(self, fn: Callable[..., Any], *args: Any) -> None:
         """Queue ``fn(*args)`` for the worker (IO thread only)."""
+        item = (fn, args, None)
         if not self._overflow and self._queue.qsize() < self._maxsize:
-            self._queue.put((fn, args))
+            self._queue.put(item)
             return
-        self._overflow.append((fn, args))
+        self._overflow.append(item)
+        if not self._paused and not self._blocking_calls:
+            self._paused = True
+            self._pause_reading()
+
+    def post_delivery(self, channel: Any, fn: Callable[..., Any], *args: Any) -> None:
+        """Queue ``fn(*args)``, dropped if ``channel`` has closed before it runs.
+
+        ``channel`` is an :class:`~rabbitry.aio.channel.AsyncChannel` (its ``close_exc``
+        is set once it has closed) or ``None`` for a callback that always runs.
+        """
+        item = (fn, args, channel)
+        if not self._overflow and self._queue.qsize() < self._maxsize:
+            self._queue.put(item)
+            return
+        self._overflow.append(item)
         # While a callback waits for a blocking call, its answer must still be read:
         # pausing then would deadlock it, so the overflow grows for that long instead.
         if not self._paused and not self._blocking_calls:
@@ -446,11 +636,12 @@ class Dispatcher:
             item = get()
             if item is self._STOP:
                 return
-            fn, args = item
-            try:
-                fn(*args)
-            except Exception:
-                logger.exception("callback %r failed", fn)
+            fn, args, channel = item
+            if channel is None or channel.close_exc is None:
+                try:
+                    fn(*args)
+                except Exception:
+                    logger.exception("callback %r failed", fn)
             if self._stopping and self._queue.empty():
                 return
             if (
@@ -467,8 +658,9 @@ class Dispatcher:
     def stop(self, timeout: float = 5.0) -> None:
         """Run the callbacks already queued, then end the worker (waits ``timeout`` at most).
 
-        Items kept aside while reading was paused are dropped: their connection is
-        closing. The worker ends even if the queue is full (it checks after each item).
+        Deliveries of closed channels are skipped (the connection closed them all before
+        this), and items kept aside while reading was paused are dropped. The worker
+        ends even if the queue is full (it checks after each item).
         """
         self._stopping = True
         self._overflow.clear()

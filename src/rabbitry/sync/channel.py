@@ -321,8 +321,10 @@ class Channel:
         In confirm mode returns a ``concurrent.futures.Future`` that resolves on the
         broker's ack and fails with :class:`Nacked`, :class:`PublishRefused` (the broker
         closed the channel because of this message) or :class:`PublishOutcomeUnknown`;
-        otherwise ``None``. Blocks only when too many operations are queued for the IO
-        thread (the socket is slower than the caller).
+        otherwise ``None``. Blocks while too many operations, or too many bytes
+        (``rabbitry.sync._portal.MAX_PENDING_BYTES``, 16 MiB), are queued for the IO
+        thread: the socket is slower than the caller, or the broker has blocked the
+        connection (a resource alarm). Closing the connection wakes it.
 
         Raises:
             LocalProtocolError: invalid field, property or body; nothing was queued.
@@ -340,11 +342,12 @@ class Channel:
             properties,
             mandatory,
         )
+        size = sum(map(len, frames))
         if channel.confirm_mode:
             future: concurrent.futures.Future[None] = ConfirmFuture()
-            self._portal.submit(channel._publish_encoded, frames, future)
+            self._portal.submit(channel._publish_encoded, frames, future, size=size)
             return future
-        self._portal.submit(channel._publish_encoded, frames, None)
+        self._portal.submit(channel._publish_encoded, frames, None, size=size)
         return None
 
     def basic_consume(
@@ -367,10 +370,14 @@ class Channel:
         Returns the consumer tag.
         """
         post = self._connection._post
+        dispatcher = self._connection._dispatcher
+        assert dispatcher is not None
+        post_delivery, engine = dispatcher.post_delivery, self._async
 
         def deliver(message: Message) -> None:
             message.channel = self
-            post(callback, message)
+            # Dropped if the channel closes first: no callback after close() returns.
+            post_delivery(engine, callback, message)
 
         cancel_hook = None
         if on_cancel is not None:

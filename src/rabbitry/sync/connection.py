@@ -12,7 +12,7 @@ import itertools
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from ..aio.connection import AsyncConnection, CredentialsProvider
-from ..exceptions import AMQPError, InvalidStateError, Timeout
+from ..exceptions import AMQPError, ConnectionClosedByClient, InvalidStateError, Timeout
 from ..recovery import DEFAULT_RECOVERY
 from ._portal import Dispatcher, Portal
 from .channel import Channel, _wait
@@ -255,6 +255,7 @@ class Connection:
             return False
 
         portal.set_write_gate(write_gate)
+        portal.on_stop = self._end_engine
         self._portal = portal
         try:
             portal.call(engine.connect, timeout, wait=_wait(timeout))
@@ -282,6 +283,13 @@ class Connection:
 
         Returns within ``timeout`` (default 10 s) plus a short grace, even when the broker
         is gone or has blocked the connection: past it the socket is dropped.
+
+        Everything pending fails at once with the reason: calls waiting in other threads,
+        unconfirmed publishes, publishes still queued for the IO thread; threads blocked
+        for room or by a resource alarm wake up and raise. Consumer callbacks not started
+        yet are dropped (the broker requeues their messages): none starts once this
+        returns. See "What close does to futures, consumers and callbacks" in
+        ``docs/recovery.md``.
         """
         portal = self._portal
         if portal is None:
@@ -290,13 +298,14 @@ class Connection:
         if not portal.in_io_thread():
             try:
                 portal.call(
-                    self._async.close, reply_code, reply_text, timeout=limit, wait=limit + 1.0
+                    self._async.close, reply_code, reply_text, timeout=limit, wait=limit + 2.0
                 )
             except (AMQPError, InvalidStateError, Timeout):
                 pass
+        reason = self._async.close_exc or ConnectionClosedByClient(reply_code, reply_text)
         if self._dispatcher is not None:
             self._dispatcher.stop(timeout=min(limit, 1.0))
-        portal.stop(timeout=min(limit, 5.0))
+        portal.stop(timeout=min(limit, 5.0), reason=reason)
 
     def wait_closed(self, timeout: float | None = None) -> AMQPError:
         """Block until the connection ends; returns the reason."""
@@ -449,6 +458,15 @@ class Connection:
         )
 
     # ------------------------------------------------------------------ internals
+
+    def _end_engine(self) -> None:
+        """IO thread, loop stopped: end the engine if ``close()`` did not (e.g. it was
+        called from the IO thread, or its wait ran out), so that every future it holds
+        fails now, and drop the socket."""
+        reason = self._portal._stop_reason if self._portal is not None else None
+        if not isinstance(reason, AMQPError):
+            reason = ConnectionClosedByClient(200, "the connection's IO thread stopped")
+        self._async._abort(reason)
 
     def _require_portal(self) -> Portal:
         if self._portal is None:

@@ -55,6 +55,7 @@ class Publisher:
         if not publisher.is_blocked:
             self._unblocked.set()
         self._portal.submit(publisher._add_block_hook, self._on_block_change)
+        self._portal.submit(publisher._add_close_hook, self._on_closed)
 
     def __repr__(self) -> str:
         return repr(self._async).replace("AsyncPublisher", "Publisher", 1)
@@ -161,7 +162,7 @@ class Publisher:
             body, exchange, routing_key, properties, mandatory, persistent, expiration
         )
         if engine._closing:
-            raise InvalidStateError("the publisher is closed")
+            raise engine._closed_state()
         if timeout is None:
             timeout = engine._timeout
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -170,19 +171,37 @@ class Publisher:
         if not engine._confirm:
             # Fire-and-forget: there is no outcome to wait for, so no future to settle
             # on the IO thread; the caller gets one that is already done.
-            self._portal.submit(engine._send, frames, None, message_id, False, None, None)
+            self._portal.submit(
+                engine._send,
+                frames,
+                None,
+                message_id,
+                False,
+                None,
+                None,
+                size=sum(map(len, frames)),
+            )
             return _SENT
         if not self._slots.acquire(True, _remaining(deadline)):
+            if engine._closing:  # closed while this thread waited for room
+                raise engine._closed_state()
             raise PublishTimeout(
                 f"could not publish within {timeout} s: no room in the window of {engine._max}"
             )
         if engine._closing:  # closed while this thread waited for room
             self._slots.release()
-            raise InvalidStateError("the publisher is closed")
+            raise engine._closed_state()
         future: concurrent.futures.Future[None] = ConfirmFuture()
         try:
             self._portal.submit(
-                engine._send, frames, future, message_id, mandatory, deadline, self._release
+                engine._send,
+                frames,
+                future,
+                message_id,
+                mandatory,
+                deadline,
+                self._release,
+                size=sum(map(len, frames)),
             )
         except BaseException:
             self._slots.release()  # not handed over: give the slot back from here
@@ -215,7 +234,7 @@ class Publisher:
             messages, exchange, routing_key, properties, mandatory, persistent, expiration
         )
         if engine._closing:
-            raise InvalidStateError("the publisher is closed")
+            raise engine._closed_state()
         total = len(encoded)
         if not total:
             return []
@@ -235,6 +254,8 @@ class Publisher:
                 if not self._unblocked.is_set():
                     self._wait_unblocked(deadline, timeout)
                 if confirm and not acquire(True, _remaining(deadline)):
+                    if engine._closing:
+                        raise engine._closed_state()
                     raise PublishTimeout(
                         f"could not publish within {timeout} s: no room in the window"
                     )
@@ -246,13 +267,15 @@ class Publisher:
             count = total - start
             if confirm:
                 count = 1 + take(count - 1)  # whatever else is free, in one lock round
+            chunk = encoded[start : start + count]
             self._portal.submit(
                 engine._send_batch,
-                encoded[start : start + count],
+                chunk,
                 batch,
                 start,
                 deadline,
                 release,
+                size=sum(sum(map(len, frames)) for frames, _id, _mandatory in chunk),
             )
             start += count
         wait = None if deadline is None else max(0.0, deadline - time.monotonic()) + 1.0
@@ -296,6 +319,12 @@ class Publisher:
 
     # ------------------------------------------------------------------ internals
 
+    def _on_closed(self) -> None:
+        """IO thread: the publisher closed (or its connection ended): wake every thread
+        waiting for window room or for an unblock; they find it closed and raise."""
+        self._slots.close()
+        self._unblocked.set()
+
     def _on_block_change(self, reason: str | None) -> None:
         """IO thread: mirror connection.blocked / unblocked."""
         if reason is None:
@@ -306,11 +335,11 @@ class Publisher:
     def _wait_unblocked(self, deadline: float | None, timeout: float | None) -> None:
         if not self._unblocked.wait(_remaining(deadline)):
             raise PublishTimeout(
-                f"could not publish within {timeout} s: blocked by the broker "
-                f"({self._async.blocked_reason})"
+                f"could not publish within {timeout} s: connection blocked by the broker: "
+                f"{self._async.blocked_reason}"
             )
         if self._async.is_closed:
-            raise InvalidStateError("the publisher is closed")
+            raise self._async._closed_state()
 
 
 class _Window:
@@ -321,27 +350,39 @@ class _Window:
     takes all the free slots it needs in one round (:meth:`take`).
     """
 
-    __slots__ = ("_cond", "_free", "_lock")
+    __slots__ = ("_closed", "_cond", "_free", "_lock")
 
     def __init__(self, size: int) -> None:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._free = size
+        self._closed = False
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-        """Take one slot, waiting up to ``timeout`` (forever if ``None``) when blocking."""
+        """Take one slot, waiting up to ``timeout`` (forever if ``None``) when blocking.
+
+        Returns False at once, and to every waiter, once the window is closed.
+        """
         with self._lock:
-            if self._free > 0:
+            if self._free > 0 and not self._closed:
                 self._free -= 1
                 return True
             if not blocking or not self._cond.wait_for(self._has_room, timeout):
                 return False
+            if self._closed:
+                return False
             self._free -= 1
             return True
 
+    def close(self) -> None:
+        """The publisher closed: wake every waiter; no slot is handed out any more."""
+        with self._lock:
+            self._closed = True
+            self._cond.notify_all()
+
     def take(self, most: int) -> int:
         """Take up to ``most`` free slots without waiting; returns how many."""
-        if most <= 0:
+        if most <= 0 or self._closed:
             return 0
         with self._lock:
             got = min(most, self._free)
@@ -354,7 +395,7 @@ class _Window:
             self._cond.notify(n)
 
     def _has_room(self) -> bool:
-        return self._free > 0
+        return self._free > 0 or self._closed
 
 
 class _Releaser:

@@ -313,6 +313,70 @@ def test_a_submitter_blocked_for_room_is_released_by_stop() -> None:
     assert isinstance(outcome[0], InvalidStateError)
 
 
+def test_submit_blocks_past_the_byte_budget_and_times_out_saying_so() -> None:
+    portal = Portal("rabbitry-io-bytes", max_pending_bytes=1000)
+    try:
+        gate = Gate(portal)
+        gate.closed = True
+        portal.set_write_gate(gate)
+        seen: list[int] = []
+        portal.submit(seen.append, 1, size=600, timeout=1)
+        portal.submit(seen.append, 2, size=400, timeout=1)  # exactly the budget
+        with pytest.raises(Timeout, match="bytes queued"):
+            portal.submit(seen.append, 3, size=1, timeout=0.2)
+        portal.submit(seen.append, 4, timeout=1)  # no size: only the count bounds it
+        gate.open()
+        portal.submit(seen.append, 5, size=1000, timeout=WAIT)  # room again once drained
+        assert on_io_thread(portal, lambda: list(seen)) == [1, 2, 4, 5]
+    finally:
+        portal.stop()
+
+
+def test_one_operation_larger_than_the_budget_is_accepted_when_nothing_is_queued() -> None:
+    portal = Portal("rabbitry-io-big", max_pending_bytes=1000)
+    try:
+        seen: list[int] = []
+        portal.submit(seen.append, 1, size=10_000, timeout=1)
+        assert on_io_thread(portal, lambda: list(seen)) == [1]
+    finally:
+        portal.stop()
+
+
+def test_stop_runs_queued_operations_and_fails_waiting_calls_with_the_reason() -> None:
+    portal = Portal("rabbitry-io-sweep")
+    gate = Gate(portal)
+    gate.closed = True
+    portal.set_write_gate(gate)
+    ran: list[str] = []
+    portal.on_stop = lambda: ran.append("on_stop")
+    portal.submit(ran.append, "queued")
+    outcome: list[BaseException] = []
+
+    async def never_started() -> None:
+        ran.append("coroutine")
+
+    def caller() -> None:
+        try:
+            portal.call(never_started)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=caller)
+    thread.start()
+    assert wait_until(lambda: len(portal._ops) == 2)
+    reason = rabbitry.ConnectionClosedByClient(200, "Normal shutdown")
+    portal.stop(reason=reason)
+    thread.join(WAIT)
+    assert not thread.is_alive()
+    # The hook ended the engine first; the queued operation then ran; the coroutine of
+    # the waiting call never started, and the call failed with (a copy of) the reason.
+    assert ran == ["on_stop", "queued"]
+    assert len(outcome) == 1 and isinstance(outcome[0], rabbitry.ConnectionClosedByClient)
+    with pytest.raises(InvalidStateError) as later:
+        portal.submit(print)
+    assert later.value.__cause__ is reason
+
+
 def test_stop_joins_and_later_use_raises_invalid_state() -> None:
     portal = Portal("rabbitry-io-stop")
     thread = portal.thread
