@@ -264,6 +264,7 @@ class _FakeChannel:
     def queue_declare(self, queue: str, passive: bool = False, **_: Any) -> Any:
         class Ok:
             message_count = self.depth
+            consumer_count = 0
 
         return Ok()
 

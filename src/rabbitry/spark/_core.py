@@ -259,7 +259,18 @@ class QueueConsumer:
         """
         if self._inbox is None:
             channel = self._open()
-            self._budget = channel.queue_declare(self.options.queue, passive=True).message_count
+            ok = channel.queue_declare(self.options.queue, passive=True)
+            self._budget = ok.message_count
+            if ok.consumer_count:
+                # Messages another consumer holds unacknowledged (e.g. the source of a
+                # query that is still stopping) are not ready, so not in this run.
+                logger.warning(
+                    "rabbitmq source %r: AvailableNow counts %d ready message(s); %d other "
+                    "consumer(s) hold unacknowledged ones, which a later run reads",
+                    self.options.queue,
+                    ok.message_count,
+                    ok.consumer_count,
+                )
         else:  # already consuming (not expected): take what is buffered as the target
             self._budget = self._inbox.qsize()
         return self._budget
