@@ -125,3 +125,12 @@ def depth(conn: rabbitry.Connection, queue: str) -> int:
         return channel.queue_declare(queue, passive=True).message_count
     finally:
         channel.close()
+
+
+def consumers(conn: rabbitry.Connection, queue: str) -> int:
+    """Consumers on ``queue`` now."""
+    channel = conn.channel()
+    try:
+        return channel.queue_declare(queue, passive=True).consumer_count
+    finally:
+        channel.close()

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from tests.spark.conftest import depth, publish
+from tests.spark.conftest import consumers, depth, publish
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import rabbitry
 
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
+# Several Spark jobs per test; the first test of a session also starts Spark.
+pytestmark = pytest.mark.timeout(300)
 
 # More than the default prefetch (2000): a read must not stop at the prefetch.
 _TOTAL = 5000
@@ -141,3 +147,60 @@ def test_missing_queue_names_the_option(spark: Any) -> None:
     missing = f"rabbitry-spark-missing-{uuid.uuid4().hex[:8]}"
     with pytest.raises(Exception, match=f"option queue: queue '{missing}' does not exist"):
         _read(spark, missing).collect()
+
+
+def test_a_cancelled_job_leaves_the_queue_as_it_was(
+    spark: Any, conn: rabbitry.Connection, make_queue: Any, tmp_path: Path
+) -> None:
+    from pyspark.sql import functions as F
+
+    queue = make_queue()
+    # 20 MB: more than the pipes between the read and the stalled UDF can buffer, so
+    # the read is still holding the queue when the job is cancelled
+    total, pad = 20_000, b"x" * 1000
+    with conn.publisher(max_in_flight=2000) as publisher:
+        outcomes = publisher.publish_batch(
+            [b"%d:%s" % (n, pad) for n in range(total)], routing_key=queue
+        )
+    assert not [o for o in outcomes if o is not None]
+    started = tmp_path / "started"
+
+    def hang(body: bytes) -> str:
+        started.touch()
+        time.sleep(600)
+        return ""
+
+    slow = F.udf(hang, "string", useArrow=False)
+    group = f"cancel-{uuid.uuid4().hex[:8]}"
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        spark.sparkContext.setJobGroup(group, "cancelled batch read", interruptOnCancel=True)
+        try:
+            _read(spark, queue).select(slow("body")).collect()
+        except Exception as exc:
+            failure.append(exc)
+
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
+    job = threading.Thread(target=run)
+    job.start()
+    try:
+        _wait_for(started.exists, 120, "the job to reach the UDF")
+        _wait_for(lambda: consumers(conn, queue) == 1, 60, "the read to hold the queue")
+        spark.sparkContext.cancelJobGroup(group)
+        job.join(120)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert failure, "the job was not cancelled"
+    _wait_for(lambda: consumers(conn, queue) == 0, 60, "the cancelled read to let go")
+    assert depth(conn, queue) == total
+    rows = _read(spark, queue).collect()
+    assert sorted(int(bytes(r.body).split(b":")[0]) for r in rows) == list(range(total))
+
+
+def _wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)

@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from tests.spark.conftest import depth, publish
+from tests.spark.conftest import consumers, depth, publish
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -23,13 +23,8 @@ from rabbitry.spark import RabbitMQDataSource
 from rabbitry.spark._core import QueueConsumer, ReplayUnavailable
 from rabbitry.spark._options import parse_read_options
 
-
-def consumers(conn: rabbitry.Connection, queue: str) -> int:
-    channel = conn.channel()
-    try:
-        return channel.queue_declare(queue, passive=True).consumer_count
-    finally:
-        channel.close()
+# Several Spark jobs per test; the first test of a session also starts Spark.
+pytestmark = pytest.mark.timeout(300)
 
 
 def _wait_for(predicate: Any, timeout: float, what: str) -> None:

@@ -14,6 +14,7 @@ from rabbitry.config import DEFAULT_URL
 from rabbitry.exceptions import ConfigurationError
 from rabbitry.protocol.message import Message
 from rabbitry.protocol.spec import BasicProperties
+from rabbitry.spark._batch import delivery_count_refused
 from rabbitry.spark._core import AckLedger, QueueConsumer, SourceCancelled, _drain, split_range
 from rabbitry.spark._options import parse_read_options, parse_write_options
 from rabbitry.spark._rows import (
@@ -386,3 +387,11 @@ def test_broker_cancel_fails_the_read() -> None:
     channel.on_cancel("ctag")
     with pytest.raises(SourceCancelled, match="queue 'q'"):
         consumer.read(1)
+
+
+def test_quorum_refusal_names_the_limit_of_each_broker_generation() -> None:
+    four = delivery_count_refused("orders", "4.0.5")
+    assert isinstance(four, ConfigurationError)
+    assert str(four).startswith("option acceptDeliveryCount: queue 'orders' is a quorum queue")
+    assert "20 by default on RabbitMQ 4.x" in str(four)
+    assert "none by default on RabbitMQ 3.x" in str(delivery_count_refused("orders", "3.10.8"))

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     import rabbitry
 
 pytest.importorskip("pyspark")
+# Several Spark jobs per test; the first test of a session also starts Spark.
+pytestmark = pytest.mark.timeout(300)
 
 
 def test_unroutable_rows_fail_the_write(spark: Any, conn: rabbitry.Connection) -> None:

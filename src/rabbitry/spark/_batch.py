@@ -54,6 +54,7 @@ __all__ = [
     "QueueSnapshot",
     "browse_share",
     "consume_share",
+    "delivery_count_refused",
     "plan_queue_read",
 ]
 
@@ -91,11 +92,24 @@ class QueueSnapshot:
         self.consumers = consumers
         self.server_version = server_version
 
-    @property
-    def broker_major(self) -> int:
-        """The broker's major version (0 when unknown)."""
-        head = self.server_version.split(".", 1)[0]
-        return int(head) if head.isdigit() else 0
+
+def delivery_count_refused(queue: str, server_version: str) -> DeliveryCountRefused:
+    """The error for a non-destructive batch read of quorum queue ``queue``."""
+    major = server_version.split(".", 1)[0]
+    limit = (
+        "20 by default on RabbitMQ 4.x"
+        if major.isdigit() and int(major) >= 4
+        else "none by default on RabbitMQ 3.x"
+    )
+    return DeliveryCountRefused(
+        f"option acceptDeliveryCount: queue {queue!r} is a quorum queue "
+        f"(broker {server_version or 'unknown'}): a batch read returns every message it "
+        "reads, and each return raises the message's delivery count toward the queue's "
+        f"delivery limit (x-delivery-limit argument or delivery-limit policy; {limit}); "
+        "at the limit the broker dead-letters or drops the message. Set "
+        "acceptDeliveryCount=true to read anyway, drain the queue with readStream "
+        "(trigger availableNow) instead, or keep data to re-read in a stream queue"
+    )
 
 
 def plan_queue_read(options: ReadOptions) -> QueueSnapshot:
@@ -123,20 +137,7 @@ def plan_queue_read(options: ReadOptions) -> QueueSnapshot:
     if options.consume == "destructive":
         return snapshot
     if options.queue_type == "quorum" and not options.accept_delivery_count:
-        limit = (
-            "20 by default on RabbitMQ 4.x"
-            if snapshot.broker_major >= 4
-            else "none by default on RabbitMQ 3.x"
-        )
-        raise DeliveryCountRefused(
-            f"option acceptDeliveryCount: queue {options.queue!r} is a quorum queue "
-            f"(broker {version or 'unknown'}): a batch read returns every message it reads, "
-            "and each return raises the message's delivery count toward the queue's "
-            f"delivery limit (x-delivery-limit argument or delivery-limit policy; {limit}); "
-            "at the limit the broker dead-letters or drops the message. Set "
-            "acceptDeliveryCount=true to read anyway, drain the queue with readStream "
-            "(trigger availableNow) instead, or keep data to re-read in a stream queue"
-        )
+        raise delivery_count_refused(options.queue, version)
     if options.queue_type == "quorum" and options.num_partitions > 1:
         raise ConfigurationError(
             f"option numPartitions: a batch read of quorum queue {options.queue!r} uses one "
