@@ -98,6 +98,19 @@ def test_a_failed_job_leaves_the_queue_as_it_was(
     assert sorted(_bodies(_read(spark, queue).collect())) == list(range(1000))
 
 
+def test_a_read_beyond_the_largest_prefetch_returns_everything(
+    spark: Any, conn: rabbitry.Connection, make_queue: Any
+) -> None:
+    # The prefetch count is a 16-bit field: past 65,535 held deliveries a partition
+    # fetches the rest with basic.get.
+    queue = make_queue()
+    total = 70_000
+    publish(conn, queue, total)
+    rows = _read(spark, queue).select("body", "offset").collect()
+    assert sorted(_bodies(rows)) == list(range(total))
+    assert depth(conn, queue) == total
+
+
 def test_destructive_read_consumes_everything_it_returns(
     spark: Any, conn: rabbitry.Connection, make_queue: Any
 ) -> None:

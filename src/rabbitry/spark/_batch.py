@@ -3,10 +3,10 @@
 A batch read leaves the queue as it was (``consume=requeue``, the default). The planner
 fixes the number of messages to read: the queue's ready count when the query is planned
 (``queue.declare`` passive). Each partition then reads the queue from its head with an
-*exclusive* consumer (``basic.consume exclusive=true``) whose prefetch holds every
-delivery unacknowledged, skips the messages that belong to earlier partitions, yields its
-own share, and finally returns everything it holds (``basic.nack multiple=true
-requeue=true``, then channel close). Theory of operation:
+*exclusive* consumer (``basic.consume exclusive=true``) that holds every delivery
+unacknowledged (a prefetch up to 65,535, then ``basic.get``), skips the messages that
+belong to earlier partitions, yields its own share, and finally returns everything it
+holds by closing its channel. Theory of operation:
 
 * While a partition holds its deliveries unacknowledged nobody else can see them, and the
   exclusive consumer keeps sibling partitions (and any other consumer) off the queue, so
@@ -193,15 +193,23 @@ def browse_share(options: ReadOptions, start: int, end: int) -> Iterator[Row]:
     channel: Channel | None = None
     try:
         inbox: queue_module.SimpleQueue[Message] = queue_module.SimpleQueue()
-        # A prefetch of exactly `end` makes the broker stop after our share; beyond a
-        # short's range it is unlimited and later arrivals are held (and returned) too.
-        prefetch = end if end <= _MAX_PREFETCH else 0
-        channel = _exclusive_consumer(conn, options, prefetch, inbox)
+        # A prefetch of exactly `end` makes the broker stop after our share. The prefetch
+        # count is a short: past 65,535 held deliveries the rest is fetched one by one
+        # with basic.get (not limited by the prefetch, and the exclusive consumer keeps
+        # everyone else off the queue), so memory never holds more than the prefetch.
+        pushed = min(end, _MAX_PREFETCH)
+        channel = _exclusive_consumer(conn, options, pushed, inbox)
         wait = max(options.poll_timeout, 2.0)
         queue = options.queue
         for position in range(end):
             try:
-                message = inbox.get(timeout=wait)
+                if position < pushed:
+                    message = inbox.get(timeout=wait)
+                else:
+                    fetched = channel.basic_get(queue, timeout=wait)
+                    if fetched is None:
+                        raise queue_module.Empty
+                    message = fetched
             except queue_module.Empty:
                 logger.warning(
                     "rabbitmq batch read of %r: the queue held %d message(s), fewer than the "
@@ -219,12 +227,13 @@ def browse_share(options: ReadOptions, start: int, end: int) -> Iterator[Row]:
     finally:
         if channel is not None and channel.is_open:
             try:
-                # Everything we hold goes back (classic queues: to its original position);
-                # closing the channel would do the same, this makes it explicit and ordered.
-                channel.basic_nack(0, multiple=True, requeue=True)
-                channel.close(timeout=5)
+                # Closing the channel returns everything it holds (a classic queue puts
+                # each message back at its original position) and ends the exclusive
+                # consumer in the same step. Not basic.nack: the still-open consumer
+                # would be handed the requeued messages straight back.
+                channel.close(timeout=30)
             except Exception as exc:  # the connection close below requeues them anyway
-                logger.debug("rabbitmq batch read: returning deliveries failed: %s", exc)
+                logger.debug("rabbitmq batch read: closing the channel failed: %s", exc)
         conn.close(timeout=5)
 
 
