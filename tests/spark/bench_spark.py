@@ -21,11 +21,12 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 import rabbitry
+from rabbitry.config import default_url
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-URL = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
+URL = default_url()
 
 
 def steady(progress: Sequence[Any]) -> tuple[float, float, int]:

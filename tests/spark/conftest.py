@@ -12,6 +12,7 @@ import sys
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -103,9 +104,33 @@ def publish(conn: rabbitry.Connection, queue: str, count: int, start: int = 0) -
     assert not [o for o in outcomes if o is not None]
 
 
+def broker_address(url: str) -> tuple[str, int]:
+    """Host and port of the broker at ``url`` (what a fault proxy forwards to)."""
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or (5671 if parts.scheme == "amqps" else 5672)
+
+
+def through(proxy_url: str, url: str) -> str:
+    """``url`` with its host and port replaced by those of ``proxy_url``."""
+    proxy, parts = urlsplit(proxy_url), urlsplit(url)
+    netloc = proxy.netloc.rsplit("@", 1)[-1]
+    if "@" in parts.netloc:
+        netloc = parts.netloc.rsplit("@", 1)[0] + "@" + netloc
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
 def depth(conn: rabbitry.Connection, queue: str) -> int:
     channel = conn.channel()
     try:
         return channel.queue_declare(queue, passive=True).message_count
+    finally:
+        channel.close()
+
+
+def consumers(conn: rabbitry.Connection, queue: str) -> int:
+    """Consumers on ``queue`` now."""
+    channel = conn.channel()
+    try:
+        return channel.queue_declare(queue, passive=True).consumer_count
     finally:
         channel.close()

@@ -47,8 +47,9 @@ def main() -> None:
         .option("queueType", queue_type)
         .option("maxMessagesPerBatch", "1000")
         .option("maxRecordsPerTrigger", "1000")
-        .option("numPartitions", "2")
     )
+    if queue_type == "stream":  # offset ranges read in parallel; a queue has one consumer
+        reader = reader.option("numPartitions", "2")
     query = (
         reader.load()
         .writeStream.foreachBatch(sink)

@@ -73,6 +73,7 @@ def test_everything_shipped_to_executors_pickles() -> None:
         _source(exchange="x").streamWriter(schema, False),
         ds.OffsetRange(1, 2),
         ds.QueueQuota(10, 0),
+        ds.QueueShare(0, 10),
         ds.PublishCommit(0, 0, 5, 5, "a", "b"),
     ]
     for obj in objects:
@@ -84,3 +85,14 @@ def test_queue_reader_replay_is_empty() -> None:
     reader = _source(queue="q").simpleStreamReader(StructType())
     assert reader.initialOffset() == {"seq": 0}
     assert list(reader.readBetweenOffsets({"seq": 0}, {"seq": 10})) == []
+
+
+def test_queue_streaming_refuses_num_partitions() -> None:
+    # One consumer in the driver reads a classic/quorum queue: more partitions would be
+    # silently ignored, so they are refused.
+    with pytest.raises(ConfigurationError, match="option numPartitions: a streaming read"):
+        _source(queue="q", numPartitions="4").simpleStreamReader(StructType())
+    assert isinstance(
+        _source(queue="s", queueType="stream", numPartitions="4").streamReader(StructType()),
+        StreamQueueReader,
+    )

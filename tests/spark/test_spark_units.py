@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import pickle
 import queue as queue_module
+import time
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from rabbitry.config import DEFAULT_URL
 from rabbitry.exceptions import ConfigurationError
 from rabbitry.protocol.message import Message
 from rabbitry.protocol.spec import BasicProperties
-from rabbitry.spark._core import AckLedger, QueueConsumer, SourceCancelled, split_range
+from rabbitry.spark._batch import delivery_count_refused
+from rabbitry.spark._core import AckLedger, QueueConsumer, SourceCancelled, _drain, split_range
 from rabbitry.spark._options import parse_read_options, parse_write_options
 from rabbitry.spark._rows import (
     READ_SCHEMA,
@@ -24,14 +27,24 @@ from rabbitry.spark._rows import (
 # ---------------------------------------------------------------- options
 
 
-def test_defaults_and_lower_cased_keys() -> None:
+def test_defaults_and_lower_cased_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RABBITMQ_URL", raising=False)
     # Spark lower-cases keys; values are strings.
     opts = parse_read_options({"queue": "q", "maxmessagesperbatch": "500", "queuetype": "Quorum"})
     assert opts.queue == "q"
     assert opts.queue_type == "quorum"
     assert opts.max_messages_per_batch == 500
     assert opts.prefetch >= 500
-    assert opts.connect.urls == ("amqp://guest:guest@127.0.0.1:5672/",)
+    assert opts.connect.urls == (DEFAULT_URL,)
+    assert opts.consume == "requeue" and opts.accept_delivery_count is False
+
+
+def test_default_url_is_rabbitmq_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RABBITMQ_URL", "amqp://u:p@broker.example:5673/v")
+    assert parse_read_options({"queue": "q"}).connect.urls == ("amqp://u:p@broker.example:5673/v",)
+    assert parse_write_options({}).connect.urls == ("amqp://u:p@broker.example:5673/v",)
+    # an explicit option wins
+    assert parse_read_options({"queue": "q", "url": "amqp://h/"}).connect.urls == ("amqp://h/",)
 
 
 def test_several_urls() -> None:
@@ -56,6 +69,10 @@ def test_several_urls() -> None:
             "option endingOffsets",
         ),
         ({"queue": "q", "failondataloss": "maybe"}, "option failOnDataLoss"),
+        ({"queue": "q", "consume": "yes"}, "option consume: must be requeue"),
+        ({"queue": "q", "acceptdeliverycount": "ok"}, "option acceptDeliveryCount"),
+        ({"queue": "q", "maxbatchwaitms": "0"}, "option maxBatchWaitMs"),
+        ({"queue": "q", "exclusivewaitms": "-1"}, "option exclusiveWaitMs"),
         ({"queue": "q", "url": "http://x/"}, "option url"),
         ({"queue": "q", "tlscafile": "/ca.pem"}, "TLS options need amqps://"),
         ({"queue": "q", "url": "amqps://h/", "tlskeyfile": "/k"}, "option tlsKeyFile"),
@@ -103,7 +120,8 @@ def test_write_options() -> None:
     )
     assert (opts.exchange, opts.routing_key, opts.max_in_flight) == ("x", "k", 50)
     assert opts.confirm_timeout == 1.5
-    assert opts.mandatory is False
+    assert opts.mandatory is True  # unroutable rows fail the task unless opted out
+    assert parse_write_options({"mandatory": "false"}).mandatory is False
     with pytest.raises(ConfigurationError, match="option mandatory"):
         parse_write_options({"mandatory": "sure"})
     with pytest.raises(ConfigurationError, match="option maxInFlight"):
@@ -201,15 +219,26 @@ def test_ack_ledger() -> None:
     ledger = AckLedger()
     ledger.add(10, 10)
     ledger.add(20, 20)
-    assert ledger.through(5) is None
-    assert ledger.through(10) == 10
-    assert ledger.through(10) is None  # idempotent
+    assert ledger.through(5) == (None, 0)
+    assert ledger.through(10) == (10, 0)
+    assert ledger.through(10) == (None, 0)  # idempotent
     ledger.add(30, 31)
-    assert ledger.through(30) == 31  # both remaining batches at once
+    assert ledger.through(30) == (31, 0)  # both remaining batches at once
     assert len(ledger) == 0
     ledger.add(40, 45)
     assert ledger.reset() == 1
-    assert ledger.through(40) is None
+    assert ledger.through(40) == (None, 0)
+
+
+def test_ack_ledger_never_acks_a_batch_of_an_older_epoch() -> None:
+    ledger = AckLedger()
+    ledger.add(10, 10, epoch=0)
+    ledger.add(20, 25, epoch=0)
+    ledger.add(30, 40, epoch=1)  # after the connection recovered
+    # batches 1 and 2 died with the old connection: only batch 3 is acked
+    assert ledger.through(30, epoch=1) == (40, 2)
+    ledger.add(40, 45, epoch=1)
+    assert ledger.through(40, epoch=2) == (None, 1)
 
 
 class _FakeChannel:
@@ -219,6 +248,7 @@ class _FakeChannel:
         self.acks: list[tuple[int, bool]] = []
         self.is_open = True
         self.qos = 0
+        self.epoch = 0
 
     def basic_qos(self, prefetch: int) -> None:
         self.qos = prefetch
@@ -232,9 +262,10 @@ class _FakeChannel:
     def basic_ack(self, tag: int, multiple: bool = False) -> None:
         self.acks.append((tag, multiple))
 
-    def queue_declare(self, queue: str, passive: bool = False) -> Any:
+    def queue_declare(self, queue: str, passive: bool = False, **_: Any) -> Any:
         class Ok:
             message_count = self.depth
+            consumer_count = 0
 
         return Ok()
 
@@ -307,6 +338,38 @@ def test_connection_loss_voids_tags_and_reconnects() -> None:
     assert consumer.reconnects == 1
 
 
+def test_batches_from_before_a_recovery_are_not_acked() -> None:
+    channel = _FakeChannel([_message(tag) for tag in range(1, 7)])
+    consumer = _consumer(channel)
+    rows, end = consumer.read(0)  # tags 1..3, epoch 0
+    channel.epoch = 1  # the connection recovered while Spark ran the batch
+    # the buffered deliveries 4..6 predate the recovery: left to the broker
+    rows, end2 = consumer.read(end)
+    assert rows == [] and end2 == end
+    assert channel.acks == []  # tag 3 of epoch 0 is void on the recovered channel
+    assert (consumer.stale_batches, consumer.stale_deliveries) == (1, 3)
+    fresh = _message(1)
+    fresh.epoch = 1
+    channel.messages = [fresh]
+    assert consumer._inbox is not None
+    consumer._inbox.put(fresh)  # redelivered after the recovery
+    rows, end3 = consumer.read(end2)
+    assert [r[6] for r in rows] == [True] and end3 == end2 + 1
+    consumer.ack_through(end3)
+    assert channel.acks == [(1, True)]
+
+
+def test_a_trickle_does_not_hold_a_batch_open() -> None:
+    # A steady stream never leaves an idle gap; the batch still closes at its max wait.
+    class Trickle(queue_module.SimpleQueue[Message]):
+        def get(self, block: bool = True, timeout: float | None = None) -> Message:
+            time.sleep(0.01)
+            return _message(1)
+
+    taken = _drain(Trickle(), want=10**9, poll=1.0, idle=0.5, max_wait=0.2)
+    assert 1 <= len(taken) < 10**9
+
+
 def test_consumer_pickles_without_connection() -> None:
     channel = _FakeChannel([_message(1)])
     consumer = _consumer(channel)
@@ -324,3 +387,11 @@ def test_broker_cancel_fails_the_read() -> None:
     channel.on_cancel("ctag")
     with pytest.raises(SourceCancelled, match="queue 'q'"):
         consumer.read(1)
+
+
+def test_quorum_refusal_names_the_limit_of_each_broker_generation() -> None:
+    four = delivery_count_refused("orders", "4.0.5")
+    assert isinstance(four, ConfigurationError)
+    assert str(four).startswith("option acceptDeliveryCount: queue 'orders' is a quorum queue")
+    assert "20 by default on RabbitMQ 4.x" in str(four)
+    assert "none by default on RabbitMQ 3.x" in str(delivery_count_refused("orders", "3.10.8"))

@@ -2,9 +2,12 @@
 
 Usage::
 
-    df = spark.read.format("rabbitmq").option("queue", "events").load()
+    # move a queue into a table: a streaming job, acked only after Spark commits
     (spark.readStream.format("rabbitmq").option("queue", "events").load()
-        .writeStream.option("checkpointLocation", "/chk").toTable("events"))
+        .writeStream.option("checkpointLocation", "/chk").trigger(availableNow=True)
+        .toTable("events"))
+    # look at a queue: a batch read returns what is ready and leaves it in the queue
+    df = spark.read.format("rabbitmq").option("queue", "events").load()
     df.write.format("rabbitmq").option("routingKey", "out").mode("append").save()
 
 The format registers itself wherever rabbitry is installed (the top-level module
@@ -12,7 +15,10 @@ The format registers itself wherever rabbitry is installed (the top-level module
 driver and on every executor. Guarantees and options: ``docs/spark.md``.
 """
 
+from ._batch import DeliveryCountRefused, QueueBusy
+from ._core import DataLossError, PublishFailed, ReplayUnavailable, SourceCancelled
 from ._options import ConnectOptions, ReadOptions, WriteOptions
+from ._write import UnroutableRows
 from .datasource import (
     PublishCommit,
     QueueStreamReader,
@@ -23,11 +29,18 @@ from .datasource import (
 
 __all__ = [
     "ConnectOptions",
+    "DataLossError",
+    "DeliveryCountRefused",
     "PublishCommit",
+    "PublishFailed",
+    "QueueBusy",
     "QueueStreamReader",
     "RabbitMQDataSource",
     "ReadOptions",
+    "ReplayUnavailable",
+    "SourceCancelled",
     "StreamQueueReader",
+    "UnroutableRows",
     "WriteOptions",
     "register",
 ]

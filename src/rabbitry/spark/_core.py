@@ -6,35 +6,31 @@ Connections are opened lazily in the process that uses them and never pickled.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import logging
 import queue as queue_module
 import time
+import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import AMQPError, ConfigurationError, ConsumerCancelled, NotFound
-from ._rows import message_to_row, row_to_message
+from ._rows import message_to_row
 
 if TYPE_CHECKING:
-    import concurrent.futures
-    from collections.abc import Callable, Iterable, Iterator, Mapping
+    from collections.abc import Callable, Iterator
 
     from ..protocol.message import Message
     from ..sync.channel import Channel
     from ..sync.connection import Connection
-    from ._options import ConnectOptions, ReadOptions, WriteOptions
+    from ._options import ConnectOptions, ReadOptions
 
 __all__ = [
     "AckLedger",
     "DataLossError",
     "PublishFailed",
-    "PublishResult",
     "QueueConsumer",
+    "ReplayUnavailable",
     "SourceCancelled",
-    "publish_rows",
-    "read_queue_quota",
     "read_stream_range",
     "split_range",
     "stream_bounds",
@@ -57,6 +53,78 @@ class PublishFailed(RuntimeError):
     """A write task could not get every message confirmed (Spark retries the task)."""
 
 
+class ReplayUnavailable(RuntimeError):
+    """A planned micro-batch of a classic/quorum queue cannot be replayed.
+
+    Its messages are still held (unacknowledged) by the source session that read them, so
+    an empty replay would let that session acknowledge them later: data loss.
+    """
+
+
+_MARKER_PREFIX = "rabbitry.spark.source."
+
+
+def session_marker(session: str) -> str:
+    """The exclusive queue that exists while the source session ``session`` is connected."""
+    return f"{_MARKER_PREFIX}{session}"
+
+
+def replay_check(options: ReadOptions, start: int, end: int, session: str | None) -> None:
+    """Allow the empty replay of batch ``[start, end)`` only if its messages are requeued.
+
+    Spark replays a planned but uncommitted batch after the source restarted. The
+    messages of that batch were held unacknowledged by the session that read them; once
+    that session's connection is gone the broker has requeued them and they arrive again
+    in later batches (``redelivered``), so the replay is rightly empty. If the session
+    still exists, they are not back in the queue: raise instead of committing an empty
+    batch over them.
+
+    Raises:
+        ReplayUnavailable: the session still holds the messages, or it cannot be checked.
+    """
+    queue = options.queue
+    if session is None:
+        logger.warning(
+            "rabbitmq source %r: replaying batch [%d, %d) as empty (offsets without a "
+            "session, written by an older version); its messages were requeued when the "
+            "previous source stopped",
+            queue,
+            start,
+            end,
+        )
+        return
+    try:
+        conn = options.connect.connect(" [spark replay check]")
+    except AMQPError as exc:
+        raise ReplayUnavailable(
+            f"rabbitmq source {queue!r}: cannot check whether batch [{start}, {end}) was "
+            f"returned to the queue ({exc}); refusing to replay it as empty"
+        ) from exc
+    try:
+        channel = conn.channel()
+        try:
+            channel.queue_declare(session_marker(session), passive=True)
+        except NotFound:
+            logger.warning(
+                "rabbitmq source %r: batch [%d, %d) is replayed empty: the source that read "
+                "it is gone, so the broker requeued its messages; they arrive in later "
+                "batches flagged redelivered",
+                queue,
+                start,
+                end,
+            )
+            return
+        except AMQPError:  # 405 RESOURCE_LOCKED: the session's exclusive queue exists
+            pass
+        raise ReplayUnavailable(
+            f"rabbitmq source {queue!r}: batch [{start}, {end}) is planned but its messages "
+            f"are still held by the live source session {session}; an empty replay would "
+            "let that session acknowledge them later (data loss)"
+        )
+    finally:
+        conn.close(timeout=5)
+
+
 # ---------------------------------------------------------------- classic / quorum queues
 
 
@@ -64,28 +132,36 @@ class AckLedger:
     """Which delivery tag acknowledges which micro-batch (driver-side, one channel).
 
     Offsets of a queue read are ``{"seq": n}``: the number of rows handed to Spark so far.
-    ``add(end, tag)`` records that the batch ending at ``end`` ended with delivery ``tag``;
-    ``through(seq)`` pops every batch ending at or before ``seq`` and returns the tag that
-    acknowledges them all with ``multiple=True`` (``None`` when there is nothing to ack).
+    ``add(end, tag, epoch)`` records that the batch ending at ``end`` ended with delivery
+    ``tag``, received in the channel's recovery ``epoch``; ``through(seq)`` pops every
+    batch ending at or before ``seq``. A batch of an older epoch than the channel's must
+    not be acked: its deliveries died with the old connection and the broker requeued
+    them (they come back flagged ``redelivered``).
     """
 
     def __init__(self) -> None:
-        self._batches: list[tuple[int, int]] = []
+        self._batches: list[tuple[int, int, int]] = []
 
     def __len__(self) -> int:
         return len(self._batches)
 
-    def add(self, end: int, tag: int) -> None:
-        """Batch ending at ``end`` (exclusive seq) ended with delivery ``tag``."""
-        self._batches.append((end, tag))
+    def add(self, end: int, tag: int, epoch: int = 0) -> None:
+        """Batch ending at ``end`` (exclusive seq) ended with delivery ``tag`` of ``epoch``."""
+        self._batches.append((end, tag, epoch))
 
-    def through(self, seq: int) -> int | None:
-        """Pop the batches ending ≤ ``seq``; the highest of their tags, or ``None``."""
-        done = [tag for end, tag in self._batches if end <= seq]
+    def through(self, seq: int, epoch: int = 0) -> tuple[int | None, int]:
+        """Pop the batches ending ≤ ``seq``.
+
+        Returns:
+            The highest tag among the popped batches of ``epoch`` (``None`` when there is
+            none), and how many popped batches were of another (older) epoch.
+        """
+        done = [(tag, batch_epoch) for end, tag, batch_epoch in self._batches if end <= seq]
         if not done:
-            return None
-        self._batches = [(end, tag) for end, tag in self._batches if end > seq]
-        return max(done)
+            return None, 0
+        self._batches = [batch for batch in self._batches if batch[0] > seq]
+        current = [tag for tag, batch_epoch in done if batch_epoch == epoch]
+        return (max(current) if current else None), len(done) - len(current)
 
     def reset(self) -> int:
         """Forget everything (the channel is gone, its tags are void); how many batches."""
@@ -116,7 +192,13 @@ class QueueConsumer:
         self._ledger = AckLedger()
         self._budget: int | None = None
         self.reconnects = 0
+        #: Committed batches whose acks were void (received before a recovery).
+        self.stale_batches = 0
+        #: Deliveries left out of a batch because they predate a recovery.
+        self.stale_deliveries = 0
         self.cancelled: str | None = None
+        #: Names the current connection; offsets of its batches carry it.
+        self.session: str | None = None
 
     # state that must never be pickled (the reader is copied to executors for replays)
     def __getstate__(self) -> dict[str, Any]:
@@ -151,6 +233,10 @@ class QueueConsumer:
             self.close()
         self._conn = self._connect(self.options.connect)
         self._channel = self._conn.channel()
+        # The session marker lives exactly as long as this connection: while it exists,
+        # the deliveries this session holds are not back in the queue (see replay_check).
+        self.session = uuid.uuid4().hex
+        self._channel.queue_declare(session_marker(self.session), exclusive=True, auto_delete=True)
         return self._channel
 
     def _subscribe(self) -> tuple[Channel, queue_module.SimpleQueue[Message]]:
@@ -173,20 +259,45 @@ class QueueConsumer:
         """
         if self._inbox is None:
             channel = self._open()
-            self._budget = channel.queue_declare(self.options.queue, passive=True).message_count
+            ok = channel.queue_declare(self.options.queue, passive=True)
+            self._budget = ok.message_count
+            if ok.consumer_count:
+                # Messages another consumer holds unacknowledged (e.g. the source of a
+                # query that is still stopping) are not ready, so not in this run.
+                logger.warning(
+                    "rabbitmq source %r: AvailableNow counts %d ready message(s); %d other "
+                    "consumer(s) hold unacknowledged ones, which a later run reads",
+                    self.options.queue,
+                    ok.message_count,
+                    ok.consumer_count,
+                )
         else:  # already consuming (not expected): take what is buffered as the target
             self._budget = self._inbox.qsize()
         return self._budget
 
     def ack_through(self, seq: int) -> None:
-        """Acknowledge every batch ending at or before ``seq`` (idempotent)."""
-        tag = self._ledger.through(seq)
-        if tag is None:
-            return
+        """Acknowledge every batch ending at or before ``seq`` (idempotent).
+
+        Batches received before the connection recovered are not acked (their tags are
+        void; the broker requeued those deliveries and redelivers them).
+        """
         if not self._alive():
             # Void tags: those deliveries were requeued when the connection died.
+            self._ledger.through(seq)
             return
         assert self._channel is not None
+        tag, stale = self._ledger.through(seq, self._channel.epoch)
+        if stale:
+            self.stale_batches += stale
+            logger.warning(
+                "rabbitmq source %r: %d committed batch(es) arrived before the connection "
+                "recovered and cannot be acknowledged; the broker redelivers their messages "
+                "(redelivered=true)",
+                self.options.queue,
+                stale,
+            )
+        if tag is None:
+            return
         try:
             self._channel.basic_ack(tag, multiple=True)
         except AMQPError as exc:
@@ -203,8 +314,26 @@ class QueueConsumer:
         if want <= 0:
             return [], start
         channel, inbox = self._subscribe()
-        del channel
-        taken = _drain(inbox, want, self.options.poll_timeout, self.options.idle_timeout)
+        taken = _drain(
+            inbox,
+            want,
+            self.options.poll_timeout,
+            self.options.idle_timeout,
+            self.options.max_batch_wait,
+        )
+        epoch = channel.epoch
+        fresh = [m for m in taken if m.epoch == epoch]
+        if len(fresh) != len(taken):
+            # Delivered on the connection before it recovered: the broker requeued them
+            # when that connection died and delivers them again on this one.
+            self.stale_deliveries += len(taken) - len(fresh)
+            logger.warning(
+                "rabbitmq source %r: %d buffered delivery(ies) predate a connection "
+                "recovery; left to the broker, which redelivers them",
+                self.options.queue,
+                len(taken) - len(fresh),
+            )
+            taken = fresh
         if not taken and self.cancelled is not None:
             raise SourceCancelled(
                 f"rabbitmq source: the broker cancelled the consumer of queue "
@@ -214,7 +343,7 @@ class QueueConsumer:
         rows = [message_to_row(m, queue, start + i) for i, m in enumerate(taken)]
         end = start + len(rows)
         if taken:
-            self._ledger.add(end, taken[-1].delivery_tag)
+            self._ledger.add(end, taken[-1].delivery_tag, epoch)
             if self._budget is not None:
                 self._budget -= len(taken)
         return rows, end
@@ -227,49 +356,32 @@ class QueueConsumer:
 
 
 def _drain(
-    inbox: queue_module.SimpleQueue[Message], want: int, poll: float, idle: float
+    inbox: queue_module.SimpleQueue[Message],
+    want: int,
+    poll: float,
+    idle: float,
+    max_wait: float = float("inf"),
 ) -> list[Message]:
-    """Up to ``want`` messages: wait ``poll`` for the first, then stop after ``idle`` gaps."""
+    """Up to ``want`` messages for one micro-batch.
+
+    Waits ``poll`` for the first message; then takes more until ``want``, a gap of
+    ``idle`` without a message, or ``max_wait`` after the first message, whichever comes
+    first. The last bound keeps a steady trickle (which never leaves an idle gap) from
+    holding a batch open until it is full.
+    """
     taken: list[Message] = []
     get = inbox.get
     try:
         taken.append(get(timeout=poll))
+        deadline = time.monotonic() + max_wait
         while len(taken) < want:
-            taken.append(get(timeout=idle))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            taken.append(get(timeout=min(idle, left)))
     except queue_module.Empty:
         pass
     return taken
-
-
-def read_queue_quota(options: ReadOptions, quota: int, first_offset: int) -> Iterator[Row]:
-    """Batch read on an executor: consume up to ``quota`` messages and yield their rows.
-
-    Acks (one ``multiple=True`` ack) only after the last row was handed to Spark; if the
-    task fails first, the connection closes and the broker requeues the messages.
-    """
-    if quota <= 0:
-        return
-    conn = options.connect.connect(" [spark batch read]")
-    try:
-        channel = conn.channel()
-        inbox: queue_module.SimpleQueue[Message] = queue_module.SimpleQueue()
-        # Prefetch no more than the quota: other partitions consume the same queue.
-        channel.basic_qos(max(1, min(65535, options.prefetch, quota)))
-        channel.basic_consume(options.queue, inbox.put)
-        last_tag = 0
-        for index in range(quota):
-            try:
-                message = inbox.get(timeout=options.poll_timeout)
-            except queue_module.Empty:
-                break
-            last_tag = message.delivery_tag
-            yield message_to_row(message, options.queue, first_offset + index)
-        if last_tag:
-            channel.basic_ack(last_tag, multiple=True)
-            # A round trip after the ack: it is on the wire before the connection closes.
-            channel.basic_qos(1)
-    finally:
-        conn.close(timeout=5)
 
 
 def queue_depth(options: ReadOptions) -> int:
@@ -448,92 +560,3 @@ def read_stream_range(options: ReadOptions, start: int, end: int) -> Iterator[Ro
         # Close without cancel: a delivery for a cancelled consumer would be rejected,
         # and a reject on a stream queue closes the connection with an error.
         conn.close(timeout=5)
-
-
-# ---------------------------------------------------------------- writes
-
-
-@dataclasses.dataclass
-class PublishResult:
-    """What one write task published (all confirmed)."""
-
-    partition_id: int
-    attempt: int
-    published: int
-    confirmed: int
-    first_message_id: str | None
-    last_message_id: str | None
-
-
-def publish_rows(
-    options: WriteOptions,
-    rows: Iterable[Mapping[str, Any]],
-    id_prefix: str,
-    partition_id: int,
-    attempt: int,
-) -> PublishResult:
-    """Publish every row with pipelined confirms; raise :class:`PublishFailed` otherwise.
-
-    ``message_id`` defaults to ``f"{id_prefix}:{index}"`` (deterministic per task, so a
-    retried task publishes the same ids).
-    """
-    conn = options.connect.connect(f" [spark writer p{partition_id}]")
-    futures: list[concurrent.futures.Future[None]] = []
-    first_id: str | None = None
-    last_id: str | None = None
-    try:
-        if options.check_exchange and options.exchange:
-            probe = conn.channel()
-            try:
-                probe.exchange_declare(options.exchange, passive=True)
-            except NotFound:
-                raise PublishFailed(
-                    f"option exchange: exchange {options.exchange!r} does not exist"
-                ) from None
-            probe.close()
-        publisher = conn.publisher(
-            confirm=True,
-            max_in_flight=options.max_in_flight,
-            mandatory=options.mandatory,
-            timeout=options.confirm_timeout,
-        )
-        routing_key = options.routing_key or ""
-        exchange = options.exchange
-        mode = 2 if options.persistent else 1
-        publish = publisher.publish
-        try:
-            for index, row in enumerate(rows):
-                body, to_exchange, key, props = row_to_message(
-                    row, routing_key, exchange, f"{id_prefix}:{index}", mode
-                )
-                if first_id is None:
-                    first_id = props.message_id
-                last_id = props.message_id
-                futures.append(
-                    publish(body, exchange=to_exchange, routing_key=key, properties=props)
-                )
-        except AMQPError as exc:
-            raise PublishFailed(
-                f"rabbitmq write (partition {partition_id}): publishing failed after "
-                f"{len(futures)} message(s): {exc}"
-            ) from exc
-        deadline = time.monotonic() + options.confirm_timeout
-        failed = 0
-        first_error: BaseException | None = None
-        for future in futures:
-            try:
-                future.result(timeout=max(0.0, deadline - time.monotonic()))
-            except Exception as exc:
-                failed += 1
-                if first_error is None:
-                    first_error = exc
-        if first_error is not None:
-            raise PublishFailed(
-                f"rabbitmq write (partition {partition_id}, exchange {exchange!r}): "
-                f"{failed} of {len(futures)} message(s) not confirmed: "
-                f"{type(first_error).__name__}: {first_error}"
-            ) from first_error
-        return PublishResult(partition_id, attempt, len(futures), len(futures), first_id, last_id)
-    finally:
-        with contextlib.suppress(Exception):
-            conn.close(timeout=5)

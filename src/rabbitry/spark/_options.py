@@ -15,7 +15,7 @@ import ssl
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import quote
 
-from ..config import parse_urls
+from ..config import default_url, parse_urls
 from ..exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -32,8 +32,7 @@ __all__ = [
 ]
 
 QueueType = Literal["classic", "quorum", "stream"]
-
-_DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
+ConsumeMode = Literal["requeue", "destructive"]
 
 # Documented spelling of every option, keyed by its lower-cased form.
 _CONNECT_KEYS = (
@@ -59,6 +58,10 @@ _READ_KEYS = (
     "idleTimeoutMs",
     "failOnDataLoss",
     "maxMessages",
+    "consume",
+    "acceptDeliveryCount",
+    "exclusiveWaitMs",
+    "maxBatchWaitMs",
 )
 _WRITE_KEYS = (
     "exchange",
@@ -128,7 +131,7 @@ class _Opts:
 class ConnectOptions:
     """How to reach the broker; a plain value object (the password is not in repr)."""
 
-    urls: tuple[str, ...] = dataclasses.field(default=(_DEFAULT_URL,), repr=False)
+    urls: tuple[str, ...] = dataclasses.field(default_factory=lambda: (default_url(),), repr=False)
     connection_name: str | None = None
     heartbeat: int | None = None
     tls_ca_file: str | None = None
@@ -179,7 +182,9 @@ class ConnectOptions:
 
 
 def _parse_connect(opts: _Opts) -> ConnectOptions:
-    text = opts.text("url", _DEFAULT_URL) or _DEFAULT_URL
+    # Without option url: $RABBITMQ_URL (read where the options are parsed, i.e. on the
+    # driver; the parsed URL is what the executors use), else the local default.
+    text = opts.text("url") or default_url()
     urls = tuple(part.strip() for part in text.replace(";", ",").split(",") if part.strip())
     if not urls:
         raise ConfigurationError("option url: at least one URL is required")
@@ -240,6 +245,10 @@ class ReadOptions:
     idle_timeout: float = 0.2
     fail_on_data_loss: bool = True
     max_messages: int | None = None
+    consume: ConsumeMode = "requeue"
+    accept_delivery_count: bool = False
+    exclusive_wait: float = 600.0
+    max_batch_wait: float = 1.0
 
 
 def _offset_spec(name: str, text: str, allowed: tuple[str, ...]) -> str:
@@ -295,6 +304,13 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
                     f"option {name}: only for queueType=stream (a {queue_type} queue has "
                     "no offsets)"
                 )
+    consume = (opts.text("consume", "requeue") or "requeue").strip().lower()
+    if consume not in ("requeue", "destructive"):
+        raise ConfigurationError(
+            f"option consume: must be requeue (batch reads leave the queue as it was) or "
+            f"destructive (batch reads acknowledge what they read), got {consume!r}"
+        )
+    num_partitions = opts.integer("numPartitions", 1, 1, 1024)
     if starting.isdigit() and ending.isdigit() and int(ending) < int(starting):
         raise ConfigurationError(
             f"option endingOffsets ({ending}) must be ≥ startingOffsets ({starting})"
@@ -308,11 +324,15 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
         max_records_per_trigger=opts.integer("maxRecordsPerTrigger", 100_000, 1, 2**31 - 1),
         starting_offsets=starting,
         ending_offsets=ending,
-        num_partitions=opts.integer("numPartitions", 1, 1, 1024),
+        num_partitions=num_partitions,
         poll_timeout=opts.integer("pollTimeoutMs", 1000, 1, 3_600_000) / 1000.0,
         idle_timeout=opts.integer("idleTimeoutMs", 200, 1, 3_600_000) / 1000.0,
         fail_on_data_loss=opts.flag("failOnDataLoss", True),
         max_messages=opts.opt_int("maxMessages", 0),
+        consume=consume,  # type: ignore[arg-type]  # checked above
+        accept_delivery_count=opts.flag("acceptDeliveryCount", False),
+        exclusive_wait=opts.integer("exclusiveWaitMs", 600_000, 0, 86_400_000) / 1000.0,
+        max_batch_wait=opts.integer("maxBatchWaitMs", 1000, 1, 3_600_000) / 1000.0,
     )
 
 
@@ -325,7 +345,7 @@ class WriteOptions:
     routing_key: str | None = None
     max_in_flight: int = 1000
     confirm_timeout: float = 30.0
-    mandatory: bool = False
+    mandatory: bool = True
     job_id: str | None = None
     persistent: bool = True
     check_exchange: bool = True
@@ -347,7 +367,7 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         routing_key=routing_key,
         max_in_flight=opts.integer("maxInFlight", 1000, 1, 1_000_000),
         confirm_timeout=opts.integer("confirmTimeoutMs", 30_000, 1, 86_400_000) / 1000.0,
-        mandatory=opts.flag("mandatory", False),
+        mandatory=opts.flag("mandatory", True),
         job_id=opts.text("jobId"),
         persistent=opts.flag("persistent", True),
         check_exchange=opts.flag("checkExchange", True),

@@ -30,13 +30,12 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from ..exceptions import ConfigurationError
+from ._batch import browse_share, consume_share, plan_queue_read
 from ._core import (
-    PublishResult,
     QueueConsumer,
-    publish_rows,
-    queue_depth,
-    read_queue_quota,
     read_stream_range,
+    replay_check,
     resolve_start,
     split_range,
     stream_bounds,
@@ -44,6 +43,7 @@ from ._core import (
 )
 from ._options import ReadOptions, WriteOptions, parse_read_options, parse_write_options
 from ._rows import READ_SCHEMA, check_write_columns
+from ._write import PublishResult, publish_rows
 
 try:  # Spark 4.2+: admission control and AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import (
@@ -125,6 +125,13 @@ class RabbitMQDataSource(DataSource):
                 errorClass="NOT_IMPLEMENTED",
                 messageParameters={"feature": "simpleStreamReader for stream queues"},
             )
+        if options.num_partitions != 1:
+            raise ConfigurationError(
+                f"option numPartitions: a streaming read of a {options.queue_type} queue has "
+                f"one consumer (in the driver), so numPartitions must be 1, got "
+                f"{options.num_partitions}; repartition the stream, shard the queue into "
+                "several queues (one query each), or use a stream queue"
+            )
         return QueueStreamReader(options)
 
     def writer(self, schema: StructType, overwrite: bool) -> BatchWriter:
@@ -162,8 +169,20 @@ class OffsetRange(InputPartition):
 
 
 @dataclasses.dataclass
+class QueueShare(InputPartition):
+    """Positions ``[start, end)`` of a queue as planned (non-destructive batch read)."""
+
+    start: int
+    end: int
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start = start
+        self.end = end
+
+
+@dataclasses.dataclass
 class QueueQuota(InputPartition):
-    """Up to ``quota`` messages of a queue; row offsets start at ``first_offset``."""
+    """Up to ``quota`` messages of a queue, consumed; row offsets from ``first_offset``."""
 
     quota: int
     first_offset: int
@@ -177,7 +196,11 @@ class QueueQuota(InputPartition):
 
 
 class BatchReader(DataSourceReader):
-    """Batch read: a stream's offset range, or a queue drained up to what is there now."""
+    """Batch read: a stream's offset range, or the messages a queue held when planned.
+
+    Queues are left as they were (``consume=requeue``, see :mod:`rabbitry.spark._batch`)
+    unless ``consume=destructive``.
+    """
 
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
@@ -190,17 +213,28 @@ class BatchReader(DataSourceReader):
                 end = min(end, start + options.max_messages)
             ranges = split_range(start, end, options.num_partitions)
             return [OffsetRange(low, high) for low, high in ranges] or [OffsetRange(0, 0)]
-        total = queue_depth(options)
+        total = plan_queue_read(options).ready
         if options.max_messages is not None:
             total = min(total, options.max_messages)
-        quotas = split_range(0, total, options.num_partitions)
-        return [QueueQuota(high - low, low) for low, high in quotas] or [QueueQuota(0, 0)]
+        shares = split_range(0, total, options.num_partitions)
+        logger.info(
+            "rabbitmq batch read of %r: %d message(s) in %d partition(s) (consume=%s)",
+            options.queue,
+            total,
+            len(shares),
+            options.consume,
+        )
+        if options.consume == "destructive":
+            return [QueueQuota(high - low, low) for low, high in shares] or [QueueQuota(0, 0)]
+        return [QueueShare(low, high) for low, high in shares] or [QueueShare(0, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         if isinstance(partition, OffsetRange):
             return read_stream_range(self.options, partition.start, partition.end)
+        if isinstance(partition, QueueShare):
+            return browse_share(self.options, partition.start, partition.end)
         assert isinstance(partition, QueueQuota)
-        return read_queue_quota(self.options, partition.quota, partition.first_offset)
+        return consume_share(self.options, partition.quota, partition.first_offset)
 
 
 # ---------------------------------------------------------------- streaming: queues
@@ -231,15 +265,22 @@ class QueueStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         )
 
     def read(self, start: Offset) -> tuple[Iterator[tuple[Any, ...]], Offset]:
-        rows, end = self.consumer.read(int(start["seq"]))
+        begin = int(start["seq"])
+        rows, end = self.consumer.read(begin)
+        if end == begin:
+            return iter([]), start  # unchanged, so Spark sees that nothing is new
         # A list iterator: Spark copies cached iterators (a generator cannot be copied).
-        return iter(rows), {"seq": end}
+        # The session names the connection holding these deliveries (see replay_check).
+        return iter(rows), {"seq": end, "session": self.consumer.session}
 
     def readBetweenOffsets(self, start: Offset, end: Offset) -> Iterator[tuple[Any, ...]]:
-        # Only called after a restart, for a batch that was planned but not committed,
-        # in a copy of this reader on an executor. The old connection is gone, so the
-        # broker has requeued those messages: they come back through read(), flagged
-        # redelivered. Nothing is lost; the replayed batch is empty.
+        # Called for a batch that was planned but not committed when the source has no
+        # copy of it (after a restart), on an executor. Its messages are not readable
+        # again here: they were held unacknowledged by the session that read them. Once
+        # that session is gone the broker has requeued them (they come back through
+        # read(), flagged redelivered) and the replay is rightly empty; if it is alive,
+        # replay_check raises rather than commit an empty batch over them.
+        replay_check(self.options, int(start["seq"]), int(end["seq"]), end.get("session"))
         return iter([])
 
     def commit(self, end: Offset) -> None:
