@@ -85,9 +85,9 @@ def error_of(call: Any) -> TopologyValidationError:
             "only quorum queues",
         ),
         (
-            {"queue_type": "quorum", "delivery_limit": -1},
+            {"queue_type": "quorum", "delivery_limit": -2},
             "delivery_limit (x-delivery-limit)",
-            "integer >= 0",
+            "integer >= 0 or -1 (unlimited, RabbitMQ 4.0+)",
         ),
         (
             {"queue_type": "quorum", "durable": False},
@@ -258,6 +258,13 @@ def test_typed_fields_become_x_arguments_with_amqp_types() -> None:
     assert Exchange("x", alternate_exchange="ae").declare_arguments() == {
         "alternate-exchange": "ae"
     }
+
+
+def test_delivery_limit_minus_one_is_unlimited() -> None:
+    unlimited = Queue("jobs", queue_type="quorum", delivery_limit=-1)
+    assert unlimited.declare_arguments()["x-delivery-limit"] == -1
+    lifted = Queue("jobs", queue_type="quorum", arguments={"x-delivery-limit": -1})
+    assert lifted == unlimited and lifted.delivery_limit == -1
 
 
 def test_arguments_are_lifted_into_typed_fields() -> None:

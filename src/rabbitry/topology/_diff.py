@@ -22,7 +22,9 @@ the ``dlx``, ``maxlength`` and ``ttl`` guides): for ``message-ttl``, ``expires``
 for ``dead-letter-exchange``, ``dead-letter-routing-key``, ``dead-letter-strategy``,
 ``overflow``, ``queue-mode`` and ``queue-version`` the *queue argument* wins. One
 exception: before RabbitMQ 3.13 a quorum queue took ``expires`` from the policy
-(rabbitmq-server#10949). Only the highest-priority matching policy counts.
+(rabbitmq-server#10949). For ``delivery-limit``, RabbitMQ 4.0's "unlimited" (a negative
+value, ``-1``) counts as higher than any limit: a finite limit from either side applies.
+Only the highest-priority matching policy counts.
 ``diff`` reports an overlap whose values differ; :func:`policy_overlaps` lists all.
 """
 
@@ -238,10 +240,12 @@ def policy_overlaps(
             winner, effective = "policy", value
             rule = "a quorum queue takes expires from the policy before RabbitMQ 3.13"
         elif key in LOWER_WINS:
-            lower_is_policy = isinstance(value, int) and isinstance(ours, int) and value < ours
+            lower_is_policy = _lower(key, value, ours)
             winner = "policy" if lower_is_policy else "argument"
             effective = value if lower_is_policy else ours
             rule = "the lower value wins"
+            if key == "delivery-limit" and (_unlimited(value) or _unlimited(ours)):
+                rule = "the lower value wins; -1 is unlimited"
         elif key in ARGUMENT_WINS:
             winner, effective, rule = "argument", ours, "the queue argument wins"
         else:
@@ -251,6 +255,20 @@ def policy_overlaps(
             PolicyOverlap(queue.name, key, policy.name, value, ours, winner, effective, rule)
         )
     return result
+
+
+def _unlimited(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value < 0
+
+
+def _lower(key: str, policy_value: Any, argument_value: Any) -> bool:
+    """Whether the policy's value is the lower one (ties go to the argument)."""
+    if not (isinstance(policy_value, int) and isinstance(argument_value, int)):
+        return False
+    if key == "delivery-limit" and (_unlimited(policy_value) or _unlimited(argument_value)):
+        # rabbit_quorum_queue: a negative limit on either side yields to the other.
+        return _unlimited(argument_value) and not _unlimited(policy_value)
+    return policy_value < argument_value
 
 
 def _extra(ours: Topology, theirs: Topology) -> list[str]:
