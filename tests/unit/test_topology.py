@@ -27,10 +27,12 @@ from rabbitry.topology import (
     EXCEPTION_MESSAGE_HEADER,
     EXCEPTION_TYPE_HEADER,
     FIRST_FAILURE_HEADER,
+    HELPER_DELIVERY_LIMIT,
     LAST_FAILURE_HEADER,
     ORIGINAL_EXCHANGE_HEADER,
     ORIGINAL_ROUTING_KEY_HEADER,
     PARKED_REASON_HEADER,
+    WORK_QUEUE_DELIVERY_LIMIT,
     Binding,
     Exchange,
     Queue,
@@ -864,14 +866,14 @@ def test_with_retry_tiers() -> None:
 
 
 def test_with_retry_broker_driven_and_variants() -> None:
-    base = Topology(queues=[Queue("jobs", queue_type="quorum")])
+    base = Topology(queues=[Queue("jobs")])
     built = base.with_retry("jobs", RetryPolicy([1], max_attempts=5))
     work = built.queue("jobs")
     assert work is not None and work.dead_letter_routing_key == "jobs.retry.1s"
-    assert all(q.queue_type == "quorum" for q in built.queues)
+    assert all(q.queue_type is None and q.delivery_limit is None for q in built.queues)
     no_lot = base.with_retry("jobs", RetryPolicy([1, 2], parking_lot=False))
     assert no_lot.queue("jobs.parking-lot") is None
-    assert no_lot.queue("jobs") == Queue("jobs", queue_type="quorum")  # nothing to dead-letter to
+    assert no_lot.queue("jobs") == Queue("jobs")  # nothing to dead-letter to
     straight = base.with_retry("jobs", RetryPolicy(max_attempts=1))
     assert [q.name for q in straight.queues] == ["jobs", "jobs.parking-lot"]
     transient = Topology(queues=[Queue("t", durable=False, exclusive=True)]).with_retry(
@@ -880,6 +882,59 @@ def test_with_retry_broker_driven_and_variants() -> None:
     assert all(not q.durable and q.exclusive for q in transient.queues)
     # Applying the builder twice gives the same topology.
     assert built.with_retry("jobs", RetryPolicy([1], max_attempts=5)) == built
+
+
+def test_with_retry_quorum_delivery_limits() -> None:
+    base = Topology(queues=[Queue("jobs", queue_type="quorum")])
+    built = base.with_retry("jobs", RetryPolicy([1], max_attempts=5, republish=True))
+    work = built.queue("jobs")
+    # The work queue gets RabbitMQ 4.0's default limit, explicitly, and dead-letters what
+    # goes over it to the parking lot; the helpers get a limit that is never reached.
+    assert work == Queue(
+        "jobs",
+        queue_type="quorum",
+        delivery_limit=WORK_QUEUE_DELIVERY_LIMIT,
+        dead_letter_exchange="jobs.dlx",
+        dead_letter_routing_key="jobs.parking-lot",
+    )
+    assert WORK_QUEUE_DELIVERY_LIMIT == 20
+    for name in ("jobs.retry.1s", "jobs.parking-lot"):
+        helper = built.queue(name)
+        assert helper is not None and helper.queue_type == "quorum"
+        assert helper.delivery_limit == HELPER_DELIVERY_LIMIT == 2**31 - 1
+    chosen = base.with_retry("jobs", RetryPolicy([1, 5]), delivery_limit=3)
+    assert chosen.queue("jobs").delivery_limit == 3  # type: ignore[union-attr]
+    own = Topology(queues=[Queue("jobs", queue_type="quorum", delivery_limit=7)])
+    assert own.with_retry("jobs", RetryPolicy([1, 5])).queue("jobs").delivery_limit == 7  # type: ignore[union-attr]
+    assert own.with_retry("jobs", RetryPolicy([1, 5]), delivery_limit=7) is not None
+    # Unlimited (RabbitMQ 4.x): nothing is ever dead-lettered for its returns, so the
+    # broker-driven path is safe.
+    unlimited = base.with_retry("jobs", RetryPolicy([1]), delivery_limit=-1)
+    assert unlimited.queue("jobs").dead_letter_routing_key == "jobs.retry.1s"  # type: ignore[union-attr]
+    # Idempotent.
+    assert built.with_retry("jobs", RetryPolicy([1], max_attempts=5, republish=True)) == built
+
+
+@pytest.mark.parametrize(
+    ("topology", "policy", "limit", "field", "rule"),
+    [
+        (Topology(queues=[Queue("jobs", queue_type="quorum")]), RetryPolicy([1]), None,
+         "with_retry", "republish=True"),
+        (Topology(queues=[Queue("jobs", queue_type="quorum")]), RetryPolicy([1]), 5,
+         "with_retry", "returned more than 5 times"),
+        (Topology(queues=[Queue("jobs", queue_type="quorum", delivery_limit=7)]),
+         RetryPolicy([1, 2]), 3, "delivery_limit", "already has delivery_limit=7"),
+        (Topology(queues=[Queue("jobs")]), RetryPolicy([1, 2]), 3, "delivery_limit",
+         "only quorum queues"),
+    ],
+)  # fmt: skip
+def test_with_retry_quorum_rules(
+    topology: Topology, policy: RetryPolicy, limit: int | None, field: str, rule: str
+) -> None:
+    with pytest.raises(TopologyValidationError) as caught:
+        topology.with_retry("jobs", policy, delivery_limit=limit)
+    assert caught.value.field == field
+    assert rule in caught.value.rule
 
 
 @pytest.mark.parametrize(

@@ -205,7 +205,9 @@ class Topology:
 
     # ------------------------------------------------------------------ composition
 
-    def with_retry(self, queue: str, policy: RetryPolicy) -> Topology:
+    def with_retry(
+        self, queue: str, policy: RetryPolicy, *, delivery_limit: int | None = None
+    ) -> Topology:
         """A new topology that also holds the retry machinery for ``queue``.
 
         Adds ``<queue>.dlx``, one ``<queue>.retry.<delay>`` queue per distinct delay,
@@ -213,13 +215,26 @@ class Topology:
         ``queue`` dead-letter to ``<queue>.dlx``. Give the consumer the same policy.
         See :mod:`rabbitry.topology` for the design.
 
+        A quorum ``queue`` gets an explicit delivery limit: the queue's own, else
+        ``delivery_limit``, else 20 (RabbitMQ 4.0's default, also applied on 3.x); its
+        retry queues and parking lot get one that is never reached, and its policy must
+        republish (``RetryPolicy(..., republish=True)`` with one delay), so that a
+        message returned too often is parked, never dropped.
+
+        Args:
+            queue: the work queue (already in this topology).
+            policy: the retry policy.
+            delivery_limit: a quorum work queue's delivery limit when it has none;
+                ``-1`` is unlimited (RabbitMQ 4.0+ only).
+
         Raises:
-            TopologyValidationError: ``queue`` is not in this topology, is a stream, or
-                already dead-letters somewhere else.
+            TopologyValidationError: ``queue`` is not in this topology, is a stream,
+                already dead-letters somewhere else, or is a quorum queue with a
+                broker-driven policy.
         """
         from ._retry import build_retry
 
-        return build_retry(self, queue, policy)
+        return build_retry(self, queue, policy, delivery_limit=delivery_limit)
 
     def diff(
         self, other: Topology | Mapping[str, Any], *, vhost: str = "/", extra: bool = True
