@@ -46,6 +46,7 @@ from rabbitry.topology import (
     retry_queue_name,
 )
 from rabbitry.topology._apply import value_from_reply
+from rabbitry.topology._diff import default_queue_type
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
 
@@ -560,6 +561,51 @@ def test_diff_normalises_like_the_broker() -> None:
     assert Topology(queues=[Queue("q", arguments={"x-n": True})]).diff(
         Topology(queues=[Queue("q", arguments={"x-n": 1})])
     ) == ["queue 'q': x-n: ours True, theirs 1"]
+
+
+def _export(default_queue_type: str | None, *queues: dict[str, Any]) -> dict[str, Any]:
+    """A one-vhost definitions export as RabbitMQ 4.x writes it (every queue typed)."""
+    data: dict[str, Any] = {"queues": list(queues), "exchanges": [], "bindings": []}
+    if default_queue_type is not None:
+        data["default_queue_type"] = default_queue_type
+    return data
+
+
+def _exported(name: str, kind: str, durable: bool = True) -> dict[str, Any]:
+    return {"name": name, "vhost": "/", "durable": durable, "auto_delete": False,
+            "arguments": {"x-queue-type": kind}}  # fmt: skip
+
+
+def test_diff_knows_the_vhosts_default_queue_type() -> None:
+    ours = Topology(queues=[Queue("jobs"), Queue("tmp", durable=False)])
+    quorum_vhost = _export(
+        "quorum", _exported("jobs", "quorum"), _exported("tmp", "classic", False)
+    )
+    assert ours.diff(quorum_vhost, extra=False) == []
+    classic_vhost = _export(
+        "classic", _exported("jobs", "quorum"), _exported("tmp", "classic", False)
+    )
+    assert ours.diff(classic_vhost, extra=False) == [
+        "queue 'jobs': x-queue-type: ours (not set), theirs 'quorum'"
+    ]
+    # A queue declared classic before the vhost's default changed is a real difference.
+    old = _export("quorum", _exported("jobs", "classic"), _exported("tmp", "classic", False))
+    assert ours.diff(old, extra=False) == [
+        "queue 'jobs': x-queue-type: ours 'quorum', theirs (not set)"
+    ]
+    # Explicitly typed queues compare as typed; the default can be given for a Topology.
+    assert (
+        Topology(queues=[Queue("jobs", queue_type="quorum")]).diff(
+            Topology(queues=[Queue("jobs")]), default_queue_type="quorum"
+        )
+        == []
+    )
+    # A whole-broker export has it per vhost.
+    broker = {"vhosts": [{"name": "v", "metadata": {"default_queue_type": "quorum"}}],
+              "queues": [dict(_exported("jobs", "quorum"), vhost="v")]}  # fmt: skip
+    assert default_queue_type(broker, "v") == "quorum"
+    assert default_queue_type(broker, "/") == "classic"
+    assert ours.diff(broker, vhost="v", extra=False) == ["queue 'tmp': missing"]
 
 
 # --------------------------------------------------------------------------- conflicts

@@ -237,7 +237,12 @@ class Topology:
         return build_retry(self, queue, policy, delivery_limit=delivery_limit)
 
     def diff(
-        self, other: Topology | Mapping[str, Any], *, vhost: str = "/", extra: bool = True
+        self,
+        other: Topology | Mapping[str, Any],
+        *,
+        vhost: str = "/",
+        extra: bool = True,
+        default_queue_type: str | None = None,
     ) -> list[str]:
         """Readable differences between this topology and ``other``.
 
@@ -246,16 +251,24 @@ class Topology:
             vhost: the vhost to read from a definitions export.
             extra: also list what only ``other`` has (``... : not in ours``); pass
                 ``False`` against a whole broker's export.
+            default_queue_type: the vhost's default queue type, which a queue without
+                ``queue_type`` gets (if durable, not exclusive, not auto-delete); by
+                default read from a definitions export, else ``classic``.
 
         Returns:
             One line per difference, e.g. ``queue 'jobs': x-message-ttl: ours 1000,
             theirs 2000``; empty when ``other`` matches.
         """
         from ._definitions import from_definitions
+        from ._diff import default_queue_type as vhost_default
         from ._diff import diff_topologies
 
         theirs = other if isinstance(other, Topology) else from_definitions(other, vhost)
-        return diff_topologies(self, theirs, extra=extra)
+        if default_queue_type is None:
+            default_queue_type = (
+                "classic" if isinstance(other, Topology) else vhost_default(other, vhost)
+            )
+        return diff_topologies(self, theirs, extra=extra, default_queue_type=default_queue_type)
 
     # ------------------------------------------------------------------ the broker
 
