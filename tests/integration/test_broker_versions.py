@@ -21,6 +21,7 @@ import rabbitry
 from rabbitry import AsyncConnection, Message, MessageTooLarge, Requeue
 from rabbitry.broker import RABBITMQ_3_MAX_MESSAGE_SIZE, RABBITMQ_4_MAX_MESSAGE_SIZE
 from rabbitry.cli._app import cli
+from rabbitry.exceptions import TopologyValidationError
 from rabbitry.topology import (
     DELIVERY_LIMIT_REASON,
     HELPER_DELIVERY_LIMIT,
@@ -174,6 +175,24 @@ async def test_delivery_limit_minus_one_by_version(
         assert returns == 1
         await _wait_ready(conn, dead, 1)
         assert await _ready(conn, queue) == 0
+
+
+async def test_apply_refuses_an_unlimited_delivery_limit_on_3x(
+    conn: AsyncConnection, names: Names, broker_version: tuple[int, ...]
+) -> None:
+    """Version-specific: ``Topology.apply`` declares ``delivery_limit=-1`` on 4.x and
+    refuses it on 3.x before sending anything (there it would drop messages)."""
+    queue = names.queue()
+    topology = Topology(queues=[Queue(queue, queue_type="quorum", delivery_limit=-1)])
+    if broker_version >= (4,):
+        await topology.aapply(conn)
+        assert await _ready(conn, queue) == 0
+    else:
+        with pytest.raises(TopologyValidationError, match=r"unlimited only on RabbitMQ 4\.0"):
+            await topology.aapply(conn)
+        ch = await conn.channel()
+        with pytest.raises(rabbitry.NotFound):
+            await ch.queue_declare(queue, passive=True)
 
 
 @pytest.mark.parametrize(

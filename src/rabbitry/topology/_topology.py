@@ -310,6 +310,7 @@ class Topology:
 
         _require_async(connection, "aapply", "apply")
         _require_management(self, management, "apply")
+        _check_for_broker(self, connection.server_version)
         if management is not None:
             _require_management_kind(management, "AsyncManagementClient", "aapply")
             for policy in self.policies:
@@ -329,6 +330,7 @@ class Topology:
 
         portal = _require_sync(connection, "apply", "aapply")
         _require_management(self, management, "apply")
+        _check_for_broker(self, connection.server_version)
         if management is not None:
             _require_management_kind(management, "ManagementClient", "apply")
             for policy in self.policies:
@@ -426,6 +428,25 @@ class Topology:
                     management.delete_policy(policy.name, connection._async.params.virtual_host)
                 except ManagementNotFound:
                     pass
+
+
+def _check_for_broker(topology: Topology, version: tuple[int, ...]) -> None:
+    """Refuse what means something else on this broker's version (before sending)."""
+    if not version or version >= (4,):
+        return
+    shown = ".".join(map(str, version))
+    rule = (
+        f"-1 means unlimited only on RabbitMQ 4.0+; RabbitMQ {shown} dead-letters (or "
+        "drops) a message at its first return with a negative limit. Leave it unset: 3.x "
+        "quorum queues have no limit by default"
+    )
+    for queue in topology.queues:
+        if queue.delivery_limit is not None and queue.delivery_limit < 0:
+            raise TopologyValidationError(queue.label, "delivery_limit (x-delivery-limit)", rule)
+    for policy in topology.policies:
+        value = (policy.definition or {}).get("delivery-limit")
+        if isinstance(value, int) and value < 0:
+            raise TopologyValidationError(policy.label, "definition['delivery-limit']", rule)
 
 
 def _require_management(topology: Topology, management: object, what: str) -> None:
