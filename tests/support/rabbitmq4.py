@@ -105,6 +105,9 @@ def pytest_configure(config: pytest.Config) -> None:
         return  # xdist workers inherit RABBITMQ_URL from the controller
     port = _node.lease_port()
     try:
+        # A node left on this port by a run that was killed (no unconfigure) is stopped
+        # first: every session starts from an empty node.
+        _node.run("stop")
         url = _node.run("start")
     except BaseException:
         with contextlib.suppress(pytest.UsageError):
