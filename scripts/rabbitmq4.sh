@@ -48,7 +48,7 @@ readonly DIST_PORT=$((PORT + 20000))
 readonly MGMT_PORT=$((PORT + 10000))
 readonly CLI_PORT_MIN=$((PORT + 30001))
 readonly CLI_PORT_MAX=$((PORT + 30011))
-for p in "$DIST_PORT" "$MGMT_PORT" "$CLI_PORT_MIN" "$CLI_PORT_MAX"; do
+for p in "$PORT" "$DIST_PORT" "$MGMT_PORT" "$CLI_PORT_MIN" "$CLI_PORT_MAX"; do
     case "$p" in 4369 | 5671 | 5672 | 15672 | 25672 | 3567[2-9] | 3568[0-2])
         die "RABBITRY_RMQ4_PORT=$PORT would give port $p, which the shared node uses" ;;
     esac
