@@ -261,6 +261,9 @@ async def test_dlq_inspect_25_times_on_a_quorum_parking_lot_loses_nothing(
     await topology.aapply(conn)
     await _publish(conn, f"{work}.parking-lot", b"p1", b"p2", b"p3")
     for run in range(25):
+        # The previous run's channel close gives the messages back asynchronously: wait
+        # until all three are ready again (which is also the check that none was lost).
+        await _wait_ready(conn, f"{work}.parking-lot", 3)
         seen, stderr = await asyncio.to_thread(_inspect, url, work)
         assert seen == 3, f"run {run + 1}"
         if run > 0:  # the messages now carry a delivery count (on 4.x from the 2nd run)
