@@ -13,6 +13,7 @@
 #   stop     stop the node, remove its directory (no-op when it does not run)
 #   status   exit 0 when the node runs, 1 when not
 #   url      print the node's AMQP URL
+#   ctl ARG...  run rabbitmqctl against the node (e.g. `ctl list_queues`)
 #   clean    stop the node and delete the cached root
 #
 # Environment:
@@ -289,6 +290,11 @@ case "${1:-}" in
     stop) stop ;;
     status) running ;;
     url) echo "$URL" ;;
+    ctl)
+        shift
+        running || die "$NODE does not run (start it first)"
+        ctl "$@" </dev/null
+        ;;
     clean) stop && as_root rm -rf "$ROOT" "$CACHE/.building-$SUITE" ;;
     *)
         sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2

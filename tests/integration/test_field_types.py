@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shutil
 import subprocess
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -23,6 +22,7 @@ import pika
 import pika.data
 import pika.exceptions
 import pytest
+from tests.support.rabbitmq4 import rabbitmqctl
 
 from rabbitry import (
     AsyncChannel,
@@ -368,7 +368,7 @@ async def test_headers_exchange_any_and_void(conn: AsyncConnection, names: Names
 
 def _rabbitmqctl_binding_arguments(exchange: str) -> str | None:
     """RabbitMQ's own view of the bindings of ``exchange`` (Erlang terms), if reachable."""
-    ctl = shutil.which("rabbitmqctl")
+    ctl = rabbitmqctl()
     if ctl is None:
         return None
     expression = (
@@ -376,7 +376,7 @@ def _rabbitmqctl_binding_arguments(exchange: str) -> str | None:
     )
     try:
         result = subprocess.run(
-            [ctl, "eval", expression], capture_output=True, text=True, timeout=15, check=False
+            [*ctl, "eval", expression], capture_output=True, text=True, timeout=15, check=False
         )
     except (OSError, subprocess.TimeoutExpired):
         return None

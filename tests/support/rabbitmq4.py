@@ -2,8 +2,9 @@
 
 With the option, the controlling pytest process starts a node with
 ``scripts/rabbitmq4.sh start`` (Debian 13's rabbitmq-server in a cached debootstrap root,
-built when missing) before any test is collected, points ``RABBITMQ_URL`` and
-``RABBITRY_TEST_MANAGEMENT_URL`` at it for the whole session (pytest-xdist workers
+built when missing) before any test is collected, points ``RABBITMQ_URL``,
+``RABBITRY_TEST_MANAGEMENT_URL`` and ``RABBITRY_TEST_RABBITMQCTL`` (see :func:`rabbitmqctl`)
+at it for the whole session (pytest-xdist workers
 inherit the environment) and stops it again in ``pytest_unconfigure``: the node's data,
 logs and epmd name are gone when pytest exits.
 
@@ -22,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shlex
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -32,13 +35,15 @@ import pytest
 import rabbitry
 from rabbitry.config import default_url
 
-__all__ = ["broker_version", "management_url"]
+__all__ = ["broker_version", "management_url", "rabbitmqctl"]
 
 _SCRIPT: Final = Path(__file__).resolve().parents[2] / "scripts" / "rabbitmq4.sh"
 _PORTS: Final = range(5682, 5773, 10)
 _LOCK_DIR: Final = Path(tempfile.gettempdir()) / "rabbitry-rmq4-ports"
 #: The management API of the broker under test, when the run knows one.
 MANAGEMENT_URL_ENV: Final = "RABBITRY_TEST_MANAGEMENT_URL"
+#: A command (shell words) that runs rabbitmqctl against the broker under test.
+RABBITMQCTL_ENV: Final = "RABBITRY_TEST_RABBITMQCTL"
 
 
 class _Node:
@@ -116,6 +121,9 @@ def pytest_configure(config: pytest.Config) -> None:
         raise
     os.environ["RABBITMQ_URL"] = url
     os.environ[MANAGEMENT_URL_ENV] = f"http://guest:guest@127.0.0.1:{port + 10000}/"
+    os.environ[RABBITMQCTL_ENV] = shlex.join(
+        ["env", f"RABBITRY_RMQ4_PORT={port}", "bash", str(_SCRIPT), "ctl"]
+    )
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -132,6 +140,19 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     if _node.port is None:
         return None
     return f"rabbitmq4: RABBITMQ_URL={os.environ['RABBITMQ_URL']} (started for this run)"
+
+
+def rabbitmqctl() -> list[str] | None:
+    """The command that runs rabbitmqctl against the broker under test, or None.
+
+    ``$RABBITRY_TEST_RABBITMQCTL`` (set by ``--rabbitmq4``), else the ``rabbitmqctl`` on
+    ``PATH`` (which talks to the local default node, the shared broker).
+    """
+    command = os.environ.get(RABBITMQCTL_ENV)
+    if command:
+        return shlex.split(command)
+    found = shutil.which("rabbitmqctl")
+    return [found] if found else None
 
 
 def _server_version(url: str) -> tuple[int, ...]:
