@@ -19,7 +19,9 @@ import asyncio
 import contextlib
 import logging
 import random
+import shutil
 import struct
+import subprocess
 import threading
 import time
 import uuid
@@ -1421,6 +1423,20 @@ async def test_batch_partial_failure_takes_only_the_failed_through_the_retry_pat
     assert await ready(conn, queue) == 0
 
 
+async def _delete_elsewhere(queue: str) -> None:
+    """Delete ``queue`` from another connection (a deletion this connection did not make,
+    so its topology record still holds the queue)."""
+    async with AsyncConnection(recovery=None) as other:
+        channel = await other.channel()
+        await channel.queue_delete(queue)
+
+
+def _operator_deletes_queue(queue: str) -> None:
+    ctl = shutil.which("rabbitmqctl")
+    assert ctl is not None, "rabbitmqctl is needed to delete an exclusive queue as an operator"
+    subprocess.run([ctl, "delete_queue", queue], check=True, capture_output=True, timeout=60)
+
+
 async def test_queue_deletion_with_a_topology_record_redeclares_and_resumes(
     conn: AsyncConnection, names: Names
 ) -> None:
@@ -1440,9 +1456,7 @@ async def test_queue_deletion_with_a_topology_record_redeclares_and_resumes(
         seen.append(message.body)
 
     async with running(conn.consumer(queue, handler, on_cancel=cancelled.append)) as consumer:
-        ch = await conn.channel()
-        await ch.queue_delete(queue)
-        await ch.close()
+        await _delete_elsewhere(queue)
         assert await eventually(lambda: len(cancelled) == 1)
         assert await eventually(lambda: consumer.stats.resubscribed == 1)
         # The queue and its binding came back from the record: publish via the exchange.
@@ -1470,9 +1484,8 @@ async def test_server_named_queue_is_followed_after_redeclare(
         seen.append(message.body)
 
     async with running(conn.consumer(first_name, handler)) as consumer:
-        ch = await conn.channel()
-        await ch.queue_delete(first_name)
-        await ch.close()
+        # An operator deletes the exclusive queue (no other connection may).
+        await asyncio.to_thread(_operator_deletes_queue, first_name)
         assert await eventually(lambda: consumer.stats.resubscribed == 1, timeout=3.0)
         await publish(conn, "rk", b"to-the-new-queue", exchange=exchange)
         assert await eventually(lambda: seen == [b"to-the-new-queue"], timeout=3.0)

@@ -123,10 +123,15 @@ async def test_batch_multiple_ack_acks_earlier_message_whose_move_failed(
 ) -> None:
     queue = _name("work")
     dlx = f"{queue}.dlx"  # exists, but nothing is bound: every retry move is unroutable
+    policy = RetryPolicy(delays=[0.1, 0.2], max_attempts=3, queue=queue)
+    # The retry queues exist too (start() checks that), unbound: moves stay unroutable.
+    helpers = [*policy.names(queue).retry_queues, f"{queue}.parking-lot"]
     try:
         ch = await aconn.channel()
         await ch.queue_declare(queue)
         await ch.exchange_declare(dlx, "direct")
+        for helper in helpers:
+            await ch.queue_declare(helper)
         await ch.basic_publish("", queue, b"bad")
         await ch.basic_publish("", queue, b"good")
         await ch.close()
@@ -139,7 +144,6 @@ async def test_batch_multiple_ack_acks_earlier_message_whose_move_failed(
                 raise ValueError("boom")
 
         # Several delays: the client-republish path (confirmed + mandatory move).
-        policy = RetryPolicy(delays=[0.1, 0.2], max_attempts=3, queue=queue)
         consumer = aconn.consumer(
             queue, handler, retry=policy, batch_size=1, batch_timeout=0.05, prefetch=10
         )
@@ -163,7 +167,7 @@ async def test_batch_multiple_ack_acks_earlier_message_whose_move_failed(
             await asyncio.sleep(0.1)
         assert counts[-1] == 1, f"the failed, unmoved message was lost (ready={counts[-1]})"
     finally:
-        await _cleanup([queue], [dlx])
+        await _cleanup([queue, *helpers], [dlx])
 
 
 @pytest.mark.integration
@@ -172,10 +176,15 @@ async def test_failed_retry_move_stalls_consumer_instead_of_redelivering(
 ) -> None:
     queue = _name("work")
     dlx = f"{queue}.dlx"  # exists, nothing bound: the move is returned (unroutable)
+    policy = RetryPolicy(delays=[0.1, 0.2], max_attempts=3, queue=queue)
+    # The retry queues exist too (start() checks that), unbound: moves stay unroutable.
+    helpers = [*policy.names(queue).retry_queues, f"{queue}.parking-lot"]
     try:
         ch = await aconn.channel()
         await ch.queue_declare(queue)
         await ch.exchange_declare(dlx, "direct")
+        for helper in helpers:
+            await ch.queue_declare(helper)
         await ch.basic_publish("", queue, b"bad")
         await ch.basic_publish("", queue, b"good")
         await ch.close()
@@ -187,7 +196,6 @@ async def test_failed_retry_move_stalls_consumer_instead_of_redelivering(
             if message.body == b"bad":
                 raise ValueError("boom")
 
-        policy = RetryPolicy(delays=[0.1, 0.2], max_attempts=3, queue=queue)
         consumer = aconn.consumer(queue, handler, retry=policy, prefetch=1)
         await consumer.start(timeout=5)
         try:
@@ -201,7 +209,7 @@ async def test_failed_retry_move_stalls_consumer_instead_of_redelivering(
             await consumer.stop(timeout=5)
         assert progressed, f"consumer stalled after a failed move; handled only {seen}"
     finally:
-        await _cleanup([queue], [dlx])
+        await _cleanup([queue, *helpers], [dlx])
 
 
 @pytest.mark.integration
