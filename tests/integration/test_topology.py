@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import shutil
 import subprocess
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from tests.support.rabbitmq4 import rabbitmqctl
 
 import rabbitry
 from rabbitry import AsyncChannel, AsyncConnection, Message, Properties
@@ -404,9 +404,9 @@ def _broker_definitions(url: str, management_url: str | None = None) -> dict[str
     host = parse_urls(url)[0].host
     if host not in ("127.0.0.1", "localhost", "::1"):
         pytest.skip(f"rabbitmqctl can only export the local broker, RABBITMQ_URL is {host}")
-    ctl = shutil.which("rabbitmqctl") or "/usr/sbin/rabbitmqctl"
+    ctl = rabbitmqctl() or ["/usr/sbin/rabbitmqctl"]
     out = subprocess.run(
-        [ctl, "export_definitions", "-", "--format", "json", "--quiet"],
+        [*ctl, "export_definitions", "-", "--format", "json", "--quiet"],
         capture_output=True,
         text=True,
         timeout=60,
