@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv broker lint types test demo demo-quick java docs format bench
+.PHONY: help venv broker broker4 test-rmq4 lint types test demo demo-quick java docs format bench
 
 help:
 	@echo "Targets:"
@@ -25,7 +25,10 @@ help:
 	@echo "  broker   make sure a RabbitMQ broker answers at RABBITMQ_URL (starts a local one if needed)"
 	@echo "  lint     ruff format --check and ruff check on $(LINT_PATHS)"
 	@echo "  types    mypy (strict on src/rabbitry, configured in pyproject.toml)"
-	@echo "  test     venv + broker, then lint, types, docs and the whole pytest suite (what CI runs)"
+	@echo "  test     venv + broker, then lint, types, docs and the whole pytest suite (what CI runs),"
+	@echo "           then $(RMQ4_TESTS) again against a RabbitMQ 4.x node (RMQ4=0 skips that)"
+	@echo "  broker4  build (once; cached) the Debian 13 root the RabbitMQ 4.x test node runs in"
+	@echo "  test-rmq4  only the RabbitMQ 4.x run: $(RMQ4_TESTS) against a node started for it"
 	@echo "  demo     venv + Java check + broker, then the reference pipeline (docs/pipeline.md):"
 	@echo "           orders published with confirms, a Spark stream, retries, parking lot, Parquet"
 	@echo "  demo-quick  venv + broker, then a 10k-message confirmed round trip (python -m rabbitry.demo)"
@@ -35,6 +38,7 @@ help:
 	@echo "           e.g. make bench BENCH_ARGS='--repeats 1 --scale 0.3 --clients raw,rabbitry_async'"
 	@echo "           and rewrites the generated section of $(BENCH_DOC)"
 	@echo "Variables: PY=$(PY)  PYTEST_ARGS=...  RABBITMQ_URL=...  BROKER_WAIT_SECONDS=..."
+	@echo "           RMQ4=0|1  RMQ4_TESTS=...  RABBITRY_RMQ4_CACHE=... (scripts/rabbitmq4.sh)"
 	@echo "           DEMO_ARGS=... (e.g. '-n 20000 --keep'; see python -m rabbitry.examples.orders_pipeline -h)"
 	@echo "           BENCH_ARGS=... (run_peers.py options)  BENCH_OUT=$(BENCH_OUT)"
 
@@ -48,6 +52,12 @@ $(STAMP): pyproject.toml
 broker:
 	bash scripts/ensure-broker.sh
 
+# RabbitMQ 4.x: Debian 13's rabbitmq-server in a debootstrap root cached outside the clone
+# (scripts/rabbitmq4.sh; RABBITRY_RMQ4_CACHE moves it). `pytest --rabbitmq4` starts a node
+# from it on its own ports for one session and deletes it at the end.
+broker4:
+	bash scripts/rabbitmq4.sh build
+
 lint: venv
 	$(BIN)/ruff format --check $(LINT_PATHS)
 	$(BIN)/ruff check $(LINT_PATHS)
@@ -55,11 +65,23 @@ lint: venv
 types: venv
 	$(BIN)/mypy
 
-# Lint and types come before the broker so a style slip fails fast, before a possibly
-# slow broker install. pytest's exit code is passed through untouched: "no tests
-# collected" (5) fails the build on purpose.
-test: venv lint types docs broker
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+# Lint and types come before the brokers so a style slip fails fast, before a possibly
+# slow broker install. Both pytest runs always run; the first non-zero exit code is the
+# target's: "no tests collected" (5) fails the build on purpose.
+RMQ4 ?= 1
+RMQ4_TESTS ?= tests/integration tests/spark
+test: venv lint types docs broker $(if $(filter 0,$(RMQ4)),,broker4)
+	@status=0; \
+	$(BIN)/python -m pytest $(PYTEST_ARGS) || status=$$?; \
+	if [[ "$(RMQ4)" != 0 ]]; then \
+	    echo "== again against RabbitMQ 4.x: $(RMQ4_TESTS)"; \
+	    $(BIN)/python -m pytest --rabbitmq4 $(RMQ4_TESTS) $(PYTEST_ARGS) || \
+	        { rc=$$?; [[ $$status -ne 0 ]] || status=$$rc; }; \
+	fi; \
+	exit $$status
+
+test-rmq4: venv broker4
+	$(BIN)/python -m pytest --rabbitmq4 $(RMQ4_TESTS) $(PYTEST_ARGS)
 
 # The reference pipeline. Spark runs on the JVM: Java is checked before the broker is set up.
 DEMO_ARGS ?=

@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 from tests.support.node import leftovers
 
+# --rabbitmq4 (a RabbitMQ 4.x node for the session) and the broker_version fixture.
+pytest_plugins = ("tests.support.rabbitmq4",)
+
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run if a throw-away broker node of this run survived its teardown.

@@ -5,7 +5,9 @@ The tree::
     AMQPError
     ├── ProtocolError                      a frame or method broke AMQP 0-9-1
     │   ├── LocalProtocolError (ValueError)  we were asked to send something invalid;
-    │   │                                     raised before anything reaches the wire
+    │   │   │                                 raised before anything reaches the wire
+    │   │   └── MessageTooLarge               a body above max_message_size (the broker's
+    │   │                                     limit unless set: 16 MiB on RabbitMQ 4.x)
     │   └── RemoteProtocolError               the broker sent something invalid; the
     │                                         connection is closed with reply_code
     ├── ConfigurationError (ValueError)    a bad URL or connection option
@@ -102,6 +104,7 @@ __all__ = [
     "LocalProtocolError",
     "ManagementError",
     "ManagementNotFound",
+    "MessageTooLarge",
     "Nacked",
     "NoConsumers",
     "NoRoute",
@@ -164,6 +167,29 @@ class LocalProtocolError(ProtocolError, ValueError):
     Raised before anything is written, so the connection stays usable. The message names
     the field and the rule, e.g. ``queue.declare.queue: shortstr longer than 255 bytes``.
     """
+
+
+class MessageTooLarge(LocalProtocolError):
+    """A message body is larger than ``max_message_size``; nothing was sent.
+
+    Unless the connection was given ``max_message_size``, the limit is the broker's
+    default for its version (128 MiB on RabbitMQ 3.x, 16 MiB on 4.x), so a body the
+    broker would refuse is refused here, before it is sent, instead of closing the
+    channel and leaving the publish's outcome unknown.
+
+    Attributes:
+        size: the body's size in bytes.
+        limit: the ``max_message_size`` in force, in bytes.
+    """
+
+    def __init__(self, size: int, limit: int, context: str = "basic.publish.body") -> None:
+        super().__init__(
+            f"{context}: {size} bytes exceeds max_message_size {limit} "
+            f"({limit / 1048576:g} MiB); set the connection's max_message_size to the "
+            "broker's configured limit if it differs"
+        )
+        self.size = size
+        self.limit = limit
 
 
 class RemoteProtocolError(ProtocolError):

@@ -51,6 +51,7 @@ from .exceptions import (
     ConfigurationError,
     InvalidStateError,
     LocalProtocolError,
+    MessageTooLarge,
     Nacked,
     PublishOutcomeUnknown,
     PublishTimeout,
@@ -414,7 +415,7 @@ class AsyncPublisher:
         # (channel number, its basic.publish frame cache, frame_max).
         self._enc: tuple[int, dict[tuple[str, str, bool], bytes], int] = (0, {}, 0)
         self._cid_bytes = b"\x00\x00"
-        self._max_size = connection._max_message_size
+        self._max_size = connection.max_message_size
         self._templates: dict[tuple[Any, Any], bytes] = {}
         self._id_prefix = secrets.token_hex(8) + "-"
         self._ids = itertools.count(1)
@@ -790,9 +791,7 @@ class AsyncPublisher:
             body = _as_body(body)
         max_size = self._max_size
         if max_size and len(body) > max_size:
-            raise LocalProtocolError(
-                f"basic.publish.body: {len(body)} bytes exceeds max_message_size {max_size}"
-            )
+            raise MessageTooLarge(len(body), max_size)
         message_id: str | None
         if properties is None:
             template = _PLAIN_TEMPLATE
@@ -1025,6 +1024,7 @@ class AsyncPublisher:
             raise InvalidStateError("the publisher is closed")
         self._channel = channel
         self._enc = (channel.channel_id, {}, self._conn.frame_max)
+        self._max_size = self._conn.max_message_size  # the broker's, now that it is known
         self._cid_bytes = channel.channel_id.to_bytes(2, "big")
         if self._backlog:
             # Also while closing: publish() accepted these messages and close() waits for

@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import shutil
 import struct
 import subprocess
 import threading
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from tests.support.proxy import TcpProxy
+from tests.support.rabbitmq4 import rabbitmqctl
 
 import rabbitry
 from rabbitry import AsyncConnection, Connection, Message, Properties
@@ -1432,9 +1432,9 @@ async def _delete_elsewhere(queue: str) -> None:
 
 
 def _operator_deletes_queue(queue: str) -> None:
-    ctl = shutil.which("rabbitmqctl")
+    ctl = rabbitmqctl()  # the broker under test's (the 4.x node's with --rabbitmq4)
     assert ctl is not None, "rabbitmqctl is needed to delete an exclusive queue as an operator"
-    subprocess.run([ctl, "delete_queue", queue], check=True, capture_output=True, timeout=60)
+    subprocess.run([*ctl, "delete_queue", queue], check=True, capture_output=True, timeout=60)
 
 
 async def test_queue_deletion_with_a_topology_record_redeclares_and_resumes(

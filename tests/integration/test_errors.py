@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shutil
 import socket
 import subprocess
 from typing import TYPE_CHECKING
 
 import pytest
 from tests.support.proxy import TcpProxy
+from tests.support.rabbitmq4 import rabbitmqctl
 
 import rabbitry
 from rabbitry import AsyncChannel, AsyncConnection, Properties
@@ -331,12 +331,12 @@ async def test_rpc_timeout_and_the_late_reply(url: str, names: Names) -> None:
 
 
 def _rabbitmqctl(*args: str) -> str | None:
-    ctl = shutil.which("rabbitmqctl")
+    ctl = rabbitmqctl()
     if ctl is None:
         return None
     try:
         result = subprocess.run(
-            [ctl, *args], capture_output=True, text=True, timeout=15, check=False
+            [*ctl, *args], capture_output=True, text=True, timeout=15, check=False
         )
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -9,6 +9,7 @@ confirmed and delivered, each with its own ``message_id``.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -112,13 +113,18 @@ def test_sync_publisher_retries_nacks(url: str, names: Names) -> None:
         channel.queue_declare(queue, arguments=BOUNDED)
         publisher = connection.publisher(nack_retry=PATIENT)
         futures = [publisher.publish(b"%d" % i, routing_key=queue) for i in range(20)]
+        # Nothing drains yet, so the 10 that do not fit are each nacked and resent at
+        # least once (how many before a drain makes room would depend on timing).
+        deadline = time.monotonic() + 30
+        while publisher.nack_resends < 10 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert publisher.nack_resends >= 10
         drained = 0
         while drained < 20:
             message = channel.basic_get(queue, no_ack=True, timeout=5)
             drained += message is not None
         for future in futures:
             future.result(timeout=30)
-        assert publisher.nack_resends >= 10
         publisher.close()
 
 

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from fake_broker import FakeBroker
 
 import rabbitry
-from rabbitry.config import default_url
+from rabbitry.config import default_url, parse_urls
 from rabbitry.exceptions import PoolTimeout
 from rabbitry.protocol import spec
 from rabbitry.topology import RetryPolicy
@@ -301,7 +301,8 @@ async def test_consumer_sends_stale_ack_after_recovery() -> None:
     async with rabbitry.AsyncConnection(URL, connection_timeout=5) as admin:
         ch = await admin.channel()
         await ch.queue_declare(queue)
-        proxy = TcpProxy("127.0.0.1", 5672).start()
+        broker = parse_urls(URL)[0]
+        proxy = TcpProxy(broker.host, broker.port).start()
         conn = rabbitry.AsyncConnection(
             proxy.url(),
             connection_timeout=5,

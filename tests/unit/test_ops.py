@@ -34,14 +34,14 @@ def test_policy_accepts_the_documented_keys() -> None:
             "overflow": "reject-publish-dlx",
             "queue-mode": "lazy",
             "delivery-limit": 3,
-            "ha-mode": "exactly",
-            "ha-params": 2,
             "max-age": "7D",
         },
         priority=-1,
     )
     assert policy.label == "policy 'limits'"
     assert Policy("ae", ".*", apply_to="exchanges", definition={"alternate-exchange": "u"})
+    unlimited = Policy("dl", ".*", apply_to="quorum_queues", definition={"delivery-limit": -1})
+    assert unlimited.definition == {"delivery-limit": -1}
 
 
 @pytest.mark.parametrize(
@@ -68,7 +68,10 @@ def test_policy_accepts_the_documented_keys() -> None:
          "must be a str"),
         ({"definition": {"dead-letter-exchange": "x" * 256}},
          "definition['dead-letter-exchange']", "255"),
-        ({"definition": {"ha-mode": "exactly"}}, "definition['ha-params']", "required"),
+        ({"definition": {"ha-mode": "all"}}, "definition['ha-mode']", "removed in RabbitMQ 4.0"),
+        ({"definition": {"ha-params": 2}}, "definition['ha-params']", "removed in RabbitMQ 4.0"),
+        ({"definition": {"delivery-limit": -2}}, "definition['delivery-limit']", "or -1"),
+        ({"definition": {"delivery-limit": "20"}}, "definition['delivery-limit']", "or -1"),
         ({"apply_to": "exchanges", "definition": {"message-ttl": 1}},
          "definition['message-ttl']", "queue key"),
         ({"apply_to": "queues", "definition": {"alternate-exchange": "u"}},
@@ -85,14 +88,23 @@ def test_policy_rules_name_the_field(changes: dict[str, object], field: str, rul
     assert caught.value.entity.startswith("policy ")
 
 
-def test_broker_policies_accept_unknown_keys_but_still_check_known_ones() -> None:
+def test_broker_policies_keep_what_the_broker_accepted(caplog: pytest.LogCaptureFixture) -> None:
     with broker_policies():
         policy = Policy("fed", ".*", definition={"federation-upstream-set": "all", "new-key": 1})
-        with pytest.raises(TopologyValidationError, match="message-ttl"):
-            Policy("bad", ".*", definition={"message-ttl": -5})
+        odd = Policy("odd", ".*", definition={"message-ttl": -5, "delivery-limit": -3})
+        mirrored = Policy("ha", ".*", definition={"ha-mode": "all", "ha-sync-mode": "automatic"})
     assert policy.definition == {"federation-upstream-set": "all", "new-key": 1}
+    # A value rabbitry's checks refuse is kept with a warning: reading the vhost goes on.
+    assert odd.definition == {"message-ttl": -5, "delivery-limit": -3}
+    assert mirrored.definition == {"ha-mode": "all", "ha-sync-mode": "automatic"}
+    warnings = [r.getMessage() for r in caplog.records if r.name == "rabbitry.topology"]
+    assert any("definition['message-ttl']" in w and "kept" in w for w in warnings)
+    assert any("definition['delivery-limit']" in w for w in warnings)
+    assert any("definition['ha-mode']" in w and "removed in RabbitMQ 4.0" in w for w in warnings)
     with pytest.raises(TopologyValidationError, match="unknown policy key"):
         Policy("fed", ".*", definition={"new-key": 1})
+    with pytest.raises(TopologyValidationError, match="message-ttl"):
+        Policy("bad", ".*", definition={"message-ttl": -5})
 
 
 def test_policy_matching() -> None:
@@ -166,6 +178,15 @@ def test_diff_reports_policy_differences() -> None:
          "quorum"),
         (Queue("jobs", arguments={"x-max-age": "1D"}), {"max-age": "7D"}, "unknown", None,
          "no documented rule"),
+        # RabbitMQ 4.0's unlimited (-1) yields to any finite limit, from either side.
+        (Queue("jobs", queue_type="quorum", delivery_limit=-1), {"delivery-limit": 5}, "policy",
+         5, "-1 is unlimited"),
+        (Queue("jobs", queue_type="quorum", delivery_limit=5), {"delivery-limit": -1},
+         "argument", 5, "-1 is unlimited"),
+        (Queue("jobs", queue_type="quorum", delivery_limit=-1), {"delivery-limit": -1},
+         "argument", -1, "-1 is unlimited"),
+        (Queue("jobs", queue_type="quorum", delivery_limit=7), {"delivery-limit": 3}, "policy",
+         3, "the lower value wins"),
     ],
 )  # fmt: skip
 def test_policy_argument_precedence(

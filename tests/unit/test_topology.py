@@ -28,10 +28,12 @@ from rabbitry.topology import (
     EXCEPTION_MESSAGE_HEADER,
     EXCEPTION_TYPE_HEADER,
     FIRST_FAILURE_HEADER,
+    HELPER_DELIVERY_LIMIT,
     LAST_FAILURE_HEADER,
     ORIGINAL_EXCHANGE_HEADER,
     ORIGINAL_ROUTING_KEY_HEADER,
     PARKED_REASON_HEADER,
+    WORK_QUEUE_DELIVERY_LIMIT,
     Binding,
     Exchange,
     Queue,
@@ -45,6 +47,7 @@ from rabbitry.topology import (
     retry_queue_name,
 )
 from rabbitry.topology._apply import value_from_reply
+from rabbitry.topology._diff import default_queue_type
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
 
@@ -86,9 +89,9 @@ def error_of(call: Any) -> TopologyValidationError:
             "only quorum queues",
         ),
         (
-            {"queue_type": "quorum", "delivery_limit": -1},
+            {"queue_type": "quorum", "delivery_limit": -2},
             "delivery_limit (x-delivery-limit)",
-            "integer >= 0",
+            "integer >= 0 or -1 (unlimited, RabbitMQ 4.0+)",
         ),
         (
             {"queue_type": "quorum", "durable": False},
@@ -259,6 +262,13 @@ def test_typed_fields_become_x_arguments_with_amqp_types() -> None:
     assert Exchange("x", alternate_exchange="ae").declare_arguments() == {
         "alternate-exchange": "ae"
     }
+
+
+def test_delivery_limit_minus_one_is_unlimited() -> None:
+    unlimited = Queue("jobs", queue_type="quorum", delivery_limit=-1)
+    assert unlimited.declare_arguments()["x-delivery-limit"] == -1
+    lifted = Queue("jobs", queue_type="quorum", arguments={"x-delivery-limit": -1})
+    assert lifted == unlimited and lifted.delivery_limit == -1
 
 
 def test_arguments_are_lifted_into_typed_fields() -> None:
@@ -552,6 +562,51 @@ def test_diff_normalises_like_the_broker() -> None:
     assert Topology(queues=[Queue("q", arguments={"x-n": True})]).diff(
         Topology(queues=[Queue("q", arguments={"x-n": 1})])
     ) == ["queue 'q': x-n: ours True, theirs 1"]
+
+
+def _export(default_queue_type: str | None, *queues: dict[str, Any]) -> dict[str, Any]:
+    """A one-vhost definitions export as RabbitMQ 4.x writes it (every queue typed)."""
+    data: dict[str, Any] = {"queues": list(queues), "exchanges": [], "bindings": []}
+    if default_queue_type is not None:
+        data["default_queue_type"] = default_queue_type
+    return data
+
+
+def _exported(name: str, kind: str, durable: bool = True) -> dict[str, Any]:
+    return {"name": name, "vhost": "/", "durable": durable, "auto_delete": False,
+            "arguments": {"x-queue-type": kind}}  # fmt: skip
+
+
+def test_diff_knows_the_vhosts_default_queue_type() -> None:
+    ours = Topology(queues=[Queue("jobs"), Queue("tmp", durable=False)])
+    quorum_vhost = _export(
+        "quorum", _exported("jobs", "quorum"), _exported("tmp", "classic", False)
+    )
+    assert ours.diff(quorum_vhost, extra=False) == []
+    classic_vhost = _export(
+        "classic", _exported("jobs", "quorum"), _exported("tmp", "classic", False)
+    )
+    assert ours.diff(classic_vhost, extra=False) == [
+        "queue 'jobs': x-queue-type: ours (not set), theirs 'quorum'"
+    ]
+    # A queue declared classic before the vhost's default changed is a real difference.
+    old = _export("quorum", _exported("jobs", "classic"), _exported("tmp", "classic", False))
+    assert ours.diff(old, extra=False) == [
+        "queue 'jobs': x-queue-type: ours 'quorum', theirs (not set)"
+    ]
+    # Explicitly typed queues compare as typed; the default can be given for a Topology.
+    assert (
+        Topology(queues=[Queue("jobs", queue_type="quorum")]).diff(
+            Topology(queues=[Queue("jobs")]), default_queue_type="quorum"
+        )
+        == []
+    )
+    # A whole-broker export has it per vhost.
+    broker = {"vhosts": [{"name": "v", "metadata": {"default_queue_type": "quorum"}}],
+              "queues": [dict(_exported("jobs", "quorum"), vhost="v")]}  # fmt: skip
+    assert default_queue_type(broker, "v") == "quorum"
+    assert default_queue_type(broker, "/") == "classic"
+    assert ours.diff(broker, vhost="v", extra=False) == ["queue 'tmp': missing"]
 
 
 # --------------------------------------------------------------------------- conflicts
@@ -858,14 +913,14 @@ def test_with_retry_tiers() -> None:
 
 
 def test_with_retry_broker_driven_and_variants() -> None:
-    base = Topology(queues=[Queue("jobs", queue_type="quorum")])
+    base = Topology(queues=[Queue("jobs")])
     built = base.with_retry("jobs", RetryPolicy([1], max_attempts=5))
     work = built.queue("jobs")
     assert work is not None and work.dead_letter_routing_key == "jobs.retry.1s"
-    assert all(q.queue_type == "quorum" for q in built.queues)
+    assert all(q.queue_type is None and q.delivery_limit is None for q in built.queues)
     no_lot = base.with_retry("jobs", RetryPolicy([1, 2], parking_lot=False))
     assert no_lot.queue("jobs.parking-lot") is None
-    assert no_lot.queue("jobs") == Queue("jobs", queue_type="quorum")  # nothing to dead-letter to
+    assert no_lot.queue("jobs") == Queue("jobs")  # nothing to dead-letter to
     straight = base.with_retry("jobs", RetryPolicy(max_attempts=1))
     assert [q.name for q in straight.queues] == ["jobs", "jobs.parking-lot"]
     transient = Topology(queues=[Queue("t", durable=False, exclusive=True)]).with_retry(
@@ -874,6 +929,59 @@ def test_with_retry_broker_driven_and_variants() -> None:
     assert all(not q.durable and q.exclusive for q in transient.queues)
     # Applying the builder twice gives the same topology.
     assert built.with_retry("jobs", RetryPolicy([1], max_attempts=5)) == built
+
+
+def test_with_retry_quorum_delivery_limits() -> None:
+    base = Topology(queues=[Queue("jobs", queue_type="quorum")])
+    built = base.with_retry("jobs", RetryPolicy([1], max_attempts=5, republish=True))
+    work = built.queue("jobs")
+    # The work queue gets RabbitMQ 4.0's default limit, explicitly, and dead-letters what
+    # goes over it to the parking lot; the helpers get a limit that is never reached.
+    assert work == Queue(
+        "jobs",
+        queue_type="quorum",
+        delivery_limit=WORK_QUEUE_DELIVERY_LIMIT,
+        dead_letter_exchange="jobs.dlx",
+        dead_letter_routing_key="jobs.parking-lot",
+    )
+    assert WORK_QUEUE_DELIVERY_LIMIT == 20
+    for name in ("jobs.retry.1s", "jobs.parking-lot"):
+        helper = built.queue(name)
+        assert helper is not None and helper.queue_type == "quorum"
+        assert helper.delivery_limit == HELPER_DELIVERY_LIMIT == 2**31 - 1
+    chosen = base.with_retry("jobs", RetryPolicy([1, 5]), delivery_limit=3)
+    assert chosen.queue("jobs").delivery_limit == 3  # type: ignore[union-attr]
+    own = Topology(queues=[Queue("jobs", queue_type="quorum", delivery_limit=7)])
+    assert own.with_retry("jobs", RetryPolicy([1, 5])).queue("jobs").delivery_limit == 7  # type: ignore[union-attr]
+    assert own.with_retry("jobs", RetryPolicy([1, 5]), delivery_limit=7) is not None
+    # Unlimited (RabbitMQ 4.x): nothing is ever dead-lettered for its returns, so the
+    # broker-driven path is safe.
+    unlimited = base.with_retry("jobs", RetryPolicy([1]), delivery_limit=-1)
+    assert unlimited.queue("jobs").dead_letter_routing_key == "jobs.retry.1s"  # type: ignore[union-attr]
+    # Idempotent.
+    assert built.with_retry("jobs", RetryPolicy([1], max_attempts=5, republish=True)) == built
+
+
+@pytest.mark.parametrize(
+    ("topology", "policy", "limit", "field", "rule"),
+    [
+        (Topology(queues=[Queue("jobs", queue_type="quorum")]), RetryPolicy([1]), None,
+         "with_retry", "republish=True"),
+        (Topology(queues=[Queue("jobs", queue_type="quorum")]), RetryPolicy([1]), 5,
+         "with_retry", "returned more than 5 times"),
+        (Topology(queues=[Queue("jobs", queue_type="quorum", delivery_limit=7)]),
+         RetryPolicy([1, 2]), 3, "delivery_limit", "already has delivery_limit=7"),
+        (Topology(queues=[Queue("jobs")]), RetryPolicy([1, 2]), 3, "delivery_limit",
+         "only quorum queues"),
+    ],
+)  # fmt: skip
+def test_with_retry_quorum_rules(
+    topology: Topology, policy: RetryPolicy, limit: int | None, field: str, rule: str
+) -> None:
+    with pytest.raises(TopologyValidationError) as caught:
+        topology.with_retry("jobs", policy, delivery_limit=limit)
+    assert caught.value.field == field
+    assert rule in caught.value.rule
 
 
 @pytest.mark.parametrize(

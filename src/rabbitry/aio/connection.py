@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
+from ..broker import RABBITMQ_3_MAX_MESSAGE_SIZE, server_capabilities
 from ..config import ConnectionParameters, default_url, parse_urls
 from ..exceptions import (
     AMQPConnectionError,
@@ -141,6 +142,9 @@ class AsyncConnection:
         ssl_context: TLS settings; giving one turns TLS on for ``amqp://`` URLs too.
         client_properties: extra client-properties entries.
         max_message_size: largest message body sent or accepted (bytes; 0 = no limit).
+            ``None`` (the default) follows the broker's default for its version: 128 MiB
+            on RabbitMQ 3.x, 16 MiB on 4.x (:mod:`rabbitry.broker`); a bigger body raises
+            :class:`MessageTooLarge` before anything is sent.
         recovery: how to reconnect and replay channels, topology and consumers after a
             connection failure (:class:`rabbitry.RecoveryPolicy`; on by default);
             ``None`` ends the connection instead.
@@ -165,7 +169,7 @@ class AsyncConnection:
         auth_mechanism: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
         client_properties: dict[str, Any] | None = None,
-        max_message_size: int = 128 * 1024 * 1024,
+        max_message_size: int | None = None,
         recovery: RecoveryPolicy | None = DEFAULT_RECOVERY,
         credentials_provider: CredentialsProvider | None = None,
     ) -> None:
@@ -258,6 +262,28 @@ class AsyncConnection:
     def server_properties(self) -> dict[str, Any]:
         """The broker's server-properties (product, version, capabilities...)."""
         return self._proto.server_properties if self._proto else {}
+
+    @property
+    def server_version(self) -> tuple[int, ...]:
+        """The broker's version, e.g. ``(4, 0, 5)``; ``()`` before connecting or if unknown."""
+        return self._proto.server_version if self._proto else ()
+
+    @property
+    def server_capabilities(self) -> dict[str, bool]:
+        """The broker's ``capabilities`` table (``publisher_confirms``, ``per_consumer_qos``...)."""
+        return server_capabilities(self.server_properties)
+
+    @property
+    def max_message_size(self) -> int:
+        """The largest body sent or accepted (0 = no limit); follows the broker when not set.
+
+        Before the first connection it is the option given, or 128 MiB when none was.
+        """
+        if self._proto is not None:
+            return self._proto.max_message_size
+        if self._max_message_size is None:
+            return RABBITMQ_3_MAX_MESSAGE_SIZE
+        return self._max_message_size
 
     @property
     def heartbeat(self) -> int:

@@ -8,6 +8,15 @@ Safety: ``inspect`` never removes a message (it takes them without acknowledging
 closes its channel, which gives them all back in their order). ``replay`` acknowledges
 a parked message only after the broker confirmed its copy at the target: interrupted
 between the two, the message is at both places (a duplicate), never at neither.
+
+Quorum queues count every message given back (``inspect``'s, and ``replay``'s skipped
+ones) as a return toward the queue's delivery limit, and dead-letter or drop a message
+past it (RabbitMQ 4.x: 20 by default). AMQP 0-9-1 has no way to look without counting,
+so: parking lots made by ``Topology.with_retry`` have a limit that is never reached, and
+both commands say how many returns the messages they saw already carry
+(``x-delivery-count``), so a count approaching another queue's limit does not go unseen.
+A message parked by the broker for its delivery limit shows the reason
+``delivery_limit (broker)``.
 """
 
 from __future__ import annotations
@@ -138,6 +147,31 @@ def _death_summary(headers: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _parked_reason(headers: Mapping[str, Any]) -> Any:
+    """rabbitry's parked reason, else the broker's dead-letter reason (``delivery_limit``)."""
+    ours = headers.get(PARKED_REASON_HEADER)
+    if ours is not None:
+        return ours
+    broker = headers.get("x-first-death-reason")
+    return None if broker is None else f"{to_jsonable(broker)} (broker)"
+
+
+def _returns(headers: Mapping[str, Any]) -> int | None:
+    """Returns a quorum queue counted for this message (``x-delivery-count``), if any."""
+    count = headers.get("x-delivery-count")
+    return count if isinstance(count, int) and not isinstance(count, bool) else None
+
+
+def _warn_returns(state: State, name: str, counts: list[int]) -> None:
+    if counts:
+        state.warn(
+            f"{name} is a quorum queue: each message taken and given back counts as a "
+            f"return toward its delivery limit (up to {max(counts) + 1} so far on the "
+            "messages seen); a queue without a high or unlimited (-1) delivery-limit "
+            "dead-letters or drops a message past it"
+        )
+
+
 def _parked_record(message: Any, index: int) -> dict[str, Any]:
     headers = dict(message.headers)
     text, encoding = body_view(bytes(message.body))
@@ -147,7 +181,8 @@ def _parked_record(message: Any, index: int) -> dict[str, Any]:
         "exception_type": headers.get(EXCEPTION_TYPE_HEADER),
         "exception_message": headers.get(EXCEPTION_MESSAGE_HEADER),
         "attempts": headers.get(ATTEMPTS_HEADER),
-        "parked_reason": headers.get(PARKED_REASON_HEADER),
+        "parked_reason": _parked_reason(headers),
+        "delivery_count": _returns(headers),
         "original_exchange": headers.get(ORIGINAL_EXCHANGE_HEADER),
         "original_routing_key": headers.get(ORIGINAL_ROUTING_KEY_HEADER),
         "first_failure": headers.get(FIRST_FAILURE_HEADER),
@@ -198,6 +233,9 @@ def inspect(queue: str, exact: bool, limit: int, body: bool) -> None:
         channel.close()
     finally:
         conn.close()
+    _warn_returns(
+        state, name, [r["delivery_count"] for r in records if r["delivery_count"] is not None]
+    )
     if state.json:
         state.emit_json({"queue": name, "message_count": total, "messages": records})
         return
@@ -301,6 +339,7 @@ def replay(
     state = get_state()
     name = resolve_queue(queue, exact)
     moved = skipped = 0
+    skipped_counts: list[int] = []
     failures: list[str] = []
     conn = state.connect()
     try:
@@ -325,6 +364,9 @@ def replay(
                 headers = message.headers
                 if not all(f.matches(headers) for f in filters):
                     skipped += 1
+                    returned = _returns(headers)
+                    if returned is not None:
+                        skipped_counts.append(returned)
                     continue
                 original = replay_target(headers)
                 if to_exchange is not None:
@@ -365,6 +407,7 @@ def replay(
         )
     finally:
         conn.close()
+    _warn_returns(state, name, skipped_counts)
     result = {
         "queue": name,
         "replayed": moved,

@@ -34,6 +34,7 @@ from ..exceptions import (
     ChannelClosedByClient,
     InvalidStateError,
     LocalProtocolError,
+    MessageTooLarge,
     RemoteProtocolError,
     channel_error_for,
 )
@@ -282,9 +283,7 @@ class ChannelProtocol:
             body = _as_body(body)
         max_size = self._conn.max_message_size
         if max_size and len(body) > max_size:
-            raise LocalProtocolError(
-                f"basic.publish.body: {len(body)} bytes exceeds max_message_size {max_size}"
-            )
+            raise MessageTooLarge(len(body), max_size)
         props = _EMPTY_PROPERTIES if properties is None else properties.encode()
         frame_max = self._conn.frame_max
         # Header frame = 7 (frame head) + 12 (class, weight, size) + properties + 1 (end).

@@ -35,6 +35,7 @@ import enum
 import platform
 from typing import TYPE_CHECKING, Any
 
+from ..broker import RABBITMQ_3_MAX_MESSAGE_SIZE, default_max_message_size, server_version
 from ..exceptions import (
     AMQPError,
     AuthenticationError,
@@ -133,7 +134,10 @@ class ConnectionProtocol:
         connection_name: shown in the management UI (client property).
         locale: the locale we ask for.
         client_properties: extra client-properties entries.
-        max_message_size: refuse messages with larger bodies (both directions; 0 = no limit).
+        max_message_size: refuse messages with larger bodies (both directions; 0 = no
+            limit). ``None`` follows the broker: its default for the version it announces
+            in ``connection.start`` (:func:`rabbitry.broker.default_max_message_size`:
+            128 MiB on RabbitMQ 3.x, 16 MiB on 4.x); 128 MiB until then.
     """
 
     def __init__(
@@ -149,7 +153,7 @@ class ConnectionProtocol:
         connection_name: str | None = None,
         locale: str = "en_US",
         client_properties: Mapping[str, Any] | None = None,
-        max_message_size: int = 128 * 1024 * 1024,
+        max_message_size: int | None = None,
     ) -> None:
         mechanism = auth_mechanism.upper()
         if mechanism not in SUPPORTED_MECHANISMS:
@@ -165,7 +169,10 @@ class ConnectionProtocol:
         self._want_frame_max = frame_max
         self.auth_mechanism = mechanism
         self.locale = locale
-        self.max_message_size = max_message_size
+        self._size_follows_broker = max_message_size is None
+        self.max_message_size = (
+            RABBITMQ_3_MAX_MESSAGE_SIZE if max_message_size is None else max_message_size
+        )
         props: dict[str, Any] = {
             "product": "rabbitry",
             "version": VERSION,
@@ -182,6 +189,8 @@ class ConnectionProtocol:
         self.state = AWAIT_START
         self.close_exc: AMQPError | None = None
         self.server_properties: dict[str, Any] = {}
+        #: The broker's version from ``connection.start`` (``()`` until then or unknown).
+        self.server_version: tuple[int, ...] = ()
         self.channel_max = channel_max
         self.frame_max = FRAME_MIN_SIZE
         self.heartbeat = 0
@@ -480,6 +489,9 @@ class ConnectionProtocol:
                 503,
             )
         self.server_properties = start.server_properties or {}
+        self.server_version = server_version(self.server_properties)
+        if self._size_follows_broker:
+            self.max_message_size = default_max_message_size(self.server_version)
         offered = start.mechanisms.decode("utf-8", "replace").split()
         if self.auth_mechanism not in offered:
             self._terminate(

@@ -73,7 +73,7 @@ class Connection:
         auth_mechanism: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
         client_properties: dict[str, Any] | None = None,
-        max_message_size: int = 128 * 1024 * 1024,
+        max_message_size: int | None = None,
         recovery: RecoveryPolicy | None = DEFAULT_RECOVERY,
         credentials_provider: CredentialsProvider | None = None,
     ) -> None:
@@ -187,6 +187,21 @@ class Connection:
     def server_properties(self) -> dict[str, Any]:
         """The broker's server-properties."""
         return self._async.server_properties
+
+    @property
+    def server_version(self) -> tuple[int, ...]:
+        """The broker's version, e.g. ``(4, 0, 5)``; ``()`` before connecting or if unknown."""
+        return self._async.server_version
+
+    @property
+    def server_capabilities(self) -> dict[str, bool]:
+        """The broker's ``capabilities`` table."""
+        return self._async.server_capabilities
+
+    @property
+    def max_message_size(self) -> int:
+        """The largest body sent or accepted (0 = no limit); follows the broker when not set."""
+        return self._async.max_message_size
 
     @property
     def heartbeat(self) -> int:

@@ -3,8 +3,12 @@
 The comparison is by what RabbitMQ compares on re-declare: for exchanges the type, the
 flags and the arguments; for queues the flags and the arguments; bindings by their full
 identity. Integer arguments compare by value whatever their AMQP integer type, as the
-broker does. One normalisation: a queue without ``x-queue-type`` and one with
-``x-queue-type: classic`` are the same (RabbitMQ accepts either on re-declare).
+broker does. One normalisation: a queue without ``x-queue-type`` has the vhost's default
+queue type (RabbitMQ 3.11+: ``rabbitmqctl add_vhost --default-queue-type``; read from a
+definitions export, else ``classic``) when it is durable, not exclusive and not
+auto-delete, and ``classic`` otherwise, as the broker decides at declaration; so
+``Queue("jobs")`` and a broker queue with ``x-queue-type: quorum`` in a vhost whose default
+is quorum are the same (RabbitMQ 4.x lists every queue's type in its definitions).
 
 Lines read ``<entity>: <what>``, e.g.::
 
@@ -22,12 +26,15 @@ the ``dlx``, ``maxlength`` and ``ttl`` guides): for ``message-ttl``, ``expires``
 for ``dead-letter-exchange``, ``dead-letter-routing-key``, ``dead-letter-strategy``,
 ``overflow``, ``queue-mode`` and ``queue-version`` the *queue argument* wins. One
 exception: before RabbitMQ 3.13 a quorum queue took ``expires`` from the policy
-(rabbitmq-server#10949). Only the highest-priority matching policy counts.
+(rabbitmq-server#10949). For ``delivery-limit``, RabbitMQ 4.0's "unlimited" (a negative
+value, ``-1``) counts as higher than any limit: a finite limit from either side applies.
+Only the highest-priority matching policy counts.
 ``diff`` reports an overlap whose values differ; :func:`policy_overlaps` lists all.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +47,7 @@ __all__ = [
     "ARGUMENT_WINS",
     "LOWER_WINS",
     "PolicyOverlap",
+    "default_queue_type",
     "diff_topologies",
     "effective_policy",
     "policy_overlaps",
@@ -70,10 +78,32 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _queue_arguments(queue: Queue) -> dict[str, Any]:
+def default_queue_type(definitions: Mapping[str, Any], vhost: str = "/") -> str:
+    """The default queue type of ``vhost`` in a definitions export (``classic`` if unset).
+
+    A one-vhost export has it at the top level; a whole-broker export in ``vhosts``
+    (``default_queue_type``, or in the entry's ``metadata``).
+    """
+    value = definitions.get("default_queue_type") if "vhosts" not in definitions else None
+    for entry in definitions.get("vhosts") or ():
+        if isinstance(entry, Mapping) and entry.get("name") == vhost:
+            metadata = entry.get("metadata")
+            value = entry.get("default_queue_type") or (
+                metadata.get("default_queue_type") if isinstance(metadata, Mapping) else None
+            )
+    return value if isinstance(value, str) and value and value != "undefined" else "classic"
+
+
+def _queue_arguments(queue: Queue, default_type: str = "classic") -> dict[str, Any]:
     arguments = queue.declare_arguments()
-    if arguments.get("x-queue-type") == "classic":
-        del arguments["x-queue-type"]
+    kind = arguments.get("x-queue-type")
+    if kind is None:
+        replicable = queue.durable and not queue.exclusive and not queue.auto_delete
+        kind = default_type if replicable else "classic"
+    if kind == "classic":
+        arguments.pop("x-queue-type", None)
+    else:
+        arguments["x-queue-type"] = kind
     return arguments
 
 
@@ -102,21 +132,25 @@ def _exchange_view(x: Exchange) -> dict[str, Any]:
     return view
 
 
-def _queue_view(q: Queue) -> dict[str, Any]:
+def _queue_view(q: Queue, default_type: str) -> dict[str, Any]:
     view: dict[str, Any] = {"durable": q.durable, "auto_delete": q.auto_delete}
     if q.exclusive:
         view["exclusive"] = True
-    view.update(_queue_arguments(q))
+    view.update(_queue_arguments(q, default_type))
     return view
 
 
-def diff_topologies(ours: Topology, theirs: Topology, *, extra: bool = True) -> list[str]:
+def diff_topologies(
+    ours: Topology, theirs: Topology, *, extra: bool = True, default_queue_type: str = "classic"
+) -> list[str]:
     """Readable differences; empty when ``theirs`` has everything ``ours`` declares.
 
     Args:
         ours: the wanted topology.
         theirs: what to compare with (another topology, or what the broker has).
         extra: also list entities that only ``theirs`` has ("not in ours").
+        default_queue_type: the vhost's default queue type: what a queue without
+            ``x-queue-type`` is.
     """
     lines: list[str] = []
     for x in ours.exchanges:
@@ -132,7 +166,11 @@ def diff_topologies(ours: Topology, theirs: Topology, *, extra: bool = True) -> 
         if other_q is None:
             lines.append(f"{q.label}: missing")
         else:
-            lines += _compare(q.label, _queue_view(q), _queue_view(other_q))
+            lines += _compare(
+                q.label,
+                _queue_view(q, default_queue_type),
+                _queue_view(other_q, default_queue_type),
+            )
     for b in ours.bindings:
         if isinstance(b.destination, Queue):
             continue
@@ -238,10 +276,12 @@ def policy_overlaps(
             winner, effective = "policy", value
             rule = "a quorum queue takes expires from the policy before RabbitMQ 3.13"
         elif key in LOWER_WINS:
-            lower_is_policy = isinstance(value, int) and isinstance(ours, int) and value < ours
+            lower_is_policy = _lower(key, value, ours)
             winner = "policy" if lower_is_policy else "argument"
             effective = value if lower_is_policy else ours
             rule = "the lower value wins"
+            if key == "delivery-limit" and (_unlimited(value) or _unlimited(ours)):
+                rule = "the lower value wins; -1 is unlimited"
         elif key in ARGUMENT_WINS:
             winner, effective, rule = "argument", ours, "the queue argument wins"
         else:
@@ -251,6 +291,20 @@ def policy_overlaps(
             PolicyOverlap(queue.name, key, policy.name, value, ours, winner, effective, rule)
         )
     return result
+
+
+def _unlimited(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value < 0
+
+
+def _lower(key: str, policy_value: Any, argument_value: Any) -> bool:
+    """Whether the policy's value is the lower one (ties go to the argument)."""
+    if not (isinstance(policy_value, int) and isinstance(argument_value, int)):
+        return False
+    if key == "delivery-limit" and (_unlimited(policy_value) or _unlimited(argument_value)):
+        # rabbit_quorum_queue: a negative limit on either side yields to the other.
+        return _unlimited(argument_value) and not _unlimited(policy_value)
+    return policy_value < argument_value
 
 
 def _extra(ours: Topology, theirs: Topology) -> list[str]:

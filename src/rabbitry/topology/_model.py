@@ -16,6 +16,7 @@ rest (plugin or newer arguments), which are sent as they are.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from contextvars import ContextVar
@@ -36,6 +37,7 @@ __all__ = [
     "QUEUE_ARGUMENTS",
     "QUEUE_TYPES",
     "SERVER_NAMED_PREFIX",
+    "UNLIMITED_DELIVERIES",
     "Binding",
     "Exchange",
     "Policy",
@@ -52,7 +54,11 @@ MAX_UINT32 = 2**32 - 1
 BUILTIN_EXCHANGE_TYPES = ("direct", "topic", "fanout", "headers")
 QUEUE_TYPES = ("classic", "quorum", "stream")
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
+#: ``x-delivery-limit`` / ``delivery-limit`` value for "no limit" (RabbitMQ 4.0+, whose
+#: quorum queues otherwise default to 20 deliveries; 3.x quorum queues had no default).
+UNLIMITED_DELIVERIES = -1
 _MAX_SHORTSTR = 255
+_log = logging.getLogger("rabbitry.topology")
 _MAX_AGE = re.compile(r"[0-9]+[YMDhms]")
 
 
@@ -124,6 +130,13 @@ def _integer(entity: str, name: str, value: object, low: int, high: int | None, 
     if value < low or (high is not None and value > high):
         raise TopologyValidationError(entity, name, f"{rule}, got {value}")
     return int(value)
+
+
+def _delivery_limit(entity: str, name: str, value: object) -> int:
+    # RabbitMQ 4.0 reads any negative value as "unlimited"; -1 is the documented one.
+    if value == UNLIMITED_DELIVERIES and isinstance(value, int) and not isinstance(value, bool):
+        return UNLIMITED_DELIVERIES
+    return _integer(entity, name, value, 0, None, " or -1 (unlimited, RabbitMQ 4.0+)")
 
 
 def _boolean(entity: str, name: str, value: object) -> bool:
@@ -319,8 +332,10 @@ class Queue:
         max_length_bytes: most bytes of ready bodies (``x-max-length-bytes``), >= 0.
         overflow: ``drop-head``, ``reject-publish`` or ``reject-publish-dlx``.
         max_priority: priorities supported, 0..255 (``x-max-priority``, classic only).
-        delivery_limit: redeliveries before dead-lettering (``x-delivery-limit``,
-            quorum only).
+        delivery_limit: returns to the queue before the message is dead-lettered, or
+            dropped without a dead-letter exchange (``x-delivery-limit``, quorum only);
+            ``-1`` (:data:`UNLIMITED_DELIVERIES`) for no limit. ``None`` leaves it to the
+            broker: unlimited on RabbitMQ 3.x, **20** on 4.0+.
         single_active_consumer: one consumer at a time gets messages.
         arguments: further arguments, sent as given (e.g. ``x-max-age`` for streams).
 
@@ -401,7 +416,7 @@ class Queue:
         if self.max_priority is not None:
             _integer(entity, "max_priority (x-max-priority)", self.max_priority, 0, 255, "")
         if self.delivery_limit is not None:
-            _integer(entity, "delivery_limit (x-delivery-limit)", self.delivery_limit, 0, None, "")
+            _delivery_limit(entity, "delivery_limit (x-delivery-limit)", self.delivery_limit)
         if self.overflow is not None and self.overflow not in OVERFLOW_MODES:
             raise TopologyValidationError(
                 entity,
@@ -609,9 +624,6 @@ def format_expiration(value: int | float | timedelta | str) -> str:
 #: values; an older broker refuses them with 400 and the API's reason.
 POLICY_APPLY_TO = ("all", "queues", "exchanges", "classic_queues", "quorum_queues", "streams")
 _QUEUE_MODES = ("default", "lazy")
-_HA_MODES = ("all", "exactly", "nodes")
-_HA_SYNC = ("manual", "automatic")
-_HA_PROMOTE = ("always", "when-synced")
 _LOCATORS = ("client-local", "min-masters", "random", "balanced")
 
 
@@ -647,13 +659,6 @@ def _policy_max_age(entity: str, name: str, value: object) -> None:
         )
 
 
-def _policy_ha_params(entity: str, name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | list):
-        raise TopologyValidationError(
-            entity, name, f"must be a count (ha-mode exactly) or a list of nodes, got {value!r}"
-        )
-
-
 _MS = " (milliseconds)"
 #: Policy keys rabbitry checks, what they apply to (``q``: queues, ``x``: exchanges)
 #: and their rule. Queue keys are the ``x-`` arguments without the prefix and follow
@@ -669,33 +674,41 @@ POLICY_KEYS: dict[str, tuple[str, Any]] = {
     "overflow": ("q", _policy_choice(OVERFLOW_MODES)),
     "queue-mode": ("q", _policy_choice(_QUEUE_MODES)),
     "queue-version": ("q", _policy_choice((1, 2))),
-    "delivery-limit": ("q", _policy_int(0, None)),
+    "delivery-limit": ("q", _delivery_limit),
     "max-age": ("q", _policy_max_age),
     "stream-max-segment-size-bytes": ("q", _policy_int(1, None)),
     "queue-master-locator": ("q", _policy_choice(_LOCATORS)),
     "queue-leader-locator": ("q", _policy_choice(_LOCATORS)),
     "consumer-timeout": ("q", _policy_int(1, None, _MS)),
-    "ha-mode": ("q", _policy_choice(_HA_MODES)),
-    "ha-params": ("q", _policy_ha_params),
-    "ha-sync-mode": ("q", _policy_choice(_HA_SYNC)),
-    "ha-sync-batch-size": ("q", _policy_int(1, None)),
-    "ha-promote-on-shutdown": ("q", _policy_choice(_HA_PROMOTE)),
-    "ha-promote-on-failure": ("q", _policy_choice(_HA_PROMOTE)),
     "alternate-exchange": ("x", _policy_str(empty=False)),
     "federation-upstream": ("qx", _policy_str(empty=False)),
     "federation-upstream-set": ("qx", _policy_str(empty=False)),
 }
+#: Classic queue mirroring's keys. RabbitMQ 4.0 removed mirroring (its management API
+#: answers 400); a ``Policy`` refuses them, and one read from a 3.x broker keeps them.
+MIRRORING_KEYS = (
+    "ha-mode",
+    "ha-params",
+    "ha-sync-mode",
+    "ha-sync-batch-size",
+    "ha-promote-on-shutdown",
+    "ha-promote-on-failure",
+)
 _QUEUE_ONLY_APPLY = ("queues", "classic_queues", "quorum_queues", "streams")
 _BROKER_POLICIES: ContextVar[bool] = ContextVar("rabbitry_broker_policies", default=False)
 
 
 @contextlib.contextmanager
 def broker_policies() -> Iterator[None]:
-    """Within it, ``Policy`` accepts definition keys rabbitry does not know.
+    """Within it, ``Policy`` keeps definition keys and values rabbitry would refuse.
 
     Used when reading what a broker already has (a definitions export, the management
-    API): the broker validated those keys itself, and a plugin or a newer version may
-    define keys missing from :data:`POLICY_KEYS`. Known keys are still checked.
+    API): the broker validated the policy itself, and a plugin or a newer version may
+    define keys missing from :data:`POLICY_KEYS`, or allow values rabbitry's checks do
+    not know. Unknown keys are kept silently; a known key with a value that fails its
+    check, and classic mirroring keys (from a 3.x broker), are kept with a warning
+    logged on ``rabbitry.topology``, so one such policy never makes a whole vhost
+    unreadable.
     """
     token = _BROKER_POLICIES.set(True)
     try:
@@ -775,9 +788,26 @@ class Policy:
                     f"policy keys have no 'x-' prefix: use {key[2:]!r} (queue arguments "
                     "are x-*, policy keys are not)",
                 )
+            from_broker = _BROKER_POLICIES.get()
+            if key in MIRRORING_KEYS:
+                if not from_broker:
+                    raise TopologyValidationError(
+                        entity,
+                        field,
+                        "classic queue mirroring (ha-* keys) was removed in RabbitMQ 4.0, "
+                        "which refuses such policies; replicate with quorum queues "
+                        "(queue_type='quorum') or streams instead",
+                    )
+                _log.warning(
+                    "%s: %s: kept as read from the broker, but classic queue mirroring was "
+                    "removed in RabbitMQ 4.0",
+                    entity,
+                    field,
+                )
+                continue
             known = POLICY_KEYS.get(key)
             if known is None:
-                if _BROKER_POLICIES.get():
+                if from_broker:
                     continue
                 raise TopologyValidationError(
                     entity,
@@ -785,7 +815,13 @@ class Policy:
                     f"unknown policy key; known keys: {', '.join(sorted(POLICY_KEYS))}",
                 )
             targets, check = known
-            check(entity, field, value)
+            try:
+                check(entity, field, value)
+            except TopologyValidationError as exc:
+                if not from_broker:
+                    raise
+                _log.warning("%s; kept as read from the broker", exc)
+                continue
             if targets == "q" and self.apply_to == "exchanges":
                 raise TopologyValidationError(
                     entity, field, "is a queue key but the policy applies to exchanges only"
@@ -794,10 +830,6 @@ class Policy:
                 raise TopologyValidationError(
                     entity, field, "is an exchange key but the policy applies to queues only"
                 )
-        if definition.get("ha-mode") in ("exactly", "nodes") and "ha-params" not in definition:
-            raise TopologyValidationError(
-                entity, "definition['ha-params']", "is required with ha-mode exactly or nodes"
-            )
         object.__setattr__(self, "definition", definition)
 
     @property

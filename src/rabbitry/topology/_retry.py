@@ -37,6 +37,30 @@ Two ways to move a failed message, chosen by the number of distinct delays:
 After ``max_attempts`` handler invocations (or at once for a non-retryable error) the
 message is republished, confirmed, to ``Q.parking-lot`` with headers saying why, then
 the original is acked. Both paths are correct on RabbitMQ 3.10 and 4.x.
+
+Quorum queues and their delivery limit
+--------------------------------------
+A quorum queue counts every *return* of a message (``nack``/``reject`` with requeue, a
+handler raising ``Requeue``, a channel or connection closed with the message unacked)
+and dead-letters it with reason ``delivery_limit`` once the count passes the queue's
+delivery limit; without a dead-letter exchange it is dropped. RabbitMQ 4.0 made 20 the
+default. So, for a quorum work queue, ``with_retry``:
+
+* sets the work queue's delivery limit explicitly (``delivery_limit=``, default
+  :data:`WORK_QUEUE_DELIVERY_LIMIT` = 20, the same on 3.x and 4.x), unless the queue
+  already has one;
+* gives the retry queues and the parking lot :data:`HELPER_DELIVERY_LIMIT`
+  (2^31 - 1, never reached): inspecting a parking lot takes messages without acking
+  them and gives them back, which counts, and a parking lot must never drop a message.
+  (``-1``, 4.x's "unlimited", is not used: RabbitMQ 3.x dead-letters at the first
+  return with it.)
+* requires the client-republish path (several delays, or ``republish=True``): the work
+  queue then dead-letters to the parking lot, so a ``delivery_limit`` dead-letter is
+  parked, with the broker's ``x-first-death-reason: delivery_limit`` and ``x-death``
+  headers saying why. With the broker-driven path it would go to the retry queue and,
+  on its way back, into a dead-letter cycle without a ``rejected`` step, which RabbitMQ
+  drops silently; ``with_retry`` refuses that combination (unless the work queue's
+  limit is ``-1``, unlimited, on RabbitMQ 4.x only).
 """
 
 from __future__ import annotations
@@ -70,13 +94,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ATTEMPTS_HEADER",
+    "DELIVERY_LIMIT_REASON",
     "EXCEPTION_MESSAGE_HEADER",
     "EXCEPTION_TYPE_HEADER",
     "FIRST_FAILURE_HEADER",
+    "HELPER_DELIVERY_LIMIT",
     "LAST_FAILURE_HEADER",
     "ORIGINAL_EXCHANGE_HEADER",
     "ORIGINAL_ROUTING_KEY_HEADER",
     "PARKED_REASON_HEADER",
+    "WORK_QUEUE_DELIVERY_LIMIT",
     "RetryDecision",
     "RetryNames",
     "RetryPolicy",
@@ -103,6 +130,16 @@ EXCEPTION_TYPE_HEADER = "x-rabbitry-exception-type"
 EXCEPTION_MESSAGE_HEADER = "x-rabbitry-exception-message"
 #: Why a message is in the parking lot: ``max-attempts`` or ``not-retryable``.
 PARKED_REASON_HEADER = "x-rabbitry-parked-reason"
+
+#: The broker's dead-letter reason for a message returned more often than a quorum
+#: queue's delivery limit allows (``x-first-death-reason``, ``x-death[].reason``).
+DELIVERY_LIMIT_REASON = "delivery_limit"
+#: The delivery limit ``with_retry`` gives a quorum work queue by default: RabbitMQ 4.0's
+#: own default, made explicit so that a 3.x broker behaves the same.
+WORK_QUEUE_DELIVERY_LIMIT = 20
+#: The delivery limit of quorum retry queues and parking lots: never reached, and
+#: accepted as a limit by RabbitMQ 3.x and 4.x alike.
+HELPER_DELIVERY_LIMIT = 2**31 - 1
 
 _MAX_EXCEPTION_TEXT = 1024
 
@@ -215,6 +252,9 @@ class RetryPolicy:
             An exception with ``retryable = False`` is treated the same.
         queue: the work queue, if the policy is used for one queue only; otherwise
             pass ``queue=`` to :meth:`plan` and :func:`handle_failure`.
+        republish: take the client-republish path even with one delay. Quorum work
+            queues need it (see "Quorum queues and their delivery limit" in
+            :mod:`rabbitry.topology`): ``Topology.with_retry`` says so when it is missing.
 
     Raises:
         TopologyValidationError: a delay or the attempt count is out of range.
@@ -225,6 +265,7 @@ class RetryPolicy:
     parking_lot: bool
     fatal: tuple[type[BaseException], ...]
     queue: str | None
+    republish: bool
 
     def __init__(
         self,
@@ -234,6 +275,7 @@ class RetryPolicy:
         *,
         fatal: Sequence[type[BaseException]] = (),
         queue: str | None = None,
+        republish: bool = False,
     ) -> None:
         raw = [delays] if isinstance(delays, int | float | timedelta) else list(delays)
         ms = [_to_ms(value, i) for i, value in enumerate(raw)]
@@ -253,6 +295,8 @@ class RetryPolicy:
             )
         if not isinstance(parking_lot, bool):
             raise _policy_error("parking_lot", f"must be True or False, got {parking_lot!r}")
+        if not isinstance(republish, bool):
+            raise _policy_error("republish", f"must be True or False, got {republish!r}")
         for kind in fatal:
             if not (isinstance(kind, type) and issubclass(kind, BaseException)):
                 raise _policy_error("fatal", f"must be exception types, got {kind!r}")
@@ -263,6 +307,7 @@ class RetryPolicy:
         object.__setattr__(self, "parking_lot", parking_lot)
         object.__setattr__(self, "fatal", tuple(fatal))
         object.__setattr__(self, "queue", queue)
+        object.__setattr__(self, "republish", republish)
 
     # -- derived facts
 
@@ -278,8 +323,9 @@ class RetryPolicy:
 
     @property
     def broker_driven(self) -> bool:
-        """One distinct delay: retries go through the broker's dead-lettering."""
-        return len(self.tiers) == 1
+        """One distinct delay and no ``republish``: retries go through the broker's
+        dead-lettering."""
+        return len(self.tiers) == 1 and not self.republish
 
     def delay_ms_for(self, failures: int) -> int:
         """The delay (ms) before the retry that follows failure number ``failures``."""
@@ -423,12 +469,58 @@ def _type_name(exc: BaseException) -> str:
 # --------------------------------------------------------------------------- topology
 
 
-def build_retry(topology: Topology, queue: str, policy: RetryPolicy) -> Topology:
+def _work_delivery_limit(
+    work: Queue, entity: str, policy: RetryPolicy, delivery_limit: int | None
+) -> int | None:
+    """The delivery limit the work queue gets (``None``: not a quorum queue)."""
+    if work.queue_type != "quorum":
+        if delivery_limit is not None:
+            raise TopologyValidationError(
+                entity,
+                "delivery_limit",
+                f"only quorum queues have a delivery limit (queue_type is {work.queue_type!r})",
+            )
+        return None
+    limit = work.delivery_limit
+    if limit is None:
+        limit = WORK_QUEUE_DELIVERY_LIMIT if delivery_limit is None else delivery_limit
+    elif delivery_limit is not None and delivery_limit != limit:
+        raise TopologyValidationError(
+            entity,
+            "delivery_limit",
+            f"the queue already has delivery_limit={limit}; with_retry was given {delivery_limit}",
+        )
+    if policy.broker_driven and limit >= 0:
+        raise TopologyValidationError(
+            entity,
+            "with_retry",
+            f"a quorum queue dead-letters a message returned more than {limit} times (its "
+            "delivery limit: Requeue, crashes, connection losses) with reason "
+            "'delivery_limit'; with one delay (broker-driven retry) that message would "
+            "enter the queue -> retry queue -> queue cycle, which RabbitMQ drops silently. "
+            "Use RetryPolicy(..., republish=True): the queue then dead-letters to the "
+            "parking lot",
+        )
+    return limit
+
+
+def build_retry(
+    topology: Topology, queue: str, policy: RetryPolicy, *, delivery_limit: int | None = None
+) -> Topology:
     """The topology plus the retry machinery for its queue ``queue``.
+
+    Args:
+        topology: the topology holding the work queue.
+        queue: the work queue's name.
+        policy: the retry policy (give the consumer the same one).
+        delivery_limit: for a quorum work queue without one, its delivery limit
+            (default :data:`WORK_QUEUE_DELIVERY_LIMIT`); ``-1`` is unlimited (RabbitMQ
+            4.0+ only: 3.x dead-letters at the first return).
 
     Raises:
         TopologyValidationError: the queue is not in the topology, is a stream or
-            server-named, already dead-letters elsewhere, or a derived name is too long.
+            server-named, already dead-letters elsewhere, a derived name is too long, or
+            it is a quorum queue with a broker-driven policy (see the module docstring).
     """
     work = topology.queue(queue)
     entity = f"queue {queue!r}"
@@ -444,11 +536,14 @@ def build_retry(topology: Topology, queue: str, policy: RetryPolicy) -> Topology
         raise TopologyValidationError(
             entity, "with_retry", f"the policy is for queue {policy.queue!r}"
         )
+    work_limit = _work_delivery_limit(work, entity, policy, delivery_limit)
     names = policy.names(queue)
     kind = work.queue_type
     helpers: dict[str, Any] = {"durable": work.durable, "queue_type": kind}
     if kind not in ("quorum", "stream"):
         helpers["exclusive"] = work.exclusive
+    if kind == "quorum":
+        helpers["delivery_limit"] = HELPER_DELIVERY_LIMIT
     retry_queues = [
         Queue(
             name,
@@ -464,7 +559,9 @@ def build_retry(topology: Topology, queue: str, policy: RetryPolicy) -> Topology
         dead_letter_key: str | None = names.retry_queues[0]
     else:
         dead_letter_key = names.parking_lot
-    queues = list(topology.queues)
+    if work_limit is not None and work.delivery_limit is None:
+        work = replace(work, delivery_limit=work_limit)
+    queues = [work if q.name == queue else q for q in topology.queues]
     if dead_letter_key is not None:
         for existing, wanted in (
             (work.dead_letter_exchange, names.dlx),

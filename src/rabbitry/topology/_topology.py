@@ -205,7 +205,9 @@ class Topology:
 
     # ------------------------------------------------------------------ composition
 
-    def with_retry(self, queue: str, policy: RetryPolicy) -> Topology:
+    def with_retry(
+        self, queue: str, policy: RetryPolicy, *, delivery_limit: int | None = None
+    ) -> Topology:
         """A new topology that also holds the retry machinery for ``queue``.
 
         Adds ``<queue>.dlx``, one ``<queue>.retry.<delay>`` queue per distinct delay,
@@ -213,16 +215,34 @@ class Topology:
         ``queue`` dead-letter to ``<queue>.dlx``. Give the consumer the same policy.
         See :mod:`rabbitry.topology` for the design.
 
+        A quorum ``queue`` gets an explicit delivery limit: the queue's own, else
+        ``delivery_limit``, else 20 (RabbitMQ 4.0's default, also applied on 3.x); its
+        retry queues and parking lot get one that is never reached, and its policy must
+        republish (``RetryPolicy(..., republish=True)`` with one delay), so that a
+        message returned too often is parked, never dropped.
+
+        Args:
+            queue: the work queue (already in this topology).
+            policy: the retry policy.
+            delivery_limit: a quorum work queue's delivery limit when it has none;
+                ``-1`` is unlimited (RabbitMQ 4.0+ only).
+
         Raises:
-            TopologyValidationError: ``queue`` is not in this topology, is a stream, or
-                already dead-letters somewhere else.
+            TopologyValidationError: ``queue`` is not in this topology, is a stream,
+                already dead-letters somewhere else, or is a quorum queue with a
+                broker-driven policy.
         """
         from ._retry import build_retry
 
-        return build_retry(self, queue, policy)
+        return build_retry(self, queue, policy, delivery_limit=delivery_limit)
 
     def diff(
-        self, other: Topology | Mapping[str, Any], *, vhost: str = "/", extra: bool = True
+        self,
+        other: Topology | Mapping[str, Any],
+        *,
+        vhost: str = "/",
+        extra: bool = True,
+        default_queue_type: str | None = None,
     ) -> list[str]:
         """Readable differences between this topology and ``other``.
 
@@ -231,16 +251,24 @@ class Topology:
             vhost: the vhost to read from a definitions export.
             extra: also list what only ``other`` has (``... : not in ours``); pass
                 ``False`` against a whole broker's export.
+            default_queue_type: the vhost's default queue type, which a queue without
+                ``queue_type`` gets (if durable, not exclusive, not auto-delete); by
+                default read from a definitions export, else ``classic``.
 
         Returns:
             One line per difference, e.g. ``queue 'jobs': x-message-ttl: ours 1000,
             theirs 2000``; empty when ``other`` matches.
         """
         from ._definitions import from_definitions
+        from ._diff import default_queue_type as vhost_default
         from ._diff import diff_topologies
 
         theirs = other if isinstance(other, Topology) else from_definitions(other, vhost)
-        return diff_topologies(self, theirs, extra=extra)
+        if default_queue_type is None:
+            default_queue_type = (
+                "classic" if isinstance(other, Topology) else vhost_default(other, vhost)
+            )
+        return diff_topologies(self, theirs, extra=extra, default_queue_type=default_queue_type)
 
     # ------------------------------------------------------------------ the broker
 
@@ -291,6 +319,7 @@ class Topology:
 
         _require_async(connection, "aapply", "apply")
         _require_management(self, management, "apply")
+        _check_for_broker(self, connection.server_version)
         if management is not None:
             _require_management_kind(management, "AsyncManagementClient", "aapply")
             for policy in self.policies:
@@ -313,6 +342,7 @@ class Topology:
 
         portal = _require_sync(connection, "apply", "aapply")
         _require_management(self, management, "apply")
+        _check_for_broker(self, connection.server_version)
         if management is not None:
             _require_management_kind(management, "ManagementClient", "apply")
             for policy in self.policies:
@@ -431,6 +461,25 @@ class Topology:
                     management.delete_policy(policy.name, connection._async.params.virtual_host)
                 except ManagementNotFound:
                     pass
+
+
+def _check_for_broker(topology: Topology, version: tuple[int, ...]) -> None:
+    """Refuse what means something else on this broker's version (before sending)."""
+    if not version or version >= (4,):
+        return
+    shown = ".".join(map(str, version))
+    rule = (
+        f"-1 means unlimited only on RabbitMQ 4.0+; RabbitMQ {shown} dead-letters (or "
+        "drops) a message at its first return with a negative limit. Leave it unset: 3.x "
+        "quorum queues have no limit by default"
+    )
+    for queue in topology.queues:
+        if queue.delivery_limit is not None and queue.delivery_limit < 0:
+            raise TopologyValidationError(queue.label, "delivery_limit (x-delivery-limit)", rule)
+    for policy in topology.policies:
+        value = (policy.definition or {}).get("delivery-limit")
+        if isinstance(value, int) and value < 0:
+            raise TopologyValidationError(policy.label, "definition['delivery-limit']", rule)
 
 
 def _require_management(topology: Topology, management: object, what: str) -> None:
