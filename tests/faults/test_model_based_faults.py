@@ -20,8 +20,8 @@ A model of what was declared, bound, consumed and published runs beside it. It c
 
 A confirmed message is *owed* when it was routed to at least one queue that keeps
 messages across a connection loss: a named queue that is neither exclusive nor
-auto-delete, was not deleted by the test, was never read by an auto-ack consumer
-(at-most-once: an auto-ack delivery lost on the wire is gone), and, if the node
+auto-delete, was not deleted by the test, had no auto-ack consumer at any time after
+the publish (at-most-once: an auto-ack delivery lost on the wire is gone), and, if the node
 restarted after the publish, is durable (messages are persistent). Messages in
 exclusive, auto-delete or auto-acked queues may be lost by a fault and are not counted.
 
@@ -113,7 +113,10 @@ class ModelQueue:
     kind: str  # "named", "server_named_exclusive" or "auto_delete"
     durable: bool
     deleted: bool = False
-    auto_acked: bool = False  # an auto-ack consumer read from it: at-most-once from then on
+    # Auto-ack consumers on it now, and the last message (index into the sends) that one
+    # could have taken: those are at-most-once.
+    auto_ack_live: int = 0
+    auto_acked_up_to: int = -1
     had_consumer: bool = False
 
     @property
@@ -157,6 +160,7 @@ class ModelConsumer:
 
 @dataclass
 class Sent:
+    index: int  # the order of publishes
     routes: tuple[ModelQueue, ...]
     restarts: int  # node restarts before the publish
 
@@ -306,7 +310,7 @@ class FaultModel(RuleBasedStateMachine):
 
     def _new_message(self, exchange: str, key: str) -> str:
         mid = f"{self.prefix}-m{len(self.sent)}"
-        self.sent[mid] = Sent(self._routes(exchange, key), self.restarts)
+        self.sent[mid] = Sent(len(self.sent), self._routes(exchange, key), self.restarts)
         self.checker.attempt(mid)
         return mid
 
@@ -467,7 +471,7 @@ class FaultModel(RuleBasedStateMachine):
 
     @rule(
         target=queues,
-        kind=st.sampled_from(["named", "server_named_exclusive", "auto_delete"]),
+        kind=st.sampled_from(["named", "server_named_exclusive", "named", "auto_delete"]),
         durable=st.booleans(),
     )
     def declare_queue(self, kind: str, durable: bool) -> ModelQueue:
@@ -581,7 +585,7 @@ class FaultModel(RuleBasedStateMachine):
     def _started(self, consumer: ModelConsumer) -> None:
         consumer.queue.had_consumer = True
         if consumer.kind in ("callback_auto_ack", "consumer_auto"):
-            consumer.queue.auto_acked = True
+            consumer.queue.auto_ack_live += 1
         self.live.append(consumer)
 
     @rule(consumer=consumes(consumers))
@@ -591,6 +595,9 @@ class FaultModel(RuleBasedStateMachine):
         else:
             self.consumer_ch.basic_cancel(consumer.tag)
         self.live.remove(consumer)
+        if consumer.kind in ("callback_auto_ack", "consumer_auto"):
+            consumer.queue.auto_ack_live -= 1
+            consumer.queue.auto_acked_up_to = len(self.sent) - 1
         self._after_cancel(consumer.queue)
 
     @rule(queue=queues, take=st.integers(min_value=0, max_value=3))
@@ -768,10 +775,12 @@ class FaultModel(RuleBasedStateMachine):
     def _owed(self, mid: str) -> bool:
         sent = self.sent[mid]
         restarted = self.restarts > sent.restarts
-        return any(
-            q.keeps_messages and not q.deleted and not q.auto_acked and (q.durable or not restarted)
-            for q in sent.routes
-        )
+
+        def keeps(q: ModelQueue) -> bool:
+            auto_acked = q.auto_ack_live > 0 or q.auto_acked_up_to >= sent.index
+            return q.keeps_messages and not q.deleted and not auto_acked
+
+        return any(keeps(q) and (q.durable or not restarted) for q in sent.routes)
 
     def _final_checks(self) -> None:
         checker = self.checker
@@ -863,7 +872,7 @@ def test_random_api_sequences_under_faults_lose_nothing(
         world = World(broker_node, proxy, False, uuid.uuid4().hex[:6])
         _run(
             world,
-            examples=int(os.environ.get(EXAMPLES_ENV, "20")),
+            examples=int(os.environ.get(EXAMPLES_ENV, "12")),
             steps=25,
             share=0.8,
         )
@@ -876,4 +885,4 @@ def test_random_api_sequences_with_node_restarts_lose_nothing(
     """Durable entities and persistent messages across graceful node restarts too."""
     with TcpProxy("127.0.0.1", fresh_node.port) as proxy:
         world = World(fresh_node, proxy, True, uuid.uuid4().hex[:6])
-        _run(world, examples=2, steps=12, share=0.2)
+        _run(world, examples=3, steps=12, share=0.2)
