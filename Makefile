@@ -135,3 +135,12 @@ $(BENCH_STAMP): bench/peers/requirements.txt pyproject.toml
 bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python bench/peers/run_peers.py --out $(BENCH_OUT) $(BENCH_ARGS)
 	$(BENCH_VENV)/bin/python bench/bench_report.py --latest --doc $(BENCH_DOC)
+
+# The model-based fault test (tests/faults/test_model_based_faults.py) run for as long as
+# asked, seed after seed; its figures are printed at the end. Replay a failure with the
+# seed it prints: `RABBITRY_MODEL_SEED=<seed> make soak SOAK_MINUTES=1`.
+SOAK_MINUTES ?= 30
+.PHONY: soak
+soak: venv broker
+	RABBITRY_MODEL_SOAK_MINUTES=$(SOAK_MINUTES) $(BIN)/python -m pytest -p no:cacheprovider -s \
+	    tests/faults/test_model_based_faults.py $(PYTEST_ARGS)
