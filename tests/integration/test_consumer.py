@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import re
 import struct
 import threading
 import time
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from tests.support.broker_ctl import rabbitmqctl
 from tests.support.proxy import TcpProxy
 
 import rabbitry
@@ -1112,7 +1114,7 @@ async def test_context_manager_and_lifecycle_errors(conn: AsyncConnection, names
 
 
 async def test_exclusive_consumer_and_arguments_reach_the_broker(
-    conn: AsyncConnection, names: Names
+    url: str, conn: AsyncConnection, names: Names
 ) -> None:
     queue = await declare(conn, names)
 
@@ -1121,6 +1123,12 @@ async def test_exclusive_consumer_and_arguments_reach_the_broker(
 
     first = conn.consumer(queue, handler, exclusive=True, arguments={"x-priority": 5})
     async with running(first):
+        listing = await asyncio.to_thread(
+            rabbitmqctl, url, "list_consumers", "-q", "queue_name", "arguments"
+        )
+        ours = [line.split("\t") for line in listing.splitlines() if line.startswith(queue)]
+        assert len(ours) == 1, listing
+        assert re.search(r'\{"x-priority",\s*(signedint,\s*)?5\}', ours[0][1]), listing
         second = conn.consumer(queue, handler)
         with pytest.raises(rabbitry.AccessRefused):  # 403 "in exclusive use"
             await second.start(timeout=WAIT)

@@ -838,16 +838,16 @@ def test_sync_call_from_a_callback_while_the_dispatcher_is_full(url: str, names:
                 return
             # Let the other 19 deliveries arrive and overflow the queue first.
             dispatcher = conn._dispatcher
-            wait_until(lambda: dispatcher is not None and dispatcher._paused, timeout=2)
+            outcome.append(wait_until(lambda: dispatcher is not None and dispatcher._paused))
             try:
-                outcome.append(ch.queue_declare(queue, passive=True, timeout=2).queue)
+                outcome.append(ch.queue_declare(queue, passive=True, timeout=WAIT).queue)
             except BaseException as exc:
                 outcome.append(exc)
             done.set()
 
         ch.basic_consume(queue, on_message, no_ack=True, timeout=WAIT)
-        assert done.wait(WAIT)
-        assert outcome == [queue], outcome
+        assert done.wait(3 * WAIT)
+        assert outcome == [True, queue], outcome  # the dispatcher was full, the call worked
     finally:
         conn.close(timeout=2)
 

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from tests.support.broker_ctl import rabbitmqctl
 
 import rabbitry
 from rabbitry import AsyncChannel, AsyncConnection, Message, Properties
-from rabbitry.config import parse_urls
 from rabbitry.exceptions import TopologyConflict, TopologyError
 from rabbitry.topology import (
     ATTEMPTS_HEADER,
@@ -387,17 +385,7 @@ async def test_verify_reports_missing(conn: AsyncConnection, names: Names) -> No
 
 def _broker_definitions(url: str) -> dict[str, Any]:
     """The broker's definitions through rabbitmqctl (the broker of ``url`` is local)."""
-    host = parse_urls(url)[0].host
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        pytest.skip(f"rabbitmqctl can only export the local broker, RABBITMQ_URL is {host}")
-    ctl = shutil.which("rabbitmqctl") or "/usr/sbin/rabbitmqctl"
-    out = subprocess.run(
-        [ctl, "export_definitions", "-", "--format", "json", "--quiet"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    out = rabbitmqctl(url, "export_definitions", "-", "--format", "json", "--quiet")
     data: dict[str, Any] = json.loads(out[out.index("{") :])
     return data
 

@@ -21,9 +21,6 @@ if TYPE_CHECKING:
 
     import rabbitry
 
-pytest.importorskip("pyspark")
-pytest.importorskip("pyarrow")
-
 
 def _drain(conn: rabbitry.Connection, queue: str) -> list[Any]:
     channel = conn.channel()

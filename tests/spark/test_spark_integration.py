@@ -16,9 +16,6 @@ if TYPE_CHECKING:
 
     import rabbitry
 
-pytest.importorskip("pyspark")
-pytest.importorskip("pyarrow")
-
 
 def _bodies(rows: list[Any]) -> list[int]:
     return [int(bytes(r.body)) for r in rows]
