@@ -32,7 +32,7 @@ from tests.support.broker_ctl import rabbitmqctl
 from tests.support.proxy import TcpProxy
 
 import rabbitry
-from rabbitry import AsyncConnection, Connection, Message, Properties
+from rabbitry import AsyncConnection, Connection, Message, Properties, RecoveryPolicy
 from rabbitry.config import parse_urls
 from rabbitry.consumer import (
     AsyncConsumer,
@@ -1844,3 +1844,210 @@ def test_sync_validation_names_the_field(
 def test_sync_consumer_needs_an_open_connection(url: str) -> None:
     with pytest.raises(InvalidStateError):
         Connection(url).consumer("q", print)
+
+
+# ================================================== failed retry moves, resubscribe, recovery
+
+
+async def declare_with_unroutable_retries(conn: AsyncConnection, names: Names) -> str:
+    """A queue holding "bad" then "good" whose retry exchange exists with nothing bound:
+    every retry move of a failed message comes back unroutable."""
+    queue = names.queue("work")
+    dlx = names.track_exchange(f"{queue}.dlx")
+    ch = await conn.channel()
+    await ch.queue_declare(queue)
+    await ch.exchange_declare(dlx, "direct")
+    await ch.basic_publish("", queue, b"bad")
+    await ch.basic_publish("", queue, b"good")
+    await ch.close()
+    return queue
+
+
+async def test_batch_consumer_hands_back_a_message_whose_retry_move_failed(
+    conn: AsyncConnection, names: Names
+) -> None:
+    queue = await declare_with_unroutable_retries(conn, names)
+    handled: list[bytes] = []
+
+    async def handler(batch: list[Message]) -> None:
+        handled.extend(m.body for m in batch)
+        if batch[0].body == b"bad":
+            raise ValueError("boom")
+
+    # Several delays: the client-republish path (confirmed + mandatory move).
+    policy = RetryPolicy(delays=[0.1, 0.2], max_attempts=3, queue=queue)
+    consumer = conn.consumer(
+        queue, handler, retry=policy, batch_size=1, batch_timeout=0.05, prefetch=10
+    )
+    async with running(consumer):
+        # The unmoved "bad" message is requeued and handled again, so only the start of
+        # the history is fixed. "good" is acked with multiple=False: the ack must not
+        # cover "bad", whose move failed.
+        assert await eventually(lambda: handled[:2] == [b"bad", b"good"] and consumer.stats.acked)
+    # Neither moved (unroutable) nor acked: closing the channel hands "bad" back.
+    deadline = time.monotonic() + WAIT
+    while (depth := await ready(conn, queue)) != 1:
+        assert time.monotonic() < deadline, f"the unmoved message was lost (ready={depth})"
+        await asyncio.sleep(0.05)
+
+
+async def test_consumer_keeps_consuming_after_a_failed_retry_move(
+    conn: AsyncConnection, names: Names
+) -> None:
+    queue = await declare_with_unroutable_retries(conn, names)
+    seen: list[bytes] = []
+
+    async def handler(message: Message) -> None:
+        seen.append(message.body)
+        if message.body == b"bad":
+            raise ValueError("boom")
+
+    # docs/topology.md: "if the republish is not confirmed (nack, timeout, unroutable,
+    # channel closed) the original is not acked and the broker delivers it again".
+    policy = RetryPolicy(delays=[0.1, 0.2], max_attempts=3, queue=queue)
+    async with running(conn.consumer(queue, handler, retry=policy, prefetch=1)):
+        progressed = await eventually(lambda: seen.count(b"bad") >= 2 or b"good" in seen)
+    assert progressed, f"consumer stalled after a failed move; handled only {seen}"
+
+
+async def test_resubscribe_keeps_consuming_the_server_named_queue_it_was_given(
+    conn: AsyncConnection, names: Names
+) -> None:
+    exchange = names.exchange()
+    work = Queue("", durable=False, exclusive=True)
+    topology = Topology(
+        [Exchange(exchange, "direct", durable=False)], [work], [Binding(exchange, work, "k")]
+    )
+    old_name = (await topology.aapply(conn, timeout=WAIT)).name_of(work)
+    ch = await conn.channel()
+    await ch.basic_publish(exchange, "k", b"m1")
+    await ch.close()
+    deliveries: list[tuple[bytes, bool]] = []
+
+    async def handler(message: Message) -> None:
+        deliveries.append((message.body, message.redelivered))
+        if len(deliveries) == 1:
+            # Any channel error (here 403 ACCESS_REFUSED) closes the consumer's channel:
+            # the broker requeues m1 into its queue, the consumer resubscribes.
+            assert message.channel is not None
+            await message.channel.exchange_declare("amq.reserved-name", "direct")
+
+    consumer = conn.consumer(old_name, handler)
+    async with running(consumer):
+        redelivered = await eventually(lambda: len(deliveries) >= 2)
+    assert redelivered, (
+        f"m1 never came back: the consumer moved from {old_name!r} to {consumer.queue!r}, "
+        f"{await ready(conn, old_name)} message(s) stranded in the old queue"
+    )
+    assert deliveries == [(b"m1", False), (b"m1", True)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="with ack='auto' no basic.qos is sent and nothing pauses the socket, so the "
+    "inbox grows without bound behind a slow handler",
+)
+async def test_auto_ack_consumer_buffers_at_most_prefetch_messages(
+    conn: AsyncConnection, names: Names
+) -> None:
+    queue = await declare(conn, names)
+    ch = await conn.channel()
+    for _ in range(500):
+        await ch.basic_publish("", queue, b"x")
+    await ch.close()
+    release = asyncio.Event()
+
+    async def handler(message: Message) -> None:
+        await release.wait()
+
+    consumer = conn.consumer(queue, handler, ack="auto", prefetch=10)
+    await consumer.start(timeout=WAIT)
+    try:
+        # docs/consuming.md: "Prefetch bounds how many unacknowledged messages, and so
+        # how much memory, the consumer holds."
+        overflowed = await eventually(lambda: len(consumer._inbox) > consumer.prefetch)
+        held = len(consumer._inbox)
+    finally:
+        release.set()
+        await consumer.stop(drain=False, timeout=WAIT)
+    assert not overflowed, f"{held} messages buffered with prefetch=10"
+
+
+async def test_ack_of_a_delivery_from_before_recovery_is_not_sent(
+    url: str, conn: AsyncConnection, names: Names
+) -> None:
+    queue = await declare(conn, names)
+    params = parse_urls(url)[0]
+    go = asyncio.Event()
+    deliveries: list[tuple[int, bool]] = []
+    with TcpProxy(params.host, params.port) as proxy:
+        victim = AsyncConnection(
+            proxy.url(),
+            connection_timeout=5,
+            recovery=RecoveryPolicy(initial_delay=0.05, max_delay=0.5),
+        )
+        await victim.connect()
+        try:
+
+            async def handler(message: Message) -> None:
+                deliveries.append((message.delivery_tag, message.redelivered))
+                if len(deliveries) == 1:
+                    await go.wait()  # still running when the connection is recovered
+
+            consumer = victim.consumer(queue, handler)
+            async with running(consumer):
+                await publish(conn, queue, b"m1")
+                assert await eventually(lambda: len(deliveries) == 1)
+                channel = consumer.channel
+                assert channel is not None
+                assert proxy.reset() == 1
+                # Recovery resubscribes; the broker redelivers m1 on the new channel (it
+                # waits in the inbox behind the first, still running, handler).
+                assert await eventually(lambda: consumer.stats.delivered == 2)
+                go.set()
+                # DESIGN §2: "After recovery, acks for delivery tags of the old channel
+                # are dropped with a warning, never sent (no 406 on the new channel)."
+                assert await eventually(lambda: consumer.stats.acked == 1)
+                # A round trip on the channel: a stale ack would have closed it by now.
+                assert (await channel.queue_declare(queue, passive=True)).message_count == 0
+                assert channel.close_exc is None, f"stale ack sent: {channel.close_exc!r}"
+            assert deliveries == [(1, False), (1, True)]
+            assert consumer.stats.acked == 1
+        finally:
+            await victim.close()
+
+
+def test_sync_consumer_stop_returns_after_its_timeout_while_a_handler_runs(
+    sync_conn: Connection, names: Names
+) -> None:
+    queue = names.queue()
+    release = threading.Event()
+    started = threading.Event()
+    finished = threading.Event()
+    ch = sync_conn.channel()
+    ch.queue_declare(queue)
+    ch.basic_publish("", queue, b"slow")
+
+    def handler(message: Message) -> None:
+        started.set()
+        release.wait()
+        finished.set()
+
+    consumer = sync_conn.consumer(queue, handler)
+    consumer.start(timeout=WAIT)
+    try:
+        assert started.wait(WAIT)
+        stopped = threading.Event()
+        stopper = threading.Thread(
+            target=lambda: (consumer.stop(timeout=0.5), stopped.set()), daemon=True
+        )
+        stopper.start()
+        # stop(timeout=0.5) stops waiting for handlers after 0.5 s: it returns while this
+        # one is still blocked, and the message is not back in the queue meanwhile.
+        assert stopped.wait(WAIT), "stop(timeout=0.5) waited for the running handler"
+        assert not finished.is_set()
+        assert ch.queue_declare(queue, passive=True).message_count == 0
+    finally:
+        release.set()
+    stopper.join(WAIT)
+    assert finished.wait(WAIT)
