@@ -14,10 +14,15 @@ STAMP := $(VENV)/.installed
 LINT_PATHS := src tests tools
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS='-k proxy -x'`.
 PYTEST_ARGS ?=
+# pytest-xdist workers for the parallel phase of the suite (0: one process).
+PYTEST_WORKERS ?= 2
+# make flake-hunt: how many runs, and LOAD=1 to keep one core busy meanwhile.
+N ?= 5
+LOAD ?= 0
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv broker lint types test demo demo-quick java docs format bench
+.PHONY: help venv broker lint types test flake-hunt demo demo-quick java docs format bench
 
 help:
 	@echo "Targets:"
@@ -25,7 +30,10 @@ help:
 	@echo "  broker   make sure a RabbitMQ broker answers at RABBITMQ_URL (starts a local one if needed)"
 	@echo "  lint     ruff format --check and ruff check on $(LINT_PATHS)"
 	@echo "  types    mypy (strict on src/rabbitry, configured in pyproject.toml)"
-	@echo "  test     venv + broker, then lint, types, docs and the whole pytest suite (what CI runs)"
+	@echo "  test     venv + broker, then lint, types, docs and the whole pytest suite (what CI runs):"
+	@echo "           PYTEST_WORKERS workers, then the serial tests alone (tools/run_pytest.py)"
+	@echo "  flake-hunt  the whole pytest suite N=$(N) times on a fresh clone of HEAD, LOAD=1 with"
+	@echo "           one core kept busy; lists every test that failed (tools/flake_hunt.py)"
 	@echo "  demo     venv + Java check + broker, then the reference pipeline (docs/pipeline.md):"
 	@echo "           orders published with confirms, a Spark stream, retries, parking lot, Parquet"
 	@echo "  demo-quick  venv + broker, then a 10k-message confirmed round trip (python -m rabbitry.demo)"
@@ -34,7 +42,8 @@ help:
 	@echo "  bench    peer benchmarks (bench/peers, own venv bench/peers/.venv) -> $(BENCH_OUT);"
 	@echo "           e.g. make bench BENCH_ARGS='--repeats 1 --scale 0.3 --clients raw,rabbitry_async'"
 	@echo "           and rewrites the generated section of $(BENCH_DOC)"
-	@echo "Variables: PY=$(PY)  PYTEST_ARGS=...  RABBITMQ_URL=...  BROKER_WAIT_SECONDS=..."
+	@echo "Variables: PY=$(PY)  PYTEST_ARGS=...  PYTEST_WORKERS=$(PYTEST_WORKERS)  RABBITMQ_URL=..."
+	@echo "           BROKER_WAIT_SECONDS=...  N=$(N)  LOAD=$(LOAD)"
 	@echo "           DEMO_ARGS=... (e.g. '-n 20000 --keep'; see python -m rabbitry.examples.orders_pipeline -h)"
 	@echo "           BENCH_ARGS=... (run_peers.py options)  BENCH_OUT=$(BENCH_OUT)"
 
@@ -56,10 +65,15 @@ types: venv
 	$(BIN)/mypy
 
 # Lint and types come before the broker so a style slip fails fast, before a possibly
-# slow broker install. pytest's exit code is passed through untouched: "no tests
-# collected" (5) fails the build on purpose.
+# slow broker install. tools/run_pytest.py runs the suite on PYTEST_WORKERS workers,
+# then the tests marked serial alone; when neither session ran a test its exit status
+# is pytest's "no tests collected" (5), which fails the build on purpose.
 test: venv lint types docs broker
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python tools/run_pytest.py --workers $(PYTEST_WORKERS) -- $(PYTEST_ARGS)
+
+flake-hunt: venv
+	$(BIN)/python tools/flake_hunt.py --runs $(N) --workers $(PYTEST_WORKERS) \
+	    $(if $(filter 1,$(LOAD)),--load) -- $(PYTEST_ARGS)
 
 # The reference pipeline. Spark runs on the JVM: Java is checked before the broker is set up.
 DEMO_ARGS ?=

@@ -1,9 +1,36 @@
-"""Session-wide checks for the whole suite."""
+"""Session-wide options and checks for the whole suite."""
 
 from __future__ import annotations
 
 import pytest
 from tests.support.node import leftovers
+
+PHASES = ("all", "parallel", "serial")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--phase",
+        choices=PHASES,
+        default="all",
+        help="all: every selected test; parallel: leave out the tests marked serial; "
+        "serial: only those (tools/run_pytest.py runs parallel, then serial)",
+    )
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k, like any other deselection
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    phase = config.getoption("phase")
+    if phase == "all":
+        return
+    want_serial = phase == "serial"
+    keep = [
+        item for item in items if (item.get_closest_marker("serial") is not None) == want_serial
+    ]
+    if len(keep) != len(items):
+        kept = set(keep)
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = keep
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -12,6 +39,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     Runs after every session fixture is torn down (the fault, ops and cluster fixtures
     all start nodes, in whatever order the tests come), so a node still listed by epmd,
     a node process still running or a node directory still present is a real leak.
+    Under pytest-xdist each worker checks the nodes it started.
     """
     problems = leftovers()
     if problems:
