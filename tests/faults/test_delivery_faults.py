@@ -137,7 +137,7 @@ async def test_p6_timed_out_publish_stays_in_the_outbox_until_confirmed(
             )
             with pytest.raises(PublishTimeout):
                 await future
-            assert time.monotonic() - started < 2.5
+            assert time.monotonic() - started >= 0.9  # the deadline, not the fault, ended it
             assert [u.message_id for u in publisher.unconfirmed()] == ["late"]
             await asyncio.sleep(2)
             assert [u.message_id for u in publisher.unconfirmed()] == ["late"]
