@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -128,5 +129,22 @@ def depth(conn: rabbitry.Connection, queue: str) -> int:
     channel = conn.channel()
     try:
         return channel.queue_declare(queue, passive=True).message_count
+    finally:
+        channel.close()
+
+
+def settled_depth(conn: rabbitry.Connection, queue: str, timeout: float = 30.0) -> int:
+    """The queue's depth once no consumer is left on it.
+
+    The broker requeues a consumer's unacknowledged messages when its channel closes, so
+    once the consumer count is 0 whatever was not acked is back in the queue.
+    """
+    channel = conn.channel()
+    try:
+        deadline = time.monotonic() + timeout
+        while (ok := channel.queue_declare(queue, passive=True)).consumer_count:
+            assert time.monotonic() < deadline, f"{queue}: still {ok.consumer_count} consumer(s)"
+            time.sleep(0.05)
+        return ok.message_count
     finally:
         channel.close()
