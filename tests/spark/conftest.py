@@ -56,7 +56,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _HERE in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.spark)
-            item.add_marker(pytest.mark.xdist_group("spark"))
+            # One SparkSession per worker at most: every in-process Spark test shares
+            # one worker. The crash tests run drivers of their own in subprocesses (about
+            # 3 minutes), so they get a group of their own and can run beside it.
+            group = "spark-crash" if Path(item.path).name == "test_spark_crash.py" else "spark"
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def spark_env() -> dict[str, str]:
