@@ -118,11 +118,13 @@ def read_junit(directory: Path) -> tuple[collections.Counter[str], list[str]]:
             name = case.get("name", "?").split("@", 1)[0]  # drop the xdist_group suffix
             test = f"{case.get('classname', '?')}::{name}"
             kinds = {child.tag for child in case}
+            skipped = case.find("skipped")
             if kinds & {"failure", "error"}:
                 counts["failed" if "failure" in kinds else "errors"] += 1
                 failed.append(test)
-            elif "skipped" in kinds:
-                counts["skipped"] += 1
+            elif skipped is not None:
+                xfail = skipped.get("type") == "pytest.xfail"
+                counts["xfailed" if xfail else "skipped"] += 1
             else:
                 counts["passed"] += 1
     return counts, failed
