@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 _HERE = Path(__file__).resolve().parent
 _ROOT = _HERE.parent.parent
 
+#: pytest-timeout for a Spark test that sets none (the suite's default is 120 s).
+SPARK_TIMEOUT = 300
+
 #: What the Spark tests need that the core library does not.
 PREREQUISITES = ("pyspark", "pyarrow")
 
@@ -61,6 +64,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             # 3 minutes), so they get a group of their own and can run beside it.
             group = "spark-crash" if Path(item.path).name == "test_spark_crash.py" else "spark"
             item.add_marker(pytest.mark.xdist_group(group))
+            if item.get_closest_marker("timeout") is None:
+                # The first test of a worker also boots the JVM (about a minute on a busy
+                # 2-core machine). A deadline against a hang, not a measurement: a
+                # timeout that fires inside a py4j call also wrecks the session for
+                # every later test.
+                item.add_marker(pytest.mark.timeout(SPARK_TIMEOUT))
 
 
 def spark_env() -> dict[str, str]:
