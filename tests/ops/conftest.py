@@ -35,7 +35,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _HERE in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.faults)
-            item.add_marker(pytest.mark.xdist_group("ops"))
 
 
 @pytest.fixture(scope="session")

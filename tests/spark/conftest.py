@@ -59,11 +59,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _HERE in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.spark)
-            # One SparkSession per worker at most: every in-process Spark test shares
-            # one worker. The crash tests run drivers of their own in subprocesses (about
-            # 3 minutes), so they get a group of their own and can run beside it.
-            group = "spark-crash" if Path(item.path).name == "test_spark_crash.py" else "spark"
-            item.add_marker(pytest.mark.xdist_group(group))
             if item.get_closest_marker("timeout") is None:
                 # The first test of a worker also boots the JVM (about a minute on a busy
                 # 2-core machine). A deadline against a hang, not a measurement: a
