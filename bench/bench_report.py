@@ -86,7 +86,9 @@ def render(cells: dict, clients: list[str], scenarios: list[str], meta: dict, ra
     out.append("## Latest `make bench` run (generated)")
     out.append("")
     out.append(
-        f"Written by `bench/bench_report.py` from `{os.path.relpath(raw)}` "
+        # The raw file is named, but not as a path: bench/peers/results/ is git-ignored,
+        # so it exists only on the machine that ran the benchmark.
+        f"Written by `bench/bench_report.py` from run `{os.path.basename(raw)}` "
         f"({meta.get('date', '?')}, repeats: {meta.get('repeats', '?')}, medians, "
         f"{meta.get('elapsed_min', 0):.1f} min; Python {meta.get('python', '?')}, "
         f"RabbitMQ {meta.get('broker_version', '?')}, {meta.get('cpus', '?')} CPUs). "

@@ -6,7 +6,11 @@ Usage::
     python tools/gen_spec.py            # rewrite spec.py
     python tools/gen_spec.py --check    # exit 1 if spec.py differs from what would be written
 
-The input is ``../shared/spec/amqp-rabbitmq-0.9.1.json`` (override with ``--spec``).
+The input is RabbitMQ's machine-readable AMQP 0-9-1 spec, ``amqp-rabbitmq-0.9.1.json``
+(from RabbitMQ's code-generation project, MPL 2.0), given with ``--spec``. Without it,
+the generator reads ``shared/spec/amqp-rabbitmq-0.9.1.json`` in the parent of the
+repository root, where the development and CI machines keep it. The generated
+``spec.py`` is committed, so only the generator and its drift test read the file.
 
 For each method the generator writes a slotted class whose ``encode``/``decode`` are
 straight-line code: runs of fixed-size arguments (octets, shorts, longs, packed bits and
@@ -444,8 +448,8 @@ def gen_properties(out: Emitter, props: list[tuple[str, str]]) -> None:
     out()
     out("    Every property is optional; ``None`` means absent (not sent). ``timestamp`` takes")
     out("    a ``datetime`` (naive means UTC) or POSIX seconds and decodes to an aware")
-    out("    ``datetime``. ``expiration`` must be a string of digits (milliseconds), as")
-    out("    RabbitMQ requires. Instances compare by value.")
+    out("    ``datetime``. ``expiration`` must be a string of digits (milliseconds) and")
+    out("    ``delivery_mode`` 1 or 2, as RabbitMQ requires. Instances compare by value.")
     out('    """')
     out()
     out(f"    __slots__ = ({''.join(repr(n) + ', ' for n, _ in props)})")
@@ -497,6 +501,13 @@ def gen_properties(out: Emitter, props: list[tuple[str, str]]) -> None:
         elif kind == "table":
             out(f"                parts.append(encode_table(v{index}, {path!r}))")
         elif kind == "octet":
+            if name == "delivery_mode":
+                # RabbitMQ closes the channel (406) on any other value.
+                out(f"                if v{index} != 1 and v{index} != 2:")
+                out("                    raise LocalProtocolError(")
+                out(f'                        "{path}: must be 1 (transient) or 2 (persistent), "')
+                out(f'                        f"got {{v{index}!r}}"')
+                out("                    )")
             out(f"                parts.append(_S_B.pack(v{index}))")
         elif kind == "timestamp":
             out(f"                parts.append(_S_Q.pack(split_timestamp(v{index}, {path!r})))")

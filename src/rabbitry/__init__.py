@@ -6,6 +6,8 @@ API their twins :class:`Connection` / :class:`Channel`; messages are
 :mod:`rabbitry.exceptions`; the ones applications usually catch are re-exported here.
 """
 
+import logging
+
 from .aio import AsyncChannel, AsyncConnection
 from .config import ConnectionParameters, parse_url, parse_urls
 from .consumer import AsyncConsumer, ConsumerStats, DedupStore, MemoryDedupStore
@@ -44,6 +46,7 @@ from .exceptions import (
     ProtocolError,
     PublishError,
     PublishOutcomeUnknown,
+    PublishRefused,
     PublishTimeout,
     Reject,
     RemoteProtocolError,
@@ -54,6 +57,7 @@ from .exceptions import (
     TLSError,
     TopologyConflict,
     TopologyError,
+    TopologyMissingExchange,
     TopologyValidationError,
     Unroutable,
 )
@@ -79,6 +83,12 @@ from .topology import (
 )
 
 __version__ = "0.1.0.dev0"
+
+# A library leaves logging to the application. Without a handler of its own, Python's
+# last-resort handler would print rabbitry's WARNING and ERROR lines to stderr in
+# applications that never configured logging; with it, they go wherever the
+# application's configuration sends them (records still propagate to the root logger).
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "AMQPConnectionError",
@@ -144,6 +154,7 @@ __all__ = [
     "ProtocolError",
     "PublishError",
     "PublishOutcomeUnknown",
+    "PublishRefused",
     "PublishTimeout",
     "Publisher",
     "Queue",
@@ -161,6 +172,7 @@ __all__ = [
     "Topology",
     "TopologyConflict",
     "TopologyError",
+    "TopologyMissingExchange",
     "TopologyValidationError",
     "UInt8",
     "UInt16",

@@ -31,13 +31,16 @@ warning, never sent on the new channel.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Collection, Iterable
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
+from ._failure_log import FailureLog
+from .aio._recovery import redeclare_queue
 from .exceptions import (
     AMQPConnectionError,
     AMQPError,
@@ -55,20 +58,42 @@ from .streams import STREAM_OFFSET, check_consume
 if TYPE_CHECKING:
     from .aio.channel import AsyncChannel
     from .aio.connection import AsyncConnection
+    from .topology import RetryDecision, RetryPolicy
 
 __all__ = [
     "AsyncConsumer",
+    "AsyncHandler",
     "ConsumerStats",
     "DedupStore",
     "MemoryDedupStore",
     "Reject",
     "Requeue",
     "Retry",
+    "SyncHandler",
 ]
 
 logger = logging.getLogger("rabbitry.consumer")
 
-Handler = Callable[[Any], Awaitable[Any]]
+#: What a batch handler may return: ``None`` (all succeeded) or the messages that failed.
+BatchResult: TypeAlias = Iterable[Message | tuple[Message, BaseException | None]] | None
+#: A handler for the asyncio consumer: ``async def handler(message)`` (or a plain
+#: function, run on the event loop), or with batches ``handler(messages)``.
+AsyncHandler: TypeAlias = (
+    Callable[[Message], Awaitable[object]]
+    | Callable[[Message], object]
+    | Callable[[list[Message]], Awaitable[BatchResult]]
+    | Callable[[list[Message]], BatchResult]
+)
+#: A handler for the thread-pool consumer (``rabbitry.Consumer``): a plain function.
+#: Its return type excludes awaitables, so that type checkers reject ``async def``
+#: handlers, which would never run there (the consumer also refuses them at runtime).
+SyncHandler: TypeAlias = Callable[[Message], None] | Callable[[list[Message]], BatchResult]
+
+#: Handler failures logged with a traceback per consumer and interval (then counted).
+_FAILURE_LOG_BURST = 10
+_FAILURE_LOG_INTERVAL = 60.0
+#: ``_dead_letter`` before start() has looked (or when it cannot know).
+_UNKNOWN = object()
 
 _ACK_TIMEOUT_TEXT = "delivery acknowledgement"
 _RESUBSCRIBE_BACKOFF = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
@@ -184,6 +209,7 @@ class AsyncConsumer:
         prefetch: unacknowledged deliveries allowed (raised to ``concurrency``).
         concurrency: handlers running at once.
         retry: a ``RetryPolicy`` (see ``rabbitry.topology``); ``None`` dead-letters.
+            ``start()`` checks that the retry topology the policy needs exists.
         batch_size: deliver lists of up to this many messages.
         batch_timeout: seconds to wait for a batch to fill (default 1.0 with batches).
         exclusive: an exclusive consumer.
@@ -199,12 +225,12 @@ class AsyncConsumer:
         self,
         connection: AsyncConnection,
         queue: str,
-        handler: Handler,
+        handler: AsyncHandler,
         *,
         ack: Literal["manual", "auto"] = "manual",
         prefetch: int = 100,
         concurrency: int = 1,
-        retry: Any = None,
+        retry: RetryPolicy | None = None,
         batch_size: int | None = None,
         batch_timeout: float | None = None,
         exclusive: bool = False,
@@ -230,7 +256,11 @@ class AsyncConsumer:
         if batch_timeout is not None and batch_timeout <= 0:
             raise ConfigurationError(f"batch_timeout: must be > 0 seconds, got {batch_timeout!r}")
         if not callable(handler):
-            raise ConfigurationError("handler: must be callable")
+            raise ConfigurationError(
+                f"handler: must be callable (a function taking the message), got "
+                f"{type(handler).__name__}"
+            )
+        _check_retry(retry)
         for field, value in (("concurrency", concurrency), ("batch_size", batch_size or 1)):
             if value > 65535:
                 raise ConfigurationError(
@@ -239,7 +269,8 @@ class AsyncConsumer:
                 )
         self._conn = connection
         self.queue = queue
-        self._handler = handler
+        # Single messages or lists (batches): which one is the caller's promise.
+        self._handler: Callable[[Any], object] = handler
         self._manual = ack == "manual"
         self.ack_mode = ack
         self.concurrency = concurrency
@@ -278,6 +309,16 @@ class AsyncConsumer:
         #: so its message must not be requeued behind its back (see stop()).
         self._release_on_cancel = True
         self._attempt = 0
+        self._failures = FailureLog(
+            logger,
+            repr(queue),
+            burst=_FAILURE_LOG_BURST,
+            interval=_FAILURE_LOG_INTERVAL,
+            schedule=self._call_later,
+        )
+        #: The queue's dead-letter exchange as far as start() could tell: a name, None
+        #: (it has none) or _UNKNOWN (not declared through this connection's topology).
+        self._dead_letter: object = _UNKNOWN
 
     def __repr__(self) -> str:
         state = "stopping" if self._stopping else "running" if self._started else "new"
@@ -303,10 +344,18 @@ class AsyncConsumer:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, timeout: float | None = None) -> None:
-        """Open a channel, set QoS and subscribe.
+        """Check where failed messages would go, open a channel, set QoS and subscribe.
+
+        With manual acks the failure path is checked first, with passive declares on a
+        channel of its own: the exchange and queues a ``retry`` policy needs
+        (``<queue>.dlx``, ``<queue>.retry.<delay>``, ``<queue>.parking-lot``), or the
+        queue's dead-letter exchange when the connection's topology record says it has
+        one. A missing one would silently lose every failed message.
 
         Raises:
             InvalidStateError: already started.
+            ConfigurationError: the retry topology or the dead-letter exchange is
+                missing; the message names what (nothing was consumed).
             ChannelClosed / AMQPConnectionError: the broker refused (e.g. NotFound).
         """
         if self._started:
@@ -315,10 +364,64 @@ class AsyncConsumer:
         self._idle = asyncio.Event()
         self._idle.set()
         try:
+            if self._manual:
+                await self._check_failure_path(timeout)
             await self._subscribe(timeout)
         except BaseException:
             self._started = False
             raise
+
+    async def _check_failure_path(self, timeout: float | None) -> None:
+        """Passive-check that failed messages have somewhere to go (see :meth:`start`)."""
+        from .topology._apply import missing_entities
+
+        record = getattr(self._conn, "topology_record", None)
+        recorded = record.queue(self.queue) if record is not None else None
+        policy = self.retry
+        if policy is None:
+            if recorded is None:
+                self._dead_letter = _UNKNOWN
+                return
+            dlx = recorded.arguments.get("x-dead-letter-exchange")
+            self._dead_letter = dlx if isinstance(dlx, str) else None
+            if isinstance(dlx, str) and dlx:
+                missing = await missing_entities(self._conn, [("exchange", dlx)], timeout)
+                if missing:
+                    raise ConfigurationError(
+                        f"consumer of queue {self.queue!r}: its dead-letter exchange {dlx!r} "
+                        "does not exist, so every failed message would be dropped by the "
+                        "broker; declare the exchange first"
+                    )
+            return
+        names = policy.names(self.queue)
+        wanted: list[tuple[Literal["exchange", "queue"], str]] = [("exchange", names.dlx)]
+        wanted += [("queue", name) for name in names.retry_queues]
+        if names.parking_lot is not None:
+            wanted.append(("queue", names.parking_lot))
+        problems = [f"{kind} {name!r}" for kind, name in await missing_entities(
+            self._conn, wanted, timeout
+        )]  # fmt: skip
+        if policy.broker_driven and recorded is not None:
+            # One delay: the broker moves failed messages, through the work queue's own
+            # dead-letter arguments. A passive declare cannot read them; the record can.
+            arguments = recorded.arguments
+            expected = (names.dlx, names.retry_queues[0])
+            actual = (
+                arguments.get("x-dead-letter-exchange"),
+                arguments.get("x-dead-letter-routing-key"),
+            )
+            if actual != expected:
+                problems.append(
+                    f"queue {self.queue!r} dead-lettering to {expected[0]!r} with routing key "
+                    f"{expected[1]!r} (it was declared with {actual[0]!r} / {actual[1]!r})"
+                )
+        if problems:
+            raise ConfigurationError(
+                f"consumer of queue {self.queue!r}: retry={policy!r} needs "
+                f"{', '.join(problems)}, which the broker does not have; failed messages "
+                f"would be lost. Declare it with Topology.with_retry({self.queue!r}, "
+                "policy).apply(connection) before starting the consumer"
+            )
 
     async def _subscribe(self, timeout: float | None) -> None:
         channel = await self._conn.channel(timeout=timeout)
@@ -355,14 +458,14 @@ class AsyncConsumer:
         if not self._started or self._stopping:
             return
         self._stopping = True
+        self._failures.flush()
         if self._resubscribe_task is not None:
             self._resubscribe_task.cancel()
         channel = self._channel
-        if channel is not None and channel.is_open and self.consumer_tag is not None:
-            try:
-                await channel.basic_cancel(self.consumer_tag, timeout=timeout)
-            except AMQPError as exc:
-                logger.debug("basic.cancel during stop failed: %r", exc)
+        if channel is not None and not channel.is_closed and self.consumer_tag is not None:
+            # Cancelled now, or (connection recovering) forgotten so that recovery does
+            # not subscribe a stopped consumer again.
+            await channel._abandon_consumer(self.consumer_tag, 10.0 if timeout is None else timeout)
         self._release_waiting()
         if self._running:
             assert self._idle is not None
@@ -382,7 +485,7 @@ class AsyncConsumer:
                 task.cancel()
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
-        if channel is not None and channel.is_open:
+        if channel is not None and not channel.is_closed:
             try:
                 await channel.close(timeout=timeout)
             except AMQPError as exc:
@@ -391,7 +494,7 @@ class AsyncConsumer:
     async def _close_when_idle(self, channel: AsyncChannel | None, timeout: float | None) -> None:
         assert self._idle is not None
         await self._idle.wait()
-        if channel is not None and channel.is_open:
+        if channel is not None and not channel.is_closed:
             try:
                 await channel.close(timeout=timeout)
             except AMQPError as exc:
@@ -640,31 +743,56 @@ class AsyncConsumer:
         return True
 
     async def _fail(self, message: Message, exc: BaseException) -> None:
-        """The handler failed on ``message``: retry, park, requeue or dead-letter it."""
+        """The handler failed on ``message``: retry, park, requeue or dead-letter it.
+
+        Whatever happens is logged at ERROR with the handler's traceback (rate-limited,
+        see :class:`~rabbitry._failure_log.FailureLog`), in words.
+        """
         self.stats.failed += 1
+        tag = message.delivery_tag
         if not self._manual:
-            logger.error(
-                "consumer %s: handler failed on an auto-acked message (it is lost): %r",
-                self,
-                exc,
-            )
+            self._failures.failure(
+                tag, exc, "lost: auto-acked message (the broker forgot it when it sent it)",
+                "lost",
+            )  # fmt: skip
             return
         if isinstance(exc, Requeue):
             if self._settle(message, "nack", requeue=True):
                 self.stats.requeued += 1
+                self._failures.failure(
+                    tag, exc, "requeued (the handler raised Requeue)", "requeued"
+                )
+            else:
+                self._failures.failure(tag, exc, _NOT_SETTLED, "not settled")
             return
         policy = self.retry
         if policy is None:
-            logger.warning(
-                "consumer %s: handler failed on delivery %s (%r); dead-lettering it",
-                self,
-                message.delivery_tag,
-                exc,
-            )
-            self._settle(message, "nack", requeue=False)
+            if not self._settle(message, "nack", requeue=False):
+                self._failures.failure(tag, exc, _NOT_SETTLED, "not settled")
+                return
+            dead_letter = self._dead_letter
+            if dead_letter is None:
+                self.stats.dropped += 1
+                action = "dropped: the queue has no dead-letter exchange"
+                kind = "dropped"
+            elif dead_letter is _UNKNOWN:
+                action = (
+                    "rejected: dead-lettered if the queue has a dead-letter exchange "
+                    "(by argument or policy), else dropped by the broker"
+                )
+                kind = "rejected"
+            else:
+                action = f"dead-lettered to exchange {dead_letter!r}"
+                kind = "dead-lettered"
+            self._failures.failure(tag, exc, action, kind)
             return
         from .topology import handle_failure
 
+        retryable = False if isinstance(exc, Reject) else None
+        try:
+            decision = policy.plan(message, exc, queue=self.queue, retryable=retryable)
+        except ValueError:
+            decision = None
         try:
             outcome = await handle_failure(
                 message.channel,
@@ -672,19 +800,19 @@ class AsyncConsumer:
                 exc,
                 policy,
                 queue=self.queue,
-                retryable=False if isinstance(exc, Reject) else None,
+                retryable=retryable,
             )
         except (AMQPError, ValueError) as failure:
             # The move was not confirmed, so the original must not be acked. Leaving it
             # unacked would hold a prefetch slot until the channel closes (a stalled
             # consumer) and a later batch's multiple-ack could cover it (a lost message):
             # put it back on its queue instead, after a pause so that a move that keeps
-            # failing (retry topology not declared) is not a hot loop.
-            logger.error(
-                "consumer %s: could not move a failed message (%r); requeueing it in %.1f s",
-                self,
-                failure,
-                _FAILED_MOVE_PAUSE,
+            # failing (retry topology deleted) is not a hot loop.
+            self._failures.failure(
+                tag,
+                exc,
+                f"requeued in {_FAILED_MOVE_PAUSE:.1f} s: moving it failed ({failure})",
+                "requeued (move failed)",
             )
             await asyncio.sleep(_FAILED_MOVE_PAUSE)
             if self._settle(message, "nack", requeue=True):
@@ -697,6 +825,10 @@ class AsyncConsumer:
             self.stats.retried += 1
         else:
             self.stats.dropped += 1
+        self._failures.failure(tag, exc, _describe(outcome, decision), _KINDS[outcome])
+
+    def _call_later(self, delay: float, callback: Callable[[], None]) -> object:
+        return asyncio.get_running_loop().call_later(delay, callback)
 
     # ------------------------------------------------------------------ broker events
 
@@ -781,13 +913,12 @@ class AsyncConsumer:
 
     async def _redeclare(self) -> None:
         """Declare the queue again from the connection's topology record, if it has it."""
-        record = getattr(self._conn, "topology_record", None)
-        redeclare = getattr(record, "redeclare_queue", None)
-        if redeclare is None:
+        record = self._conn.topology_record
+        if record.queue(self.queue) is None:
             return
         channel = await self._conn.channel()
         try:
-            name = await redeclare(channel, self.queue)
+            name = await redeclare_queue(record, channel, self.queue)
             if isinstance(name, str) and name and name != self.queue:
                 logger.info("consumer %s: queue re-declared as %r", self, name)
                 self.queue = name  # a server-named queue got a new name
@@ -799,3 +930,45 @@ class AsyncConsumer:
 def failed_messages(*messages: Message) -> Collection[Message]:
     """Spell out the return value of a batch handler: ``return failed_messages(m1, m2)``."""
     return messages
+
+
+_NOT_SETTLED = "not settled: its channel is closed (the broker delivers it again)"
+_KINDS = {"retry": "retried", "park": "parked", "drop": "dropped"}
+
+
+def _describe(outcome: str, decision: RetryDecision | None) -> str:
+    """What a retry policy did with a failed message, in words."""
+    if decision is None or decision.kind != outcome:
+        return {"retry": "retried", "park": "parked", "drop": "dropped"}.get(outcome, outcome)
+    if outcome == "retry":
+        return (
+            f"retry in {decision.delay:g} s via {decision.routing_key} "
+            f"(attempt {decision.attempts} failed)"
+        )
+    if outcome == "park":
+        return f"parked in {decision.routing_key} after {decision.attempts} attempt(s)"
+    return f"dropped after {decision.attempts} attempt(s): the policy has no parking lot"
+
+
+def _check_retry(retry: object) -> None:
+    from .topology import RetryPolicy
+
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise ConfigurationError(
+            f"retry: must be a rabbitry.topology.RetryPolicy or None, got {type(retry).__name__}"
+        )
+
+
+def is_async_callable(handler: object) -> bool:
+    """True for a coroutine (or async generator) function, a ``functools.partial`` of
+    one, or an object whose ``__call__`` is one: calling it returns an awaitable."""
+    while isinstance(handler, functools.partial):
+        handler = handler.func
+    if inspect.iscoroutinefunction(handler) or inspect.isasyncgenfunction(handler):
+        return True
+    if inspect.isroutine(handler) or isinstance(handler, type):
+        return False
+    call = getattr(type(handler), "__call__", None)  # noqa: B004
+    return call is not None and (
+        inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call)
+    )

@@ -39,6 +39,8 @@ The tree::
     ├── PublishError
     │   ├── Nacked                         the broker nacked a confirmed publish
     │   ├── Unroutable                     a mandatory publish came back (basic.return)
+    │   ├── PublishRefused(reply_code, reply_text)  the broker closed the channel because
+    │   │                                     of this publish (404, 403, 406): do not resend
     │   ├── PublishOutcomeUnknown          the channel or connection died before the confirm
     │   └── PublishTimeout (also Timeout)  a publish's deadline passed (room, block, confirm)
     │       └── OutboxFull                 the durable outbox stayed at its bound (rows/bytes)
@@ -48,7 +50,9 @@ The tree::
     ├── TopologyError                      declaring, checking or retrying topology failed
     │   ├── TopologyValidationError (ValueError)  a declaration breaks a RabbitMQ rule;
     │   │                                     raised before anything is sent
-    │   └── TopologyConflict               an entity exists with other arguments (406)
+    │   ├── TopologyConflict               an entity exists with other arguments (406)
+    │   └── TopologyMissingExchange        an alternate or dead-letter exchange named by
+    │                                         the topology exists nowhere
     ├── ManagementError(status, reason)    the management HTTP API refused or failed
     │   └── ManagementNotFound             404: no such queue, vhost, policy…
     └── Timeout (TimeoutError)             a deadline passed
@@ -112,6 +116,7 @@ __all__ = [
     "ProtocolError",
     "PublishError",
     "PublishOutcomeUnknown",
+    "PublishRefused",
     "PublishTimeout",
     "Reject",
     "RemoteProtocolError",
@@ -123,6 +128,7 @@ __all__ = [
     "Timeout",
     "TopologyConflict",
     "TopologyError",
+    "TopologyMissingExchange",
     "TopologyValidationError",
     "UnexpectedFrame",
     "Unroutable",
@@ -462,11 +468,44 @@ class PublishOutcomeUnknown(PublishError):
 
     Attributes:
         delivery_tag: the publish sequence number on the channel that ended.
+        discarded: ``True`` when the message cannot have been routed: it was sent on
+            the channel after a publish the broker refused, and the broker discards
+            everything that follows the offending method on a channel it closes. Sending
+            it again cannot make a duplicate.
     """
 
-    def __init__(self, delivery_tag: int, message: str = "") -> None:
+    def __init__(self, delivery_tag: int, message: str = "", *, discarded: bool = False) -> None:
         super().__init__(message or f"publish #{delivery_tag}: outcome unknown, channel ended")
         self.delivery_tag = delivery_tag
+        self.discarded = discarded
+
+
+class PublishRefused(PublishError):
+    """The broker refused this publish: it closed the channel because of it.
+
+    A definite answer, unlike :class:`PublishOutcomeUnknown`: the message was not
+    routed, and sending it again unchanged fails the same way. Typical causes: 404 (the
+    exchange does not exist), 403 (no write permission, or an internal exchange) and 406
+    (a body above the broker's ``max_message_size``, a ``user_id`` that is not the
+    connection's user). ``__cause__`` is the :class:`ChannelClosedByBroker` the broker
+    sent.
+
+    Attributes:
+        delivery_tag: the publish sequence number on the channel that was closed.
+        reply_code: the broker's reply code (404, 403, 406...).
+        reply_text: the broker's explanation, as received.
+    """
+
+    def __init__(self, delivery_tag: int, reply_code: int, reply_text: str) -> None:
+        super().__init__(
+            f"publish #{delivery_tag} refused by the broker: ({reply_code}) {reply_text}"
+        )
+        self.delivery_tag = delivery_tag
+        self.reply_code = reply_code
+        self.reply_text = reply_text
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.delivery_tag, self.reply_code, self.reply_text))
 
 
 class HandlerSignal(AMQPError):
@@ -581,6 +620,33 @@ class TopologyConflict(TopologyError):
             type(self),
             (self.kind, self.name, self.argument, self.ours, self.theirs, self.reply_text),
         )
+
+
+class TopologyMissingExchange(TopologyError):
+    """An alternate exchange or dead-letter exchange the topology names does not exist.
+
+    Neither the topology declares it nor does the broker have it. RabbitMQ accepts such
+    a name without complaint and then drops the messages that should go there: an
+    unroutable message (alternate exchange) or a rejected, expired or overflowing one
+    (dead-letter exchange) is lost.
+
+    Attributes:
+        missing: one ``(entity, field, exchange)`` per dangling reference, e.g.
+            ``("queue 'jobs'", "dead_letter_exchange", "jobs.dlx")``.
+    """
+
+    def __init__(self, missing: tuple[tuple[str, str, str], ...]) -> None:
+        lines = "; ".join(
+            f"{entity}: {field} {exchange!r} does not exist" for entity, field, exchange in missing
+        )
+        super().__init__(
+            f"{lines} (not in the topology, not on the broker): messages sent there would be "
+            "dropped. Add the exchange to the topology, or pass missing_exchanges='warn'"
+        )
+        self.missing = missing
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.missing,))
 
 
 def _show(value: Any) -> str:

@@ -595,6 +595,33 @@ class SQLiteOutbox(Outbox):
             last_id=int(top),
         )
 
+    def reasons(self, limit: int = 10) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+        """Why messages are dead and why pending ones are being retried.
+
+        Returns:
+            ``(dead, retrying)``: each a list of ``(reason, rows)``, most rows first, at
+            most ``limit`` reasons each. ``retrying`` groups pending rows by their last
+            send error.
+        """
+        try:
+            with self._reader() as db:
+                dead = db.execute(
+                    "SELECT reason, count(*) AS n FROM dead GROUP BY reason "
+                    "ORDER BY n DESC, reason LIMIT ?",
+                    (limit,),
+                ).fetchall()
+                retrying = db.execute(
+                    "SELECT last_error, count(*) AS n FROM outbox WHERE attempts > 0 "
+                    "GROUP BY last_error ORDER BY n DESC, last_error LIMIT ?",
+                    (limit,),
+                ).fetchall()
+        except sqlite3.Error as exc:
+            raise OutboxError(self.path, f"read failed: {exc}") from exc
+        return (
+            [(str(reason), int(n)) for reason, n in dead],
+            [(str(error or "unknown"), int(n)) for error, n in retrying],
+        )
+
     def dead(self, limit: int | None = None) -> list[DeadRecord]:
         """Dead messages, oldest first (at most ``limit``)."""
         try:

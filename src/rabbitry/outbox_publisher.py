@@ -18,8 +18,10 @@ confirm of a row is a small :class:`_Send` object in the channel's confirm table
 asyncio future per message). An ack queues the row's delete; the row leaves memory and
 the bound when that delete is committed. A nack, a lost channel or no confirm within
 ``confirm_timeout`` (a sweep over the rows in flight, oldest first) schedules a resend
-with exponential backoff; a return (mandatory, unroutable) moves the row to the dead
-table with the broker's reason instead of retrying it forever. An ack that arrives late,
+with exponential backoff; a return (mandatory, unroutable) or a refusal
+(:class:`PublishRefused`: the broker closed the channel because of this message, e.g.
+404 no such exchange or 406 too large) moves the row to the dead table with the
+broker's reason, logged at ERROR, instead of retrying it forever. An ack that arrives late,
 after a resend was scheduled, still settles the row.
 
 On start every row still in the store is loaded and sent again (at-least-once: the
@@ -47,6 +49,7 @@ from .exceptions import (
     LocalProtocolError,
     OutboxError,
     OutboxFull,
+    PublishRefused,
     PublishTimeout,
     Unroutable,
 )
@@ -86,7 +89,7 @@ class OutboxStats:
         acked: messages confirmed (and deleted) since it started.
         resent: sends that were resends since it started (failed sends, and the rows
             found in the outbox at start).
-        dead: messages in the dead table (returned as unroutable).
+        dead: messages in the dead table (returned as unroutable, or refused).
     """
 
     pending: int
@@ -204,8 +207,9 @@ class AsyncOutboxPublisher:
 
     Delivery is at-least-once: rows are deleted only after the broker's ack, resent after
     a nack, a lost channel or ``confirm_timeout``, and resent when a publisher starts on
-    the same outbox after a crash. Returned (unroutable, with ``mandatory=True``) messages
-    go to the outbox's dead table (see ``rabbitry outbox``).
+    the same outbox after a crash. Returned (unroutable, with ``mandatory=True``) and
+    refused (:class:`PublishRefused`) messages go to the outbox's dead table with the
+    broker's reason, logged at ERROR (see ``rabbitry outbox``).
     """
 
     def __init__(
@@ -828,6 +832,15 @@ class AsyncOutboxPublisher:
             message = exc.message
             self._kill(entry, f"{message.reply_code} {message.reply_text}")
             return
+        if isinstance(exc, PublishRefused):
+            # A definite refusal (404 no such exchange, 406 too large...): sending it
+            # again unchanged fails the same way, so it is not retried.
+            record = entry.record
+            record.attempts += 1
+            record.last_error = f"{type(exc).__name__}: {exc}"
+            self._batch.failures.append((record.id, record.attempts, record.last_error))
+            self._kill(entry, f"refused by the broker: {exc.reply_code} {exc.reply_text}")
+            return
         if self._closing:
             entry.state = _WAITING  # stays stored; the next publisher sends it
             return
@@ -835,8 +848,9 @@ class AsyncOutboxPublisher:
 
     def _kill(self, entry: _Entry, reason: str) -> None:
         entry.state = _DEAD
-        logger.warning(
-            "outbox %s: message %s moved to dead: %s",
+        logger.error(
+            "outbox %s: message %s moved to the dead table (rabbitry outbox status shows "
+            "it; retry-dead sends it again): %s",
             self._outbox.name,
             entry.record.message_id,
             reason,

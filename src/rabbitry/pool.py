@@ -16,7 +16,10 @@ Returning a channel:
 * closed (by a broker error, or with its connection): it is discarded and its place
   handed on, so the pool replaces it transparently with a fresh channel;
 * with publishes still unconfirmed: it is held back until every one is settled (acked,
-  nacked or failed), so the next user never inherits someone else's confirms;
+  nacked or failed), so the next user never inherits someone else's confirms. The wait
+  has a deadline (``confirm_timeout``): past it the channel is closed, its unconfirmed
+  publishes fail with :class:`PublishOutcomeUnknown` (caused by a :class:`Timeout`)
+  and its place is handed on, so a broker that never confirms cannot hang the pool;
 * otherwise it is lent to the oldest waiter or becomes idle.
 
 Idle channels of a connection that went away are closed channels: they are discarded
@@ -30,7 +33,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
-from .exceptions import AMQPError, ConfigurationError, InvalidStateError, PoolTimeout
+from .exceptions import AMQPError, ConfigurationError, InvalidStateError, PoolTimeout, Timeout
 from .protocol.channel import ChannelState
 
 if TYPE_CHECKING:
@@ -55,16 +58,34 @@ class AsyncChannelPool:
         size: the most channels open at once.
         confirm: put each channel in confirm mode (``basic_publish`` then returns a
             future settled by the broker's confirm).
+        confirm_timeout: seconds a returned channel may wait for the confirms of its
+            publishes before it is closed and they fail as outcome unknown (``None``:
+            no limit).
 
     Raises:
-        ConfigurationError: ``size`` is not a positive int.
+        ConfigurationError: ``size`` is not a positive int, or ``confirm_timeout`` is
+            not a positive number.
     """
 
     def __init__(
-        self, connection: AsyncConnection, *, size: int = 10, confirm: bool = True
+        self,
+        connection: AsyncConnection,
+        *,
+        size: int = 10,
+        confirm: bool = True,
+        confirm_timeout: float | None = 30.0,
     ) -> None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ConfigurationError(f"size: must be an int of at least 1, got {size!r}")
+        if confirm_timeout is not None and (
+            isinstance(confirm_timeout, bool)
+            or not isinstance(confirm_timeout, int | float)
+            or not confirm_timeout > 0
+        ):
+            raise ConfigurationError(
+                f"confirm_timeout: must be a number of seconds > 0 or None, got {confirm_timeout!r}"
+            )
+        self._confirm_timeout = confirm_timeout
         self._conn = connection
         self._size = size
         self._confirm = confirm
@@ -98,6 +119,11 @@ class AsyncChannelPool:
     def confirm(self) -> bool:
         """Pooled channels are in confirm mode."""
         return self._confirm
+
+    @property
+    def confirm_timeout(self) -> float | None:
+        """Seconds a returned channel may wait for its confirms (``None``: no limit)."""
+        return self._confirm_timeout
 
     @property
     def open_channels(self) -> int:
@@ -251,16 +277,45 @@ class AsyncChannelPool:
         self._owned -= 1
 
     async def _settle_then_return(self, channel: AsyncChannel) -> None:
+        abandoned = False
         try:
             # Wait for the channel's signal that its confirm table is empty (every
             # publish acked, nacked or failed with the channel), not for the futures in
             # it: one may be done already (e.g. cancelled by its owner) while its entry
             # stays until the broker confirms it, and waiting on it would spin.
-            while channel._confirms and channel._proto.state is _OPEN:
-                await channel._confirms_settled()
+            async with asyncio.timeout(self._confirm_timeout):
+                while channel._confirms and channel._proto.state is _OPEN:
+                    await channel._confirms_settled()
+        except TimeoutError:
+            abandoned = True
+            self._abandon(channel)
         finally:
-            self._lent.add(channel)
-            self._release(channel)
+            if abandoned:
+                self._discard()  # its place goes to the oldest waiter
+            else:
+                self._lent.add(channel)
+                self._release(channel)
+
+    def _abandon(self, channel: AsyncChannel) -> None:
+        """No confirm came in time: fail what is unconfirmed, close the channel."""
+        unconfirmed = len(channel._confirms)
+        reason = Timeout(
+            f"no publisher confirm within {self._confirm_timeout} s after the channel was "
+            "returned to the pool (confirm_timeout); the channel was closed"
+        )
+        logger.error(
+            "pool: channel %s came back with %d unconfirmed publish(es) and no confirm "
+            "arrived within %s s; closing it, they fail as outcome unknown",
+            channel.channel_id,
+            unconfirmed,
+            self._confirm_timeout,
+        )
+        channel._fail_pending(reason)
+        if channel._proto.state is _OPEN and self._conn.is_open:
+            task = asyncio.get_running_loop().create_task(
+                channel.close(timeout=self._confirm_timeout)
+            )
+            task.add_done_callback(_retrieve)
 
     # ------------------------------------------------------------------ closing
 

@@ -573,10 +573,11 @@ class AsyncPublisher:
         Returns:
             The future. It fails with :class:`Nacked` (the broker refused it),
             :class:`Unroutable` (mandatory and returned; ``exc.message`` is the returned
-            message), :class:`PublishTimeout`, or :class:`PublishOutcomeUnknown` when
-            the channel or connection ended before the confirm; ``__cause__`` says why,
-            e.g. :class:`NotFound` for a publish to a missing exchange. The next publish
-            then opens a fresh channel.
+            message), :class:`PublishTimeout`, :class:`PublishRefused` when the broker
+            closed the channel because of this message (e.g. 404 for a missing
+            exchange; never resent), or :class:`PublishOutcomeUnknown` when the channel
+            or connection ended before the confirm for another reason; ``__cause__``
+            says why. The next publish then opens a fresh channel.
 
         Raises:
             LocalProtocolError: an invalid argument; nothing was sent.

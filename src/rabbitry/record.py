@@ -4,7 +4,7 @@ Every :class:`~rabbitry.AsyncConnection` owns one record (``connection.topology_
 ``Topology.apply`` adds each exchange, queue and binding to it once the broker has
 confirmed the declaration, and ``Topology.delete`` removes them, so that automatic
 recovery re-declares exactly what the application still wants, in the order it was
-first declared: exchanges, then queues, then bindings (DESIGN §2 "Recovery").
+first declared: exchanges, then queues, then bindings.
 
 The record holds plain frozen dataclasses, not :mod:`rabbitry.topology` objects: it sits
 below the topology layer and must not import it. Arguments are copied into plain dicts
@@ -31,10 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .aio.channel import AsyncChannel
+from typing import Any
 
 __all__ = ["RecordedBinding", "RecordedExchange", "RecordedQueue", "TopologyRecord"]
 
@@ -198,6 +195,7 @@ class TopologyRecord:
         """
         if old == new or old not in self._queues:
             return
+        self._queues.pop(new, None)  # recorded under its new name already: keep one
         self._queues = {
             (new if name == old else name): (replace(q, name=new) if name == old else q)
             for name, q in self._queues.items()
@@ -217,48 +215,6 @@ class TopologyRecord:
 
     def _drop_bindings(self, doomed: Any) -> None:
         self._bindings = {k: b for k, b in self._bindings.items() if not doomed(b)}
-
-    # ------------------------------------------------------------------ replay helpers
-
-    async def redeclare_queue(
-        self, channel: AsyncChannel, name: str, *, timeout: float | None = None
-    ) -> str | None:
-        """Declare a recorded queue again, then its recorded bindings to it.
-
-        Used when a queue disappeared under a consumer (deleted, or expired by
-        ``x-expires``). A server-named queue gets a new name, which the record follows.
-
-        Args:
-            channel: an open channel; a broker error closes it (the error propagates).
-            name: the queue's recorded name.
-            timeout: seconds per declaration.
-
-        Returns:
-            The queue's name now, or ``None`` if no queue called ``name`` is recorded.
-        """
-        queue = self._queues.get(name)
-        if queue is None:
-            return None
-        reply = await channel.queue_declare(
-            "" if queue.server_named else queue.name,
-            durable=queue.durable,
-            exclusive=queue.exclusive,
-            auto_delete=queue.auto_delete,
-            arguments=dict(queue.arguments) or None,
-            timeout=timeout,
-        )
-        current: str = reply.queue
-        self.rename_queue(name, current)
-        for binding in self.bindings_of(current):
-            if binding.destination_type == "queue" and binding.destination == current:
-                await channel.queue_bind(
-                    current,
-                    binding.source,
-                    binding.routing_key,
-                    arguments=dict(binding.arguments) or None,
-                    timeout=timeout,
-                )
-        return current
 
 
 def _own(entry: Any) -> Any:

@@ -35,10 +35,18 @@ from .exceptions import (
     ConnectionLost,
     HeartbeatTimeout,
     InvalidPath,
+    NotAllowed,
     RemoteProtocolError,
 )
 
-__all__ = ["DEFAULT_RECOVERY", "NackRetry", "RecoveryPolicy", "State", "is_recoverable"]
+__all__ = [
+    "DEFAULT_RECOVERY",
+    "NackRetry",
+    "RecoveryPolicy",
+    "State",
+    "is_permanent",
+    "is_recoverable",
+]
 
 
 def _check_backoff(
@@ -100,6 +108,11 @@ class RecoveryPolicy:
         during_recovery: operations issued while recovering ``"wait"`` (up to their own
             timeout) for the connection to come back, or ``"fail"`` at once with
             :class:`rabbitry.ConnectionRecovering`.
+        record_channel_topology: record what the channel methods declare, bind and
+            delete (``exchange_declare``, ``queue_declare`` including server-named
+            queues, ``queue_bind``, ``exchange_bind`` and their opposites; passive
+            declares are not recorded) so that recovery declares it again, as it does
+            for ``Topology.apply``. ``False`` replays only what ``Topology`` declared.
     """
 
     initial_delay: float = 0.1
@@ -110,6 +123,7 @@ class RecoveryPolicy:
     shuffle_hosts: bool = False
     on_entity_error: Literal["skip", "abort"] = "skip"
     during_recovery: Literal["wait", "fail"] = "wait"
+    record_channel_topology: bool = True
 
     def __post_init__(self) -> None:
         _check_backoff(self.initial_delay, self.max_delay, self.multiplier, self.jitter)
@@ -120,6 +134,11 @@ class RecoveryPolicy:
         if self.on_entity_error not in ("skip", "abort"):
             raise ConfigurationError(
                 f"on_entity_error: must be 'skip' or 'abort', got {self.on_entity_error!r}"
+            )
+        if not isinstance(self.record_channel_topology, bool):
+            raise ConfigurationError(
+                "record_channel_topology: must be True or False, got "
+                f"{self.record_channel_topology!r}"
             )
         if self.during_recovery not in ("wait", "fail"):
             raise ConfigurationError(
@@ -195,3 +214,19 @@ def is_recoverable(exc: BaseException) -> bool:
     return isinstance(
         exc, ConnectionLost | HeartbeatTimeout | ConnectionClosedByBroker | RemoteProtocolError
     )
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Whether a failed reconnect attempt means recovery can never succeed.
+
+    Yes for refused credentials, refused access (403), an unknown virtual host (402)
+    and 530 NOT_ALLOWED (the virtual host was deleted, or the user lost its
+    permissions on it), except "vhost ... is down", which a restarting virtual host
+    answers for a moment. Everything else (refused or reset sockets, timeouts, 320
+    CONNECTION_FORCED, 541, a failing credentials provider, TLS) is retried.
+    """
+    if isinstance(exc, AuthenticationError | ConnectionAccessRefused | InvalidPath):
+        return True
+    if isinstance(exc, NotAllowed):
+        return "is down" not in exc.reply_text
+    return False

@@ -58,6 +58,7 @@ import contextlib
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, quote, unquote, urlsplit, urlunsplit
@@ -236,6 +237,23 @@ def parse_destination(text: str, default_url: str) -> Endpoint:
 # --------------------------------------------------------------------------- the run
 
 
+def _display_urls(urls: str | Sequence[str], field: str) -> str:
+    """Validate one URL or a list of URLs; return them for display, passwords masked."""
+    from .config import parse_urls
+
+    if not isinstance(urls, str) and not (
+        isinstance(urls, Sequence) and all(isinstance(url, str) for url in urls)
+    ):
+        raise ConfigurationError(
+            f"{field}: must be an amqp:// URL or a list of them, got {type(urls).__name__}"
+        )
+    try:
+        shown = [params.display_url() for params in parse_urls(urls)]
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{field}: {exc}") from None
+    return shown[0] if len(shown) == 1 else "[" + ", ".join(shown) + "]"
+
+
 def _key_of(message: Message) -> tuple[str | None, str]:
     """``(message_id, digest)``: the id recognises a message; the digest only counts."""
     digest = hashlib.blake2b(bytes(message.body), digest_size=16)
@@ -248,9 +266,11 @@ class AsyncShovel:
     """Move messages from a source queue to a destination exchange (asyncio).
 
     Args:
-        source: the source broker's ``amqp://`` URL (its path is the vhost).
+        source: the source broker's ``amqp://`` URL (its path is the vhost), or a list
+            of URLs (the nodes of a cluster, tried in order).
         queue: the source queue.
-        destination: the destination broker's URL (may equal ``source``).
+        destination: the destination broker's URL or list of URLs (may equal
+            ``source``).
         exchange: the destination exchange (``""``: the default exchange, with
             ``routing_key`` naming the target queue).
         routing_key: the routing key of the copies (``None``: each message's own).
@@ -265,14 +285,15 @@ class AsyncShovel:
         connection_name: prefix of the two connections' names.
 
     Raises:
-        ConfigurationError: a bad option (when built).
+        ConfigurationError: a bad option or URL (when built); the message names the
+            field and never shows a password.
     """
 
     def __init__(
         self,
-        source: str,
+        source: str | Sequence[str],
         queue: str,
-        destination: str,
+        destination: str | Sequence[str],
         exchange: str = "",
         routing_key: str | None = None,
         *,
@@ -300,6 +321,8 @@ class AsyncShovel:
             raise ConfigurationError(
                 "routing_key: the default exchange '' needs one (the target queue's name)"
             )
+        self._source_shown = _display_urls(source, "source")
+        self._destination_shown = _display_urls(destination, "destination")
         self.source = source
         self.queue = queue
         self.destination = destination
@@ -329,10 +352,7 @@ class AsyncShovel:
         self._depth = 0
 
     def __repr__(self) -> str:
-        from .config import parse_url
-
-        src = parse_url(self.source).display_url()
-        dst = parse_url(self.destination).display_url()
+        src, dst = self._source_shown, self._destination_shown
         return f"<AsyncShovel {src} {self.queue!r} -> {dst} {self.exchange!r}>"
 
     @property
@@ -371,8 +391,8 @@ class AsyncShovel:
         """Move the messages; returns the final counters.
 
         Raises:
-            Nacked / Unroutable: the destination refused a copy (its source message is
-                back in the source queue; the run stopped).
+            Nacked / Unroutable / PublishRefused: the destination refused a copy (its
+                source message is back in the source queue; the run stopped).
             AMQPConnectionError: a connection could not be made or recovered.
             NotFound: the source queue or destination exchange does not exist.
         """
@@ -576,7 +596,9 @@ class AsyncShovel:
         self._requeue(message, channel)
         if isinstance(exc, PublishOutcomeUnknown | PublishTimeout):
             return  # requeued, sent again later (counted as a possible duplicate)
-        # Nacked, Unroutable, or the destination channel closed (e.g. 404): stop.
+        # Nacked, Unroutable, or PublishRefused (the destination closed the channel
+        # because of this copy, e.g. 404 no such exchange): sending it again would fail
+        # the same way, so stop.
         if self._failure is None:
             self._failure = exc
 
@@ -591,6 +613,15 @@ class AsyncShovel:
             await asyncio.wait(set(self._in_flight))
 
 
+def _forwarded(name: str) -> Any:
+    """A read-only property of :class:`Shovel` that reads its :class:`AsyncShovel`'s."""
+
+    def get(self: Shovel) -> Any:
+        return getattr(self._async, name)
+
+    return property(get, doc=f"``{name}``, as given (see :class:`AsyncShovel`).")
+
+
 class Shovel:
     """:class:`AsyncShovel` for threads: the same arguments; :meth:`run` blocks.
 
@@ -601,9 +632,9 @@ class Shovel:
 
     def __init__(
         self,
-        source: str,
+        source: str | Sequence[str],
         queue: str,
-        destination: str,
+        destination: str | Sequence[str],
         exchange: str = "",
         routing_key: str | None = None,
         *,
@@ -630,6 +661,20 @@ class Shovel:
             connection_name=connection_name,
         )
         self._lock = threading.Lock()
+
+    # The configuration, read-only: the same members as the AsyncShovel twin.
+    source = _forwarded("source")
+    queue = _forwarded("queue")
+    destination = _forwarded("destination")
+    exchange = _forwarded("exchange")
+    routing_key = _forwarded("routing_key")
+    count = _forwarded("count")
+    filter = _forwarded("filter")
+    window = _forwarded("window")
+    idle_timeout = _forwarded("idle_timeout")
+    timeout = _forwarded("timeout")
+    on_progress = _forwarded("on_progress")
+    connection_name = _forwarded("connection_name")
 
     def __repr__(self) -> str:
         return repr(self._async).replace("AsyncShovel", "Shovel", 1)

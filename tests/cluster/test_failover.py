@@ -1,4 +1,4 @@
-"""K1-K5 of reliability.md §3.8: quorum-queue failover on a 3-node cluster, and a soak.
+"""K1-K5 of ``docs/cluster.md``: quorum-queue failover on a 3-node cluster, and a soak.
 
 Each test runs the ``total-queue`` checker of ``workload.py``: lost = 0 and unexpected = 0
 are required; duplicates, nacks and recovered are counted and printed (run with ``-s``
@@ -257,7 +257,7 @@ async def test_k4_the_clients_node_is_stopped(rmq_cluster: RabbitCluster, unique
 
 # --------------------------------------------------------------------------- K5
 
-#: Soak length in seconds (reliability.md §3.8: 180); override for a longer run.
+#: Soak length in seconds (3 minutes by default); override for a longer run.
 SOAK_SECONDS = float(os.environ.get("RABBITRY_SOAK_SECONDS", "180"))
 #: Operations per second over all clients, as in rabbitmq/jepsen.
 SOAK_RATE = 50.0

@@ -1,7 +1,7 @@
 """Fixtures for the fault tests: every test breaks a throw-away RabbitMQ node of its own.
 
-The nodes are :class:`tests.support.node.BrokerNode` instances (the recipe of
-reliability.md §4.2): private ports, data, logs and cookie, started beside the shared
+The nodes are :class:`tests.support.node.BrokerNode` instances (the recipe in
+``docs/testing.md``): private ports, data, logs and cookie, started beside the shared
 broker on 127.0.0.1:5672, which these tests never connect to, stop, alarm or reconfigure.
 
 Every test in this directory gets the ``faults`` marker, so ``-m faults`` runs just these

@@ -1,4 +1,5 @@
-"""Connection faults through the TCP fault proxy (reliability.md §3.2: R3, R4, R6, R7).
+"""Connection faults through the TCP fault proxy (R3, R4, R6, R7 of
+``docs/recovery.md``).
 
 R1, R2, R5 and R8 are in ``test_recovery.py``. Every test here counts messages with the
 checker of ``tests/support/checker.py`` where messages flow, and the faults package's

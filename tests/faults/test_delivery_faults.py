@@ -1,5 +1,5 @@
-"""Publisher, consumer and topology faults (reliability.md §3.3 P1/P6, §3.4 C4/C5,
-§3.5 T2/T4). P2 (the headline), P5, C1, T1 and T5 are in ``test_recovery.py``; P3 is
+"""Publisher, consumer and topology faults (P1/P6, C4/C5, T2/T4 of the fault matrix in
+``docs/recovery.md``). P2 (the headline), P5, C1, T1 and T5 are in ``test_recovery.py``; P3 is
 ``tests/integration/test_nack_retry.py`` with ``test_publisher.py``'s exact-90-nacks
 test, P4 is ``test_unroutable_mandatory_*`` in ``tests/integration/test_publisher.py``
 and C2 is the broker-cancel tests of ``tests/integration/test_consumer.py``.
@@ -373,7 +373,10 @@ async def test_t2_entity_changed_out_of_band(broker_node: BrokerNode, mode: str)
             await publisher.close()
         else:
             assert await eventually(lambda: conn.state is State.CLOSED)
-            assert [(k, n) for k, n, _ in errors] == [("queue", names[1])]
+            # The entity, then the connection given up because of it.
+            assert [k for k, _, _ in errors] == ["queue", "connection"]
+            assert errors[0][1] == names[1]
+            assert errors[1][2] is errors[0][2]
             with pytest.raises(rabbitry.InvalidStateError):
                 await conn.wait_recovered(1)
     finally:

@@ -1,6 +1,7 @@
-"""Flow control: resource alarms on the session's throw-away node (reliability.md §3.6,
-B1-B4). The alarms are raised with ``rabbit_alarm`` (``BrokerNode.set_alarm``) and always
-cleared again (by the test, and by the faults package's guard after it)."""
+"""Flow control: resource alarms on the session's throw-away node (B1-B4 of
+the fault matrix in ``docs/recovery.md``). The alarms are raised with ``rabbit_alarm``
+(``BrokerNode.set_alarm``) and always cleared again (by the test, and by the faults
+package's guard after it)."""
 
 from __future__ import annotations
 

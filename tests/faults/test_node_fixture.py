@@ -105,7 +105,7 @@ async def test_alarm_blocks_a_publisher_until_cleared(
 
         await asyncio.to_thread(broker_node.set_alarm, alarm)
         assert broker_node.alarms == {alarm}
-        # RabbitMQ tells a connection only once it publishes (reliability.md §4.6).
+        # RabbitMQ blocks a connection (connection.blocked) only once it publishes.
         assert not conn.is_blocked
         confirm = await ch.basic_publish("", queue, b"held back")
         assert confirm is not None

@@ -1,4 +1,4 @@
-"""Automatic recovery against a throw-away node (research/reliability.md §3.2, §3.5).
+"""Automatic recovery against a throw-away node (the fault matrix in ``docs/recovery.md``).
 
 Each test connects with a fast ``RecoveryPolicy``, breaks the connection (forced close by
 connection name, or a TCP reset through the fault proxy) and checks what came back.

@@ -21,7 +21,9 @@ import itertools
 import logging
 import random
 import re
+import shutil
 import struct
+import subprocess
 import threading
 import time
 import uuid
@@ -1430,6 +1432,20 @@ async def test_batch_partial_failure_takes_only_the_failed_through_the_retry_pat
     assert await ready(conn, queue) == 0
 
 
+async def _delete_elsewhere(queue: str) -> None:
+    """Delete ``queue`` from another connection (a deletion this connection did not make,
+    so its topology record still holds the queue)."""
+    async with AsyncConnection(recovery=None) as other:
+        channel = await other.channel()
+        await channel.queue_delete(queue)
+
+
+def _operator_deletes_queue(queue: str) -> None:
+    ctl = shutil.which("rabbitmqctl")
+    assert ctl is not None, "rabbitmqctl is needed to delete an exclusive queue as an operator"
+    subprocess.run([ctl, "delete_queue", queue], check=True, capture_output=True, timeout=60)
+
+
 async def test_queue_deletion_with_a_topology_record_redeclares_and_resumes(
     conn: AsyncConnection, names: Names
 ) -> None:
@@ -1449,9 +1465,7 @@ async def test_queue_deletion_with_a_topology_record_redeclares_and_resumes(
         seen.append(message.body)
 
     async with running(conn.consumer(queue, handler, on_cancel=cancelled.append)) as consumer:
-        ch = await conn.channel()
-        await ch.queue_delete(queue)
-        await ch.close()
+        await _delete_elsewhere(queue)
         assert await eventually(lambda: len(cancelled) == 1)
         assert await eventually(lambda: consumer.stats.resubscribed == 1)
         # The queue and its binding came back from the record: publish via the exchange.
@@ -1479,9 +1493,8 @@ async def test_server_named_queue_is_followed_after_redeclare(
         seen.append(message.body)
 
     async with running(conn.consumer(first_name, handler)) as consumer:
-        ch = await conn.channel()
-        await ch.queue_delete(first_name)
-        await ch.close()
+        # An operator deletes the exclusive queue (no other connection may).
+        await asyncio.to_thread(_operator_deletes_queue, first_name)
         assert await eventually(lambda: consumer.stats.resubscribed == 1, timeout=3.0)
         await publish(conn, "rk", b"to-the-new-queue", exchange=exchange)
         assert await eventually(lambda: seen == [b"to-the-new-queue"], timeout=3.0)
@@ -1848,14 +1861,23 @@ def test_sync_consumer_needs_an_open_connection(url: str) -> None:
 # ================================================== failed retry moves, resubscribe, recovery
 
 
+#: Two retry delays: the client-republish path (confirmed + mandatory move).
+UNROUTABLE_RETRY_DELAYS = (0.1, 0.2)
+
+
 async def declare_with_unroutable_retries(conn: AsyncConnection, names: Names) -> str:
-    """A queue holding "bad" then "good" whose retry exchange exists with nothing bound:
-    every retry move of a failed message comes back unroutable."""
+    """A queue holding "bad" then "good" whose retry exchange and retry queues exist with
+    nothing bound (``start()`` checks that they exist): every retry move of a failed
+    message comes back unroutable."""
     queue = names.queue("work")
+    policy = RetryPolicy(delays=UNROUTABLE_RETRY_DELAYS, max_attempts=3, queue=queue)
     dlx = names.track_exchange(f"{queue}.dlx")
+    helpers = [*policy.names(queue).retry_queues, f"{queue}.parking-lot"]
     ch = await conn.channel()
     await ch.queue_declare(queue)
     await ch.exchange_declare(dlx, "direct")
+    for helper in helpers:
+        await ch.queue_declare(names.track_queue(helper))
     await ch.basic_publish("", queue, b"bad")
     await ch.basic_publish("", queue, b"good")
     await ch.close()
@@ -1873,8 +1895,7 @@ async def test_batch_consumer_hands_back_a_message_whose_retry_move_failed(
         if batch[0].body == b"bad":
             raise ValueError("boom")
 
-    # Several delays: the client-republish path (confirmed + mandatory move).
-    policy = RetryPolicy(delays=[0.1, 0.2], max_attempts=3, queue=queue)
+    policy = RetryPolicy(delays=UNROUTABLE_RETRY_DELAYS, max_attempts=3, queue=queue)
     consumer = conn.consumer(
         queue, handler, retry=policy, batch_size=1, batch_timeout=0.05, prefetch=10
     )
@@ -1903,7 +1924,7 @@ async def test_consumer_keeps_consuming_after_a_failed_retry_move(
 
     # docs/topology.md: "if the republish is not confirmed (nack, timeout, unroutable,
     # channel closed) the original is not acked and the broker delivers it again".
-    policy = RetryPolicy(delays=[0.1, 0.2], max_attempts=3, queue=queue)
+    policy = RetryPolicy(delays=UNROUTABLE_RETRY_DELAYS, max_attempts=3, queue=queue)
     async with running(conn.consumer(queue, handler, retry=policy, prefetch=1)):
         progressed = await eventually(lambda: seen.count(b"bad") >= 2 or b"good" in seen)
     assert progressed, f"consumer stalled after a failed move; handled only {seen}"
@@ -2010,7 +2031,7 @@ async def test_ack_of_a_delivery_from_before_recovery_is_not_sent(
                 # A round trip on the channel: a stale ack would have closed it by now.
                 assert (await channel.queue_declare(queue, passive=True)).message_count == 0
                 assert channel.close_exc is None, f"stale ack sent: {channel.close_exc!r}"
-            assert deliveries == [(1, False), (1, True)]
+            assert [redelivered for _tag, redelivered in deliveries] == [False, True]
             assert consumer.stats.acked == 1
         finally:
             await victim.close()

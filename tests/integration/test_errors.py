@@ -120,14 +120,14 @@ async def test_publish_to_missing_exchange_closes_the_channel(
     await assert_channel_usable(conn, names)
 
 
-async def test_confirmed_publish_to_missing_exchange_outcome_unknown(
+async def test_confirmed_publish_to_missing_exchange_is_refused(
     conn: AsyncConnection, names: Names
 ) -> None:
     ch = await conn.channel()
     await ch.confirm_select()
     future = await ch.basic_publish(names.exchange("missing"), "rk", b"lost")
     assert future is not None
-    with pytest.raises(rabbitry.PublishOutcomeUnknown) as info:
+    with pytest.raises(rabbitry.PublishRefused) as info:
         async with asyncio.timeout(WAIT):
             await future
     assert info.value.delivery_tag == 1

@@ -1,4 +1,4 @@
-"""``nack_retry``: broker nacks are sent again with backoff (reliability.md §3.3 P3).
+"""``nack_retry``: broker nacks are sent again with backoff (P3 in ``docs/recovery.md``).
 
 A queue with ``x-max-length=10`` and ``x-overflow=reject-publish`` nacks every publish
 beyond its tenth message, deterministically: without a retry policy exactly 90 of 100

@@ -7,11 +7,13 @@ broker unreachable) are in ``tests/faults/test_outbox_faults.py``.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from typing import TYPE_CHECKING
 
 import pytest
+from click.testing import CliRunner
 
 import rabbitry
 from rabbitry import (
@@ -23,6 +25,7 @@ from rabbitry import (
     OutgoingMessage,
     SQLiteOutbox,
 )
+from rabbitry.cli._app import cli
 from rabbitry.outbox import OutboxBatch, OutboxRecord
 from rabbitry.protocol import spec
 
@@ -324,3 +327,42 @@ async def test_cancelled_publish_still_delivers_what_it_queued(
         await publisher.close()
     # At-least-once: a batch handed over is delivered whole even if the caller left.
     assert [m.body for m in await drain(channel, queue)] == [b"a", b"b"]
+
+
+async def test_refused_rows_go_to_the_dead_table_with_the_reason_and_are_not_resent(
+    conn: rabbitry.AsyncConnection,
+    channel: rabbitry.AsyncChannel,
+    names: Names,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    path = str(tmp_path / "o.db")
+    queue = names.queue()
+    missing = names.exchange("never-declared")
+    await channel.queue_declare(queue)
+    publisher = await conn.publisher(outbox=SQLiteOutbox(path, retry_delay=0.01))
+    try:
+        before = await publisher.publish(b"before", routing_key=queue)
+        refused = await publisher.publish(b"refused", exchange=missing, routing_key="k")
+        after = await publisher.publish(b"after", routing_key=queue)
+        await publisher.flush(timeout=30)
+        stats = publisher.stats()
+        assert (stats.pending, stats.dead) == (0, 1)
+    finally:
+        await publisher.close()
+    (dead,) = SQLiteOutbox(path).dead()
+    assert dead.record.message_id == refused
+    assert dead.reason.startswith("refused by the broker: 404 NOT_FOUND")
+    assert missing in dead.reason
+    assert dead.record.attempts == 1  # one send, no resend
+    errors = [r for r in caplog.records if r.levelname == "ERROR" and "dead table" in r.message]
+    assert len(errors) == 1 and refused in errors[0].getMessage()
+    got = await drain(channel, queue)
+    assert {m.properties.message_id for m in got} == {before, after}
+    result = CliRunner().invoke(cli, ["--json", "outbox", "status", path])
+    assert result.exit_code == 0, result.output
+    status = json.loads(result.stdout)
+    assert status["dead"] == 1
+    assert status["dead_reasons"] == [{"reason": dead.reason, "rows": 1}]
+    text = CliRunner().invoke(cli, ["outbox", "status", path])
+    assert "dead (1): refused by the broker: 404" in text.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from typing import TYPE_CHECKING
 
@@ -138,3 +139,47 @@ def test_sync_channel_broken_by_a_broker_error_is_replaced(url: str, names: Name
             assert confirm is not None
             confirm.result(10)
         assert pool.open_channels == 1
+
+
+async def test_returned_channel_whose_confirms_never_come_is_closed_at_the_deadline(
+    url: str, names: Names
+) -> None:
+    from tests.support.proxy import TcpProxy
+
+    from rabbitry.config import parse_urls
+
+    queue = names.queue()
+    params = parse_urls(url)[0]
+    proxy = TcpProxy(params.host, params.port).start()
+    conn = rabbitry.AsyncConnection(proxy.url(), connection_timeout=5)
+    await conn.connect()
+    try:
+        ch = await conn.channel()
+        await ch.queue_declare(queue)
+        pool = await conn.channel_pool(size=1, confirm_timeout=0.2)
+        assert pool.confirm_timeout == 0.2
+        async with pool.acquire(timeout=10) as channel:
+            proxy.drop("downstream")  # the broker's confirms never reach the client
+            future = await channel.basic_publish("", queue, b"x")
+            assert future is not None
+        # Returned with an unconfirmed publish: failed as unknown at the deadline, not a
+        # hang; the pool gives the place back.
+        error = await asyncio.wait_for(asyncio.gather(future, return_exceptions=True), 30)
+        assert isinstance(error[0], rabbitry.PublishOutcomeUnknown)
+        assert isinstance(error[0].__cause__, rabbitry.Timeout)
+        assert "confirm_timeout" in str(error[0].__cause__)
+        while pool.open_channels:
+            await asyncio.sleep(0.01)
+        assert channel._proto.state is not rabbitry.protocol.ChannelState.OPEN
+    finally:
+        proxy.stop()
+        with contextlib.suppress(rabbitry.AMQPError, OSError):
+            await conn.close(timeout=1)
+
+
+def test_pool_refuses_a_confirm_timeout_that_is_not_positive(url: str) -> None:
+    with rabbitry.Connection(url) as conn:
+        for bad in (0, -1, "5", True):
+            with pytest.raises(rabbitry.ConfigurationError, match="confirm_timeout"):
+                conn.channel_pool(confirm_timeout=bad)  # type: ignore[arg-type]
+        assert conn.channel_pool(confirm_timeout=None).confirm_timeout is None

@@ -19,7 +19,7 @@ import rabbitry
 from rabbitry.exceptions import (
     Nacked,
     NotFound,
-    PublishOutcomeUnknown,
+    PublishRefused,
     PublishTimeout,
     Unroutable,
 )
@@ -151,9 +151,9 @@ async def test_missing_exchange_fails_and_publisher_keeps_working(
     await asyncio.wait_for(before, 10)
     bad = await publisher.publish(b"bad", exchange=names.exchange("missing"))
     (error,) = await outcomes([bad])
-    assert isinstance(error, PublishOutcomeUnknown)
+    assert isinstance(error, PublishRefused) and error.reply_code == 404
     assert isinstance(error.__cause__, NotFound)
-    assert "no exchange" in error.__cause__.reply_text
+    assert "no exchange" in error.reply_text
     # Transparently on a fresh channel.
     after = await publisher.publish(b"after", routing_key=queue)
     await asyncio.wait_for(after, 10)
@@ -174,7 +174,7 @@ def test_sync_missing_exchange_unroutable_and_nack(url: str, names: Names) -> No
         publisher = connection.publisher()
         bad = publisher.publish(b"x", exchange=names.exchange("missing"))
         error = bad.exception(10)
-        assert isinstance(error, PublishOutcomeUnknown) and isinstance(error.__cause__, NotFound)
+        assert isinstance(error, PublishRefused) and isinstance(error.__cause__, NotFound)
         returned = publisher.publish(b"r", routing_key=names.queue("nowhere"), mandatory=True)
         assert isinstance(returned.exception(10), Unroutable)
         first = publisher.publish(b"1", routing_key=limited)

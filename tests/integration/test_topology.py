@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -298,13 +299,20 @@ async def test_conflict_names_the_argument_and_both_values(
 
 async def test_exchange_conflicts(conn: AsyncConnection, names: Names) -> None:
     name = names.exchange()
-    await Topology(exchanges=[Exchange(name, "direct", alternate_exchange="ae-1")]).aapply(conn)
+    # The alternate exchanges do not exist: beside the point here ("warn" lets it be).
+    await Topology(exchanges=[Exchange(name, "direct", alternate_exchange="ae-1")]).aapply(
+        conn, missing_exchanges="warn"
+    )
     with pytest.raises(TopologyConflict) as caught:
-        await Topology(exchanges=[Exchange(name, "fanout", alternate_exchange="ae-1")]).aapply(conn)
+        await Topology(exchanges=[Exchange(name, "fanout", alternate_exchange="ae-1")]).aapply(
+            conn, missing_exchanges="warn"
+        )
     assert (caught.value.kind, caught.value.argument) == ("exchange", "type")
     assert (caught.value.ours, caught.value.theirs) == ("fanout", "direct")
     with pytest.raises(TopologyConflict) as caught:
-        await Topology(exchanges=[Exchange(name, "direct", alternate_exchange="ae-2")]).aapply(conn)
+        await Topology(exchanges=[Exchange(name, "direct", alternate_exchange="ae-2")]).aapply(
+            conn, missing_exchanges="warn"
+        )
     assert (caught.value.argument, caught.value.ours, caught.value.theirs) == (
         "alternate-exchange",
         "ae-2",
@@ -313,7 +321,7 @@ async def test_exchange_conflicts(conn: AsyncConnection, names: Names) -> None:
     with pytest.raises(TopologyConflict) as caught:
         await Topology(
             exchanges=[Exchange(name, "direct", durable=False, alternate_exchange="ae-1")]
-        ).aapply(conn)
+        ).aapply(conn, missing_exchanges="warn")
     assert (caught.value.argument, caught.value.ours, caught.value.theirs) == (
         "durable",
         False,
@@ -731,3 +739,73 @@ async def test_retry_on_a_quorum_work_queue(
     parked = await get(channel, f"{work}.parking-lot")
     parked.ack()
     assert parked.headers[ATTEMPTS_HEADER] == 3
+
+
+# --------------------------------------------------------------------------- dangling exchanges
+
+
+async def test_apply_refuses_a_dead_letter_exchange_that_exists_nowhere(
+    conn: AsyncConnection, names: Names
+) -> None:
+    queue, typo = names.queue(), names.exchange("dlx-typo")
+    topology = Topology(queues=[Queue(queue, dead_letter_exchange=typo)])
+    with pytest.raises(rabbitry.TopologyMissingExchange) as caught:
+        await topology.aapply(conn)
+    assert caught.value.missing == ((f"queue {queue!r}", "dead_letter_exchange", typo),)
+    assert repr(typo) in str(caught.value) and repr(queue) in str(caught.value)
+    # Refused before anything was declared.
+    ch = await conn.channel()
+    with pytest.raises(rabbitry.NotFound):
+        await ch.queue_declare(queue, passive=True)
+    assert conn.topology_record.queue(queue) is None
+
+
+async def test_apply_refuses_an_alternate_exchange_that_exists_nowhere(
+    conn: AsyncConnection, names: Names
+) -> None:
+    exchange, typo = names.exchange(), names.exchange("ae-typo")
+    with pytest.raises(rabbitry.TopologyMissingExchange) as caught:
+        await Topology([Exchange(exchange, "topic", alternate_exchange=typo)]).aapply(conn)
+    assert caught.value.missing == ((f"exchange {exchange!r}", "alternate_exchange", typo),)
+
+
+async def test_apply_accepts_named_exchanges_in_the_topology_or_on_the_broker(
+    conn: AsyncConnection, names: Names
+) -> None:
+    queue, dlx, ae = names.queue(), names.exchange("dlx"), names.exchange("ae")
+    exchange = names.exchange()
+    ch = await conn.channel()
+    await ch.exchange_declare(ae, "fanout")  # on the broker, not in the topology
+    topology = Topology(
+        [Exchange(dlx, "fanout"), Exchange(exchange, "direct", alternate_exchange=ae)],
+        [Queue(queue, dead_letter_exchange=dlx)],
+    )
+    await topology.aapply(conn)
+    report = await topology.averify(conn)
+    assert report.ok and report.dangling == ()
+
+
+async def test_missing_exchanges_warn_applies_and_logs_and_verify_reports_it(
+    conn: AsyncConnection, names: Names, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue, typo = names.queue(), names.exchange("dlx-typo")
+    topology = Topology(queues=[Queue(queue, dead_letter_exchange=typo)])
+    with caplog.at_level(logging.ERROR, logger="rabbitry.topology"):
+        await topology.aapply(conn, missing_exchanges="warn")
+    (record,) = [r for r in caplog.records if typo in r.getMessage()]
+    assert record.levelno == logging.ERROR and "dropped" in record.getMessage()
+    with pytest.raises(rabbitry.TopologyMissingExchange):
+        await topology.averify(conn)
+    report = await topology.averify(conn, missing_exchanges="warn")
+    assert not report.ok
+    assert f"queue {queue!r}: dead_letter_exchange {typo!r} does not exist" in report.lines()
+
+
+def test_sync_verify_refuses_a_dangling_dead_letter_exchange(url: str, names: Names) -> None:
+    queue, typo = names.queue(), names.exchange("dlx-typo")
+    with rabbitry.Connection(url) as conn:
+        topology = Topology(queues=[Queue(queue, dead_letter_exchange=typo)])
+        with pytest.raises(rabbitry.TopologyMissingExchange):
+            topology.verify(conn)
+        with pytest.raises(rabbitry.ConfigurationError, match="missing_exchanges"):
+            topology.apply(conn, missing_exchanges="ignore")  # type: ignore[arg-type]

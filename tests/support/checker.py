@@ -1,4 +1,4 @@
-"""A Jepsen-style message checker for the fault tests (reliability.md §3.1).
+"""A Jepsen-style message checker for the fault tests.
 
 Every message carries a unique id. The workload reports what it attempted, what the
 broker confirmed, what failed (and how), and every delivery; the checker derives

@@ -2,7 +2,7 @@
 
 :class:`RabbitCluster` is three :class:`tests.support.node.BrokerNode` s that share one
 private cookie and find each other with ``classic_config`` peer discovery
-(``/work/shared/research/reliability.md`` §4.3): every node's ``rabbitmq.conf`` lists all
+(the fastest way to form a cluster from scratch): every node's ``rabbitmq.conf`` lists all
 three names before the first boot, all three are launched at once, and the cluster is
 ready when every node's ``cluster_status`` shows three running nodes (about 20-25 s on a
 busy 2-core machine). The shared node on 127.0.0.1:5672 is never touched: each member

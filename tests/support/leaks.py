@@ -1,4 +1,4 @@
-"""What a test must give back: threads and TCP sockets (reliability.md §3.1).
+"""What a test must give back: threads and TCP sockets (checked after every fault test).
 
 :func:`snapshot` records this process's live threads and its connected TCP sockets
 (read from ``/proc``: every fd that is a socket, matched by inode against the kernel's

@@ -1,7 +1,7 @@
 """Throw-away RabbitMQ nodes for the fault tests, started beside the shared broker.
 
-:class:`BrokerNode` runs a private node with the recipe of
-``/work/shared/research/reliability.md`` §4.2, so a test can stop, kill, freeze, alarm
+:class:`BrokerNode` runs a private node with the recipe described in
+``docs/testing.md``, so a test can stop, kill, freeze, alarm
 and restart *its own* broker while the shared node on 127.0.0.1:5672 is never touched:
 
 * the **unwrapped** scripts in the Debian package's ``lib/rabbitmq/bin`` (the ``sbin``
@@ -780,8 +780,8 @@ class BrokerNode:
     def pause(self, max_seconds: float = 20.0) -> None:
         """Freeze the node with ``SIGSTOP``; a timer sends ``SIGCONT`` after ``max_seconds``.
 
-        The timer is a safety net (reliability.md §4.8: a freeze beyond ``net_ticktime``
-        causes partitions); call :meth:`resume` yourself, ideally in a ``finally``, or use
+        The timer is a safety net (a freeze beyond ``net_ticktime`` makes the other
+        nodes declare a partition); call :meth:`resume` yourself, ideally in a ``finally``, or use
         :meth:`paused`.
         """
         with self._lock:

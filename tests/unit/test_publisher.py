@@ -26,6 +26,7 @@ from rabbitry.exceptions import (
     Nacked,
     NotFound,
     PublishOutcomeUnknown,
+    PublishRefused,
     PublishTimeout,
     Timeout,
     Unroutable,
@@ -369,30 +370,38 @@ async def test_blocked_connection_makes_publishes_wait(
 # --------------------------------------------------------------------------- channel loss
 
 
-async def test_channel_closed_by_broker_fails_in_flight_and_next_publish_reopens(
+async def test_refused_publish_fails_refused_later_ones_discarded_and_next_publish_reopens(
     broker: FakeBroker, conn: rabbitry.AsyncConnection
 ) -> None:
     pub = await conn.publisher()
     first_channel = pub.channel_id
     acked = await pub.publish(b"ok", routing_key="q")
+    unconfirmed = await pub.publish(b"slow", routing_key="q")
     bad = await pub.publish(b"bad", exchange="missing")
     after = await pub.publish(b"after", routing_key="q")
-    got = await published(broker, 3)
+    got = await published(broker, 4)
     broker.ack(1)
-    broker.close_channel(got[1].channel, 404, "NOT_FOUND - no exchange 'missing' in vhost '/'")
+    broker.close_channel(got[2].channel, 404, "NOT_FOUND - no exchange 'missing' in vhost '/'")
     assert await settle(acked) is None
-    for future in (bad, after):
-        error = await settle(future)
-        assert isinstance(error, PublishOutcomeUnknown)
+    # Processed before the refused one but not confirmed: may or may not be routed.
+    before = await settle(unconfirmed)
+    assert type(before) is PublishOutcomeUnknown and not before.discarded
+    refused = await settle(bad)
+    assert isinstance(refused, PublishRefused)
+    assert (refused.reply_code, refused.delivery_tag) == (404, 3)
+    assert "no exchange 'missing'" in refused.reply_text
+    # Sent after the refused one: the broker discarded it unprocessed.
+    later = await settle(after)
+    assert isinstance(later, PublishOutcomeUnknown) and later.discarded
+    for error in (before, refused, later):
         assert isinstance(error.__cause__, NotFound)
-        assert error.__cause__.reply_code == 404
     assert pub.in_flight == 0
     fresh = await pub.publish(b"fresh", routing_key="q")
-    more = await published(broker, 4)
-    assert more[3].channel != got[0].channel
-    assert pub.channel_id == more[3].channel != first_channel
+    more = await published(broker, 5)
+    assert more[4].channel != got[0].channel
+    assert pub.channel_id == more[4].channel != first_channel
     assert len(broker.sent(spec.ConfirmSelect)) == 2
-    broker.ack(1, channel=more[3].channel)
+    broker.ack(1, channel=more[4].channel)
     assert await settle(fresh) is None
 
 

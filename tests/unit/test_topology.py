@@ -14,6 +14,7 @@ from typing import Any, cast
 import pytest
 
 from rabbitry import Message, Properties
+from rabbitry.aio._recovery import redeclare_queue
 from rabbitry.exceptions import (
     AMQPError,
     TopologyConflict,
@@ -987,7 +988,7 @@ def test_record_copies_arguments_and_renames() -> None:
     assert [q.name for q in record.queues] == ["amq.gen-2", "later"]
 
 
-def test_record_redeclare_queue() -> None:
+def test_redeclare_queue_follows_a_server_named_queue_and_rebinds_it() -> None:
     calls: list[tuple[Any, ...]] = []
 
     class Reply:
@@ -999,7 +1000,7 @@ def test_record_redeclare_queue() -> None:
             return Reply()
 
         async def queue_bind(
-            self, queue: str, exchange: str, routing_key: str, **kwargs: Any
+            self, queue: str, exchange: str, routing_key: str = "", **kwargs: Any
         ) -> None:
             calls.append(("bind", queue, exchange, routing_key))
 
@@ -1008,7 +1009,7 @@ def test_record_redeclare_queue() -> None:
         RecordedQueue("amq.gen-old", exclusive=True, arguments={"x-a": 1}, server_named=True)
     )
     record.add_binding(RecordedBinding("x", "amq.gen-old", "k"))
-    assert asyncio.run(record.redeclare_queue(Channel(), "amq.gen-old")) == "amq.gen-new"  # type: ignore[arg-type]
+    assert asyncio.run(redeclare_queue(record, Channel(), "amq.gen-old")) == "amq.gen-new"  # type: ignore[arg-type]
     assert calls == [("declare", "", True, {"x-a": 1}), ("bind", "amq.gen-new", "x", "k")]
     assert record.queue("amq.gen-new") is not None
-    assert asyncio.run(record.redeclare_queue(Channel(), "unknown")) is None  # type: ignore[arg-type]
+    assert asyncio.run(redeclare_queue(record, Channel(), "unknown")) is None  # type: ignore[arg-type]

@@ -19,16 +19,21 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..exceptions import (
     AMQPError,
+    ChannelClosedByBroker,
     ChannelClosedByClient,
+    ConnectionLost,
     ConsumerCancelled,
     Nacked,
     PublishOutcomeUnknown,
+    PublishRefused,
     Timeout,
 )
 from ..message import Message
 from ..protocol import spec
+from ..protocol._refusal import PublishSummary, is_publish_refusal, refused_index, summarize
 from ..protocol.channel import ChannelProtocol, ChannelState
 from ..protocol.frames import Method
+from ..record import RecordedBinding, RecordedExchange, RecordedQueue
 from ..streams import check_consume
 
 if TYPE_CHECKING:
@@ -57,6 +62,8 @@ class Settleable(Protocol):
 
 
 _END = object()
+#: How often (in publishes) the table of publish heads drops confirmed entries.
+_HEADS_PRUNE = 1024
 
 
 class _Consumer:
@@ -97,16 +104,34 @@ class AsyncChannel:
         self._consumers: dict[str, _Consumer] = {}
         self._confirms: dict[int, Settleable] = {}
         self._confirm_order: deque[int] = deque()
+        # The method frame and content header of confirm-mode publishes whose waiter
+        # does not keep its frames: what tells which publish a refusal names (see
+        # _fail_pending). Pruned every _HEADS_PRUNE publishes, not per confirm.
+        self._heads: dict[int, tuple[bytes, bytes]] = {}
         # Told when the confirm table becomes empty (see _confirms_settled).
         self._settled_waiters: list[asyncio.Future[None]] = []
         self._return_callbacks: list[ReturnCallback] = []
         self._closed: asyncio.Future[AMQPError] = loop.create_future()
         self.close_exc: AMQPError | None = None
         # Recovery: the connection died under the channel and will bring it back with a
-        # new protocol object. Deliveries carry the epoch they arrived in; acks for an
-        # older epoch are dropped (their tags died with the old connection).
+        # new protocol object. Delivery tags keep growing across recoveries: the broker
+        # numbers the new channel's deliveries from 1 again, and we hand them out as
+        # that number plus _tag_offset (the highest tag handed out before). A tag at or
+        # below the offset belongs to a dead connection, so settling it is dropped: it
+        # can never settle a delivery made after the recovery.
         self.epoch = 0
         self._suspended = False
+        self._tag_offset = 0
+        self._max_tag = 0
+        #: Acks, nacks and rejects dropped because their delivery tag was stale.
+        self.stale_settlements = 0
+        # Set by recovery when it could not restore this channel; calls name it.
+        self._lost_reason: AMQPError | None = None
+        # Record what this channel declares, binds and deletes for recovery to replay
+        # (off for the channels recovery and the topology layer use themselves).
+        self._records = connection._records_channel_topology()
+        # A channel of recovery itself: closed, not suspended, when the connection drops.
+        self._internal = False
         #: Unconfirmed publishes to send again after recovery, and how many were.
         self._resend: list[Settleable] = []
         self.republished = 0
@@ -196,15 +221,6 @@ class AsyncChannel:
         return await self._await_rpc(method.NAME, timeout)
 
     def _send(self, method: Method) -> None:
-        if self._suspended:
-            # Only acks, nacks and rejects come here; their delivery tags belonged to
-            # the connection that died, and the broker redelivers those messages.
-            logger.warning(
-                "channel %s: dropping %s during recovery (its delivery tag is stale)",
-                self.channel_id,
-                method.NAME,
-            )
-            return
         self._proto.send_method(method)
         self._conn._kick()
 
@@ -233,6 +249,12 @@ class AsyncChannel:
             arguments=arguments,
         )
         result: spec.ExchangeDeclareOk = await self._rpc(method, timeout)
+        if self._records and not passive:
+            self._conn.topology_record.add_exchange(
+                RecordedExchange(
+                    exchange, type, durable, auto_delete, internal, dict(arguments or {})
+                )
+            )
         return result
 
     async def exchange_delete(
@@ -241,6 +263,8 @@ class AsyncChannel:
         """Delete an exchange."""
         method = spec.ExchangeDelete(exchange=exchange, if_unused=if_unused)
         result: spec.ExchangeDeleteOk = await self._rpc(method, timeout)
+        if self._records:
+            self._conn.topology_record.forget_exchange(exchange)
         return result
 
     async def exchange_bind(
@@ -257,6 +281,10 @@ class AsyncChannel:
             destination=destination, source=source, routing_key=routing_key, arguments=arguments
         )
         result: spec.ExchangeBindOk = await self._rpc(method, timeout)
+        if self._records:
+            self._conn.topology_record.add_binding(
+                RecordedBinding(source, destination, routing_key, dict(arguments or {}), "exchange")
+            )
         return result
 
     async def exchange_unbind(
@@ -273,6 +301,10 @@ class AsyncChannel:
             destination=destination, source=source, routing_key=routing_key, arguments=arguments
         )
         result: spec.ExchangeUnbindOk = await self._rpc(method, timeout)
+        if self._records:
+            self._conn.topology_record.forget_binding(
+                RecordedBinding(source, destination, routing_key, dict(arguments or {}), "exchange")
+            )
         return result
 
     # -- queue
@@ -302,6 +334,17 @@ class AsyncChannel:
             arguments=arguments,
         )
         result: spec.QueueDeclareOk = await self._rpc(method, timeout)
+        if self._records and not passive:
+            self._conn.topology_record.add_queue(
+                RecordedQueue(
+                    result.queue,
+                    durable,
+                    exclusive,
+                    auto_delete,
+                    dict(arguments or {}),
+                    server_named=not queue,
+                )
+            )
         return result
 
     async def queue_bind(
@@ -318,6 +361,10 @@ class AsyncChannel:
             queue=queue, exchange=exchange, routing_key=routing_key, arguments=arguments
         )
         result: spec.QueueBindOk = await self._rpc(method, timeout)
+        if self._records:
+            self._conn.topology_record.add_binding(
+                RecordedBinding(exchange, queue, routing_key, dict(arguments or {}))
+            )
         return result
 
     async def queue_unbind(
@@ -334,6 +381,10 @@ class AsyncChannel:
             queue=queue, exchange=exchange, routing_key=routing_key, arguments=arguments
         )
         result: spec.QueueUnbindOk = await self._rpc(method, timeout)
+        if self._records:
+            self._conn.topology_record.forget_binding(
+                RecordedBinding(exchange, queue, routing_key, dict(arguments or {}))
+            )
         return result
 
     async def queue_purge(self, queue: str, *, timeout: float | None = None) -> spec.QueuePurgeOk:
@@ -352,6 +403,8 @@ class AsyncChannel:
         """Delete a queue; the reply has the ``message_count`` it held."""
         method = spec.QueueDelete(queue=queue, if_unused=if_unused, if_empty=if_empty)
         result: spec.QueueDeleteOk = await self._rpc(method, timeout)
+        if self._records:
+            self._conn.topology_record.forget_queue(queue)
         return result
 
     # -- basic
@@ -385,7 +438,8 @@ class AsyncChannel:
 
         Waits only while the socket's write buffer is full. In confirm mode returns a
         future that resolves when the broker acks the message and fails with
-        :class:`Nacked` or :class:`PublishOutcomeUnknown`; otherwise returns ``None``.
+        :class:`Nacked`, :class:`PublishRefused` (the broker closed the channel because of
+        this message) or :class:`PublishOutcomeUnknown`; otherwise returns ``None``.
         A ``str`` body is sent as UTF-8. Returned (unroutable mandatory) messages go to
         the return callbacks.
 
@@ -398,14 +452,24 @@ class AsyncChannel:
             await conn._await_recovery(None, "basic.publish")
         if conn._write_paused:
             await conn._wait_writable()
-        seq = self._proto.publish(exchange, routing_key, body, properties, mandatory)  # type: ignore[arg-type]
+        proto = self._proto
+        frames = proto.encode_publish(exchange, routing_key, body, properties, mandatory)  # type: ignore[arg-type]
+        seq = proto.send_publish(frames)
         conn._kick()
         if not seq:
             return None
         future: asyncio.Future[None] = self._loop.create_future()
         self._confirms[seq] = future
         self._confirm_order.append(seq)
+        self._keep_head(seq, frames)
         return future
+
+    def _keep_head(self, seq: int, frames: list[bytes]) -> None:
+        heads = self._heads
+        heads[seq] = (frames[0], frames[2])
+        if not seq % _HEADS_PRUNE:
+            confirms = self._confirms
+            self._heads = {s: h for s, h in heads.items() if s in confirms}
 
     def _publish_encoded(self, frames: list[bytes], waiter: Settleable | None) -> None:
         """Queue pre-encoded publish frames (the sync facade's hot path; loop thread).
@@ -425,6 +489,7 @@ class AsyncChannel:
         if seq:
             self._confirms[seq] = waiter
             self._confirm_order.append(seq)
+            self._keep_head(seq, frames)
         else:
             waiter.set_result(None)
 
@@ -532,6 +597,28 @@ class AsyncChannel:
         )
         return result
 
+    async def _abandon_consumer(self, tag: str, timeout: float = 10.0) -> None:
+        """The consumer's owner is gone (an iterator ended, timed out or was dropped).
+
+        Cancel it now if the channel is open; otherwise forget it at once, so recovery
+        never subscribes it again into an inbox nobody reads.
+        """
+        if tag not in self._consumers:
+            return
+        if self._suspended or not self.is_open:
+            consumer = self._drop_consumer(tag)
+            if consumer is not None and consumer.spec is not None:
+                self._conn._forget_if_auto_deleted(consumer.spec.queue)
+            return
+        try:
+            await self.basic_cancel(tag, timeout=timeout)
+        except AMQPError:
+            # The channel ended or recovery began while cancelling: the broker's
+            # consumer is gone with it, and ours must not come back.
+            consumer = self._drop_consumer(tag)
+            if consumer is not None and consumer.spec is not None:
+                self._conn._forget_if_auto_deleted(consumer.spec.queue)
+
     async def consume(
         self,
         queue: str,
@@ -591,11 +678,7 @@ class AsyncChannel:
                     raise item
                 yield item
         finally:
-            if tag in self._consumers and self.is_open:
-                try:
-                    await self.basic_cancel(tag)
-                except AMQPError:
-                    pass
+            await self._abandon_consumer(tag)
             # Deliveries that reached us but were never handed out go back to the queue
             # now (one by one: a multiple nack would hit messages the caller holds).
             while not no_ack and not inbox.empty() and self.is_open:
@@ -611,6 +694,9 @@ class AsyncChannel:
         if isinstance(reply, Message):
             reply.channel = self
             reply.epoch = self.epoch
+            tag = reply.delivery_tag = reply.delivery_tag + self._tag_offset
+            if tag > self._max_tag:
+                self._max_tag = tag
             return reply
         return None
 
@@ -618,25 +704,52 @@ class AsyncChannel:
         """Acknowledge a delivery (``multiple``: and every earlier one).
 
         Contiguous acks made before the next flush (one loop iteration) leave as one
-        ``multiple`` ack; the broker settles the same deliveries either way.
+        ``multiple`` ack; the broker settles the same deliveries either way. A tag
+        handed out before the connection recovered is dropped with a warning (the
+        broker redelivers that message); ``multiple`` never reaches across a recovery.
         """
-        if self._suspended:
-            self._send(spec.BasicAck(delivery_tag=delivery_tag, multiple=multiple))  # logs
+        offset = self._tag_offset
+        if self._suspended or (delivery_tag and delivery_tag <= offset):
+            self._drop_stale("basic.ack", delivery_tag)
             return
-        self._proto.send_ack(delivery_tag, multiple)
+        self._proto.send_ack(delivery_tag - offset if delivery_tag else 0, multiple)
         self._conn._kick()
 
     def basic_nack(
         self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
     ) -> None:
-        """Reject one or (``multiple``) many deliveries; requeue or dead-letter them."""
-        self._send(spec.BasicNack(delivery_tag=delivery_tag, multiple=multiple, requeue=requeue))
-        self._proto.settled(delivery_tag, multiple)
+        """Reject one or (``multiple``) many deliveries; requeue or dead-letter them.
+
+        A stale tag (from before a recovery) is dropped like in :meth:`basic_ack`.
+        """
+        offset = self._tag_offset
+        if self._suspended or (delivery_tag and delivery_tag <= offset):
+            self._drop_stale("basic.nack", delivery_tag)
+            return
+        wire = delivery_tag - offset if delivery_tag else 0
+        self._send(spec.BasicNack(delivery_tag=wire, multiple=multiple, requeue=requeue))
+        self._proto.settled(wire, multiple)
 
     def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
-        """Reject one delivery; requeue or dead-letter it."""
-        self._send(spec.BasicReject(delivery_tag=delivery_tag, requeue=requeue))
-        self._proto.settled(delivery_tag, False)
+        """Reject one delivery; requeue or dead-letter it (a stale tag is dropped)."""
+        offset = self._tag_offset
+        if self._suspended or (delivery_tag and delivery_tag <= offset):
+            self._drop_stale("basic.reject", delivery_tag)
+            return
+        wire = delivery_tag - offset if delivery_tag else 0
+        self._send(spec.BasicReject(delivery_tag=wire, requeue=requeue))
+        self._proto.settled(wire, False)
+
+    def _drop_stale(self, what: str, delivery_tag: int) -> None:
+        """Refuse to settle a delivery of a connection that died (see ``_tag_offset``)."""
+        self.stale_settlements += 1
+        logger.warning(
+            "channel %s: not sending %s for delivery %s: it arrived before the connection "
+            "recovered, and the broker redelivers it",
+            self.channel_id,
+            what,
+            delivery_tag,
+        )
 
     async def basic_recover(
         self, requeue: bool = True, *, timeout: float | None = None
@@ -679,8 +792,15 @@ class AsyncChannel:
         *,
         timeout: float | None = None,
     ) -> None:
-        """Close the channel and wait for close-ok. Idempotent."""
+        """Close the channel and wait for close-ok. Idempotent.
+
+        While the connection is recovering the channel is closed at once (there is no
+        broker channel to close), and recovery does not bring it back.
+        """
         if self._closed.done():
+            return
+        if self._suspended:
+            self._on_closed(ChannelClosedByClient(reply_code, reply_text))
             return
         self._proto.close(reply_code, reply_text)
         self._conn._kick()
@@ -708,6 +828,9 @@ class AsyncChannel:
     def _on_delivery(self, message: Message) -> None:
         message.channel = self
         message.epoch = self.epoch
+        tag = message.delivery_tag = message.delivery_tag + self._tag_offset
+        if tag > self._max_tag:
+            self._max_tag = tag
         consumer = self._consumers.get(message.consumer_tag)
         if consumer is None:
             logger.warning(
@@ -825,6 +948,8 @@ class AsyncChannel:
                 future.set_exception(copy.copy(exc))
         confirms, self._confirms = self._confirms, {}
         self._confirm_order.clear()
+        heads, self._heads = self._heads, {}
+        refused = self._refused_seq(exc, confirms, heads)
         if not keep_resendable and self._resend:
             resend, self._resend = self._resend, []
             confirms.update((-i - 1, waiter) for i, waiter in enumerate(resend))
@@ -834,11 +959,58 @@ class AsyncChannel:
             if keep_resendable and getattr(waiter, "resend_on_recovery", False):
                 self._resend.append(waiter)
                 continue
-            unknown = PublishOutcomeUnknown(max(seq, 0))
-            unknown.__cause__ = exc
-            waiter.set_exception(unknown)
+            error: PublishOutcomeUnknown | PublishRefused
+            if refused is None or seq < refused:
+                error = PublishOutcomeUnknown(max(seq, 0))
+            elif seq == refused:
+                assert isinstance(exc, ChannelClosedByBroker)
+                error = PublishRefused(seq, exc.reply_code, exc.reply_text)
+            else:
+                error = PublishOutcomeUnknown(
+                    seq,
+                    f"publish #{seq}: not processed: the broker discarded it after "
+                    f"refusing publish #{refused} on the same channel",
+                    discarded=True,
+                )
+            error.__cause__ = exc
+            waiter.set_exception(error)
         if self._settled_waiters:
             self._notify_settled()
+
+    def _refused_seq(
+        self,
+        exc: AMQPError,
+        confirms: Mapping[int, Settleable],
+        heads: Mapping[int, tuple[bytes, bytes]],
+    ) -> int | None:
+        """The sequence number of the publish a broker's channel.close refused, if any.
+
+        See :mod:`rabbitry.protocol._refusal`: the broker closes the channel right after
+        the offending basic.publish, earlier publishes may still await their confirm,
+        later ones were discarded unprocessed.
+        """
+        if not isinstance(exc, ChannelClosedByBroker) or not is_publish_refusal(
+            exc.reply_code, exc.class_id, exc.method_id
+        ):
+            return None
+        order = sorted(seq for seq, waiter in confirms.items() if not waiter.done())
+        candidates: list[PublishSummary | None] = []
+        for seq in order:
+            frames: list[bytes] | None = getattr(confirms[seq], "frames", None)
+            head = (frames[0], frames[2]) if frames and len(frames) > 2 else heads.get(seq)
+            candidates.append(summarize(*head) if head is not None else None)
+        index = refused_index(exc.reply_text, candidates)
+        if index is None:
+            if order:
+                logger.error(
+                    "channel %s: the broker refused one of %d unconfirmed publishes (%s) and "
+                    "its reply does not say which; they all fail as outcome unknown",
+                    self.channel_id,
+                    len(order),
+                    exc,
+                )
+            return None
+        return order[index]
 
     def _suspend(self, exc: AMQPError) -> None:
         """The connection died and is recovering: keep the channel, fail what was pending.
@@ -848,8 +1020,13 @@ class AsyncChannel:
         """
         if self._closed.done():
             return
+        if self._internal:
+            self._on_closed(exc)  # recovery's own channel: the next attempt opens another
+            return
         self._suspended = True
         self.epoch += 1
+        # Every tag handed out so far died with the connection.
+        self._tag_offset = self._max_tag
         self._fail_pending(exc, keep_resendable=True)
 
     async def _resume(self, protocol: ChannelProtocol) -> None:
@@ -859,14 +1036,29 @@ class AsyncChannel:
         self._proto = protocol
         self._register_rpc(None)  # channel.open, queued by the protocol
         await self._await_rpc("channel.open", 30.0)
-        self._suspended = False
+        # Still suspended: the application's calls wait until the modes are back (a
+        # publish in between would miss confirm mode).
         if self._qos is not None:
             count, size, global_ = self._qos
-            await self.basic_qos(count, prefetch_size=size, global_=global_, timeout=30.0)
+            qos = spec.BasicQos(prefetch_size=size, prefetch_count=count, global_=global_)
+            await self._replay_rpc(qos)
         if confirm:
-            await self.confirm_select(timeout=30.0)
+            await self._replay_rpc(spec.ConfirmSelect())
         if transactional:
-            await self.tx_select(timeout=30.0)
+            await self._replay_rpc(spec.TxSelect())
+        self._suspended = False
+
+    async def _replay_rpc(self, method: Method) -> Any:
+        """A request of recovery itself: sent now, never waiting for recovery.
+
+        Raises:
+            ConnectionLost: the connection dropped again (recovery tries again).
+        """
+        if self._proto.state is not ChannelState.OPEN:
+            raise ConnectionLost(f"the connection dropped before {method.NAME} was replayed")
+        self._proto.send_method(method)
+        self._register_rpc(None)
+        return await self._await_rpc(method.NAME, 30.0)
 
     def _republish(self) -> int:
         """Recovery: send again the unconfirmed messages kept at suspension, in order.
@@ -890,15 +1082,44 @@ class AsyncChannel:
             self._conn._kick()
         return sent
 
-    async def _resubscribe(self, renamed: Mapping[str, str]) -> None:
-        """Recovery: subscribe every consumer again, same tag, following renamed queues."""
-        for tag, consumer in list(self._consumers.items()):
-            method = consumer.spec
-            if method is None:
-                continue
-            method.queue = renamed.get(method.queue, method.queue)
-            method.consumer_tag = tag
-            await self._rpc(method, 30.0)
+    def _consumer_specs(self) -> list[spec.BasicConsume]:
+        """Recovery: the basic.consume of every live consumer, in subscription order."""
+        return [c.spec for c in self._consumers.values() if c.spec is not None]
+
+    async def _resubscribe_one(self, method: spec.BasicConsume, renamed: Mapping[str, str]) -> None:
+        """Recovery: subscribe one consumer again, same tag, following a renamed queue.
+
+        Raises:
+            ChannelClosedByBroker: the broker refused (the channel is closed).
+        """
+        tag = method.consumer_tag
+        if tag not in self._consumers:
+            return  # its owner ended it while recovery ran
+        method.queue = renamed.get(method.queue, method.queue)
+        await self._replay_rpc(method)
+        if tag not in self._consumers and self.is_open:
+            # Abandoned while the consume was on its way: cancel what the broker made.
+            await self._replay_rpc(spec.BasicCancel(consumer_tag=tag))
+
+    def _lose_consumer(self, tag: str, exc: AMQPError) -> None:
+        """Recovery could not restore this consumer: end it through its cancel path."""
+        consumer = self._drop_consumer(tag)
+        if consumer is None:
+            return
+        if consumer.on_cancel is not None:
+            try:
+                consumer.on_cancel(tag)
+            except Exception:
+                logger.exception("cancel callback %r failed", consumer.on_cancel)
+        elif consumer.on_close is not None:
+            consumer.on_close(exc)
+
+    def _mark_lost(self, exc: AMQPError) -> None:
+        """Recovery could not restore this channel: close it for good with ``exc``."""
+        self._lost_reason = exc
+        if self._proto.state is ChannelState.CLOSED:
+            self._proto.close_exc = exc  # what a later call on this channel names
+        self._on_closed(exc)
 
     def _on_closed(self, exc: AMQPError) -> None:
         if self._closed.done():

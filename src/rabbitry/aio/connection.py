@@ -5,7 +5,7 @@ The engine owns the socket, the timers and the futures; every protocol rule live
 and events flow ``events_received → futures and callbacks``.
 
 Writes are corked: API calls queue frames in the protocol and schedule one flush per
-loop iteration, so a burst of publishes leaves in one ``write`` (DESIGN §3). A burst
+loop iteration, so a burst of publishes leaves in one ``write``. A burst
 longer than ``_FLUSH_FRAMES`` frames is flushed at once so memory stays bounded, and
 publishers wait while the transport's buffer is above its high-water mark.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import random
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
@@ -25,16 +24,12 @@ from ..exceptions import (
     AMQPConnectionError,
     AMQPError,
     AuthenticationError,
-    ChannelClosedByBroker,
     ConfigurationError,
     ConnectError,
     ConnectionClosedByClient,
-    ConnectionLost,
     ConnectionRecovering,
     CredentialsError,
     InvalidStateError,
-    NotFound,
-    ResourceLocked,
     Timeout,
     TLSError,
 )
@@ -46,7 +41,7 @@ from ..protocol.events import (
     ConnectionOpened,
     ConnectionTerminated,
     ConnectionUnblocked,
-    ConsumerCancelled,
+    ConsumerCancelledByBroker,
     Delivery,
     Event,
     FlowChanged,
@@ -56,14 +51,16 @@ from ..protocol.events import (
 )
 from ..record import TopologyRecord
 from ..recovery import DEFAULT_RECOVERY, NackRetry, RecoveryPolicy, State, is_recoverable
+from ._recovery import Recovery
 from .channel import AsyncChannel
 
 if TYPE_CHECKING:
-    from ..consumer import AsyncConsumer, DedupStore
+    from ..consumer import AsyncConsumer, AsyncHandler, DedupStore
     from ..outbox import Outbox
     from ..outbox_publisher import AsyncOutboxPublisher
     from ..pool import AsyncChannelPool
     from ..publisher import AsyncPublisher
+    from ..topology import RetryPolicy
 
 __all__ = ["AsyncConnection"]
 
@@ -78,14 +75,6 @@ BlockedCallback = Callable[[str | None], Any]
 CloseCallback = Callable[[AMQPError], Any]
 #: Returns ``(username, password)``; called before every connect and reconnect attempt.
 CredentialsProvider = Callable[[], "tuple[str, str] | Awaitable[tuple[str, str]]"]
-
-
-class _RecoveryAborted(Exception):
-    """An entity failed to re-declare and the policy says abort."""
-
-    def __init__(self, cause: AMQPError) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
 
 
 class _Transport(asyncio.Protocol):
@@ -515,11 +504,24 @@ class AsyncConnection:
             await self._await_recovery(timeout, "open a channel")
         return await self._open_channel(channel_id, timeout)
 
-    async def _open_channel(self, channel_id: int | None, timeout: float | None) -> AsyncChannel:
-        """Open a channel now (recovery uses it while the connection is RECOVERING)."""
+    async def _open_channel(
+        self,
+        channel_id: int | None,
+        timeout: float | None,
+        *,
+        record: bool = True,
+        internal: bool = False,
+    ) -> AsyncChannel:
+        """Open a channel now (recovery uses it while the connection is RECOVERING).
+
+        ``record=False``: what the channel declares is not recorded for recovery (the
+        channels of recovery itself and of the topology layer, which records on its own).
+        """
         proto = self._require_open()
         channel_proto = proto.open_channel(channel_id)
         channel = AsyncChannel(self, channel_proto)
+        channel._records = record and channel._records
+        channel._internal = internal
         self._channels[channel_proto.channel_id] = channel
         await channel._await_rpc(spec.ChannelOpen.NAME, timeout)
         return channel
@@ -600,12 +602,14 @@ class AsyncConnection:
             nack_retry=nack_retry,
         )
 
-    async def channel_pool(self, size: int = 10, *, confirm: bool = True) -> AsyncChannelPool:
+    async def channel_pool(
+        self, size: int = 10, *, confirm: bool = True, confirm_timeout: float | None = 30.0
+    ) -> AsyncChannelPool:
         """A pool of at most ``size`` channels (see :class:`rabbitry.AsyncChannelPool`)."""
         from ..pool import AsyncChannelPool
 
         self._require_open()
-        return AsyncChannelPool(self, size=size, confirm=confirm)
+        return AsyncChannelPool(self, size=size, confirm=confirm, confirm_timeout=confirm_timeout)
 
     async def update_secret(
         self, new_secret: bytes | str, reason: str = "", *, timeout: float | None = None
@@ -625,12 +629,12 @@ class AsyncConnection:
     def consumer(
         self,
         queue: str,
-        handler: Callable[[Any], Awaitable[Any]],
+        handler: AsyncHandler,
         *,
         ack: Literal["manual", "auto"] = "manual",
         prefetch: int = 100,
         concurrency: int = 1,
-        retry: Any = None,
+        retry: RetryPolicy | None = None,
         batch_size: int | None = None,
         batch_timeout: float | None = None,
         exclusive: bool = False,
@@ -659,6 +663,10 @@ class AsyncConnection:
             on_cancel=on_cancel,
             resubscribe=resubscribe,
         )
+
+    def _records_channel_topology(self) -> bool:
+        """Whether channels record their declarations for recovery (the policy says)."""
+        return self.recovery is not None and self.recovery.record_channel_topology
 
     def _require_open(self) -> ConnectionProtocol:
         proto = self._proto
@@ -806,6 +814,13 @@ class AsyncConnection:
                 channel = channels.get(event.channel)
                 if channel is not None:
                     channel._on_delivery(event.message)
+                else:
+                    logger.error(
+                        "delivery %s on channel %s, which has no channel object: it stays "
+                        "unacknowledged until the channel closes",
+                        event.message.delivery_tag,
+                        event.channel,
+                    )
             elif kind is PublishConfirmed:
                 assert isinstance(event, PublishConfirmed)
                 channel = channels.get(event.channel)
@@ -827,8 +842,8 @@ class AsyncConnection:
                 channel = channels.get(event.channel)
                 if channel is not None:
                     channel._on_return(event.message)
-            elif kind is ConsumerCancelled:
-                assert isinstance(event, ConsumerCancelled)
+            elif kind is ConsumerCancelledByBroker:
+                assert isinstance(event, ConsumerCancelledByBroker)
                 channel = channels.get(event.channel)
                 if channel is not None:
                     channel._on_consumer_cancelled(event.consumer_tag)
@@ -937,70 +952,14 @@ class AsyncConnection:
         assert self._recovered is not None and self._loop is not None
         self._recovered.clear()
         self._set_state(State.RECOVERING, exc)
-        self._recovery_task = self._loop.create_task(self._recover())
-
-    async def _recover(self) -> None:
-        policy = self.recovery
-        assert policy is not None
-        attempt = 0
-        last: BaseException | None = self.close_exc
-        while not self._closing:
-            await asyncio.sleep(policy.delay(attempt))
-            attempt += 1
-            candidates = list(self._candidates)
-            if policy.shuffle_hosts:
-                random.shuffle(candidates)
-            # The address that just failed goes last: it is the least likely to answer
-            # (a killed node refuses at once, but a frozen one holds a connect until its
-            # connection_timeout), so a cluster client fails over to a live node first.
-            lost = next((i for i, p in enumerate(candidates) if p is self.params), None)
-            if lost is not None and len(candidates) > 1:
-                candidates.append(candidates.pop(lost))
-            connected = False
-            for params in candidates:
-                try:
-                    await self._connect_one(params)
-                except AuthenticationError as exc:
-                    self._give_up(exc)
-                    return
-                except (AMQPError, OSError, TimeoutError) as exc:
-                    last = exc
-                    logger.info(
-                        "recovery attempt %d to %s failed: %r", attempt, params.address, exc
-                    )
-                    self._reset_attempt()
-                    continue
-                self.params = params
-                connected = True
-                break
-            if connected:
-                try:
-                    await self._replay()
-                except _RecoveryAborted as abort:
-                    self._give_up(abort.cause)
-                    return
-                except (AMQPError, OSError, TimeoutError) as exc:
-                    last = exc
-                    logger.info("recovery attempt %d failed during replay: %r", attempt, exc)
-                    if self._proto is not None and self._proto.state is ConnectionState.OPEN:
-                        self._proto.abort(ConnectionLost("recovery replay failed"))
-                        self._handle_events(self._proto.events_received())
-                    self._reset_attempt()
-                    continue
-                logger.warning("connection to %s recovered", self.params.address)
-                assert self._recovered is not None
-                self._set_state(State.OPEN, None)
-                self._recovered.set()
-                return
-            if policy.max_attempts is not None and attempt >= policy.max_attempts:
-                cause = last if isinstance(last, AMQPError) else ConnectionLost(str(last))
-                self._give_up(cause)
-                return
+        assert self.recovery is not None
+        recovery = Recovery(self, self.recovery)
+        self._recovery_task = self._loop.create_task(recovery.run(exc))
 
     def _forget_if_auto_deleted(self, queue: str) -> None:
         """A consumer of ``queue`` was cancelled: if it was the last one on this
         connection and the record holds ``queue`` as auto-delete, the broker has deleted
-        the queue, so recovery must not declare it again (reliability.md §3.5 T4)."""
+        the queue, so recovery must not declare it again."""
         recorded = self.topology_record.queue(queue)
         if recorded is None or not recorded.auto_delete:
             return
@@ -1011,154 +970,30 @@ class AsyncConnection:
         logger.debug("auto-delete queue %r lost its last consumer: forgotten", queue)
         self.topology_record.forget_queue(queue)
 
-    async def _replay(self) -> None:
-        """Re-open channels (numbers, QoS, modes), then the topology, then consumers."""
-        proto = self._proto
-        assert proto is not None
-        live = [self._channels[i] for i in sorted(self._channels)]
-        for channel in live:
-            if not channel.is_closed:
-                await channel._resume(proto.open_channel(channel.channel_id))
-        renamed = await self._replay_topology()
-        for channel in live:
-            if not channel.is_closed:
-                await channel._resubscribe(renamed)
-        for channel in live:  # last: their queues and consumers exist again
-            if not channel.is_closed:
-                channel._republish()
+    def _recovery_done(self) -> None:
+        """Recovery reconnected and replayed: the connection is OPEN again."""
+        assert self._recovered is not None
+        self._set_state(State.OPEN, None)
+        self._recovered.set()
 
-    async def _replay_topology(self) -> dict[str, str]:
-        record = self.topology_record
-        renamed: dict[str, str] = {}
-        if not len(record):
-            return renamed
-        assert self.recovery is not None
-        channel = await self._open_channel(None, 30.0)
-        try:
-            for exchange in record.exchanges:
-                if not exchange.name or exchange.name.startswith("amq."):
-                    continue
-                channel = await self._declare_entity(
-                    channel,
-                    "exchange",
-                    exchange.name,
-                    lambda ch, e=exchange: _declare_recorded_exchange(ch, e),  # type: ignore[misc]
-                )
-            for queue in record.queues:
-                replies: list[Any] = []
-
-                async def declare(
-                    ch: AsyncChannel, q: Any = queue, replies: list[Any] = replies
-                ) -> None:
-                    replies.append(await _declare_recorded_queue(ch, q))
-
-                channel = await self._declare_entity(channel, "queue", queue.name, declare)
-                if replies and replies[0].queue != queue.name:
-                    old, new = queue.name, replies[0].queue
-                    record.rename_queue(old, new)
-                    renamed[old] = new
-                    for callback in list(self._rename_callbacks):
-                        try:
-                            callback(old, new)
-                        except Exception:
-                            logger.exception("rename callback %r failed", callback)
-            for binding in record.bindings:
-                if binding.destination_type == "exchange":
-
-                    async def bind(ch: AsyncChannel, b: Any = binding) -> None:
-                        await ch.exchange_bind(
-                            b.destination,
-                            b.source,
-                            b.routing_key,
-                            arguments=dict(b.arguments) or None,
-                            timeout=30.0,
-                        )
-                else:
-
-                    async def bind(ch: AsyncChannel, b: Any = binding) -> None:
-                        await ch.queue_bind(
-                            b.destination,
-                            b.source,
-                            b.routing_key,
-                            arguments=dict(b.arguments) or None,
-                            timeout=30.0,
-                        )
-
-                label = f"{binding.source}->{binding.destination}:{binding.routing_key}"
-                channel = await self._declare_entity(
-                    channel,
-                    "binding",
-                    label,
-                    bind,
-                    restore=lambda ch, b=binding: self._redeclare_ends(ch, b),  # type: ignore[misc]
-                )
-        finally:
-            if channel.is_open:
-                await channel.close(timeout=10.0)
-        return renamed
-
-    async def _declare_entity(
-        self,
-        channel: AsyncChannel,
-        kind: str,
-        name: str,
-        declare: Callable[[AsyncChannel], Awaitable[Any]],
-        restore: Callable[[AsyncChannel], Awaitable[Any]] | None = None,
-    ) -> AsyncChannel:
-        """Run one re-declaration; report and skip (or abort) if the broker refuses it.
-
-        ``restore`` handles a 404 (an end of a binding deleted while recovery runs, e.g.
-        by another client): it declares the recorded ends again before the next try.
-        """
-        assert self.recovery is not None
-        for attempt in range(5):
+    def _notify_recovery_error(self, kind: str, name: str, exc: AMQPError) -> None:
+        for callback in list(self._recovery_error_callbacks):
             try:
-                await declare(channel)
-                return channel
-            except ChannelClosedByBroker as exc:
-                channel = await self._open_channel(None, 30.0)
-                if isinstance(exc, ResourceLocked) and attempt < 4:
-                    # The dead connection's exclusive queue may not be gone yet.
-                    await asyncio.sleep(0.2 * (attempt + 1))
-                    continue
-                if isinstance(exc, NotFound) and restore is not None and attempt < 4:
-                    logger.info("recovery: %s %r: %r; declaring its ends again", kind, name, exc)
-                    await asyncio.sleep(0.05 * 2**attempt)
-                    try:
-                        await restore(channel)
-                    except ChannelClosedByBroker as again:
-                        logger.info("recovery: restoring %r failed: %r", name, again)
-                        channel = await self._open_channel(None, 30.0)
-                    continue
-                logger.error("recovery: could not re-declare %s %r: %r", kind, name, exc)
-                for callback in list(self._recovery_error_callbacks):
-                    try:
-                        callback(kind, name, exc)
-                    except Exception:
-                        logger.exception("recovery error callback %r failed", callback)
-                if self.recovery.on_entity_error == "abort":
-                    raise _RecoveryAborted(exc) from exc
-                return channel
-        return channel
+                callback(kind, name, exc)
+            except Exception:
+                logger.exception("recovery error callback %r failed", callback)
 
-    async def _redeclare_ends(self, channel: AsyncChannel, binding: Any) -> None:
-        """Declare a binding's recorded source exchange and destination again."""
-        record = self.topology_record
-        ends = [(binding.source, "exchange")]
-        ends.append((binding.destination, binding.destination_type))
-        for name, kind in ends:
-            if kind == "exchange":
-                exchange = record.exchange(name)
-                if exchange is not None and name and not name.startswith("amq."):
-                    await _declare_recorded_exchange(channel, exchange)
-            else:
-                queue = record.queue(name)
-                if queue is not None and not queue.server_named:
-                    await _declare_recorded_queue(channel, queue)
+    def _notify_renamed(self, old: str, new: str) -> None:
+        for callback in list(self._rename_callbacks):
+            try:
+                callback(old, new)
+            except Exception:
+                logger.exception("rename callback %r failed", callback)
 
     def _give_up(self, exc: AMQPError) -> None:
         """Recovery failed for good: end the connection with ``exc``."""
         logger.error("giving up recovering the connection to %s: %r", self.params.address, exc)
+        self._notify_recovery_error("connection", self.params.address, exc)
         self._finish_closed(exc)
 
     async def _stop_recovery(self, exc: AMQPError) -> None:
@@ -1250,27 +1085,3 @@ class AsyncConnection:
                 callback(exc)
             except Exception:
                 logger.exception("close callback %r failed", callback)
-
-
-async def _declare_recorded_exchange(channel: AsyncChannel, exchange: Any) -> None:
-    await channel.exchange_declare(
-        exchange.name,
-        exchange.type,
-        durable=exchange.durable,
-        auto_delete=exchange.auto_delete,
-        internal=exchange.internal,
-        arguments=dict(exchange.arguments) or None,
-        timeout=30.0,
-    )
-
-
-async def _declare_recorded_queue(channel: AsyncChannel, queue: Any) -> Any:
-    """Declare a recorded queue again; a server-named one asks for a new name."""
-    return await channel.queue_declare(
-        "" if queue.server_named else queue.name,
-        durable=queue.durable,
-        exclusive=queue.exclusive,
-        auto_delete=queue.auto_delete,
-        arguments=dict(queue.arguments) or None,
-        timeout=30.0,
-    )

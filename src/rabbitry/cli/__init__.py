@@ -8,6 +8,7 @@ they are missing. Exit codes are in :mod:`rabbitry.cli._exit` (see ``docs/cli.md
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import TYPE_CHECKING
 
@@ -35,4 +36,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(ExitCode.USAGE)
     from ._app import run
 
+    # The command is an application: the library's WARNING and ERROR lines go to stderr,
+    # as they did before the package logger had its NullHandler.
+    if not logging.getLogger().handlers:
+        logging.basicConfig(format="%(message)s", level=logging.WARNING)
     return run(argv)

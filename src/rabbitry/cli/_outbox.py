@@ -2,9 +2,9 @@
 
 These commands read the SQLite file of an :class:`rabbitry.SQLiteOutbox`; they need no
 broker. ``status`` and ``purge-dead`` work while a publisher runs on the file.
-``retry-dead`` moves dead (returned, unroutable) messages back for delivery; it needs the
-outbox's lock, so it refuses while a publisher holds the file (the publisher sends them
-at its next start).
+``retry-dead`` moves dead (returned as unroutable, or refused) messages back for
+delivery; it needs the outbox's lock, so it refuses while a publisher holds the file (the
+publisher sends them at its next start).
 """
 
 from __future__ import annotations
@@ -64,11 +64,16 @@ def outbox() -> None:
 )  # fmt: skip
 @handle_errors
 def status(path: str, show_dead: int) -> None:
-    """Pending messages (count, bytes, oldest age, retrying), resends and dead messages."""
+    """Pending messages (count, bytes, oldest age, retrying), resends and dead messages.
+
+    Also why: the reasons of the dead messages and the last errors of the retried ones,
+    each with its count of rows.
+    """
     state = get_state()
     store = _open(path)
     info = store.status()
     dead = store.dead(limit=show_dead) if show_dead else []
+    dead_reasons, retry_errors = store.reasons()
     age = info.oldest_age(time.time())
     result = {
         "path": path,
@@ -78,6 +83,8 @@ def status(path: str, show_dead: int) -> None:
         "retrying": info.retrying,
         "resent": info.resent,
         "dead": info.dead,
+        "dead_reasons": [{"reason": r, "rows": n} for r, n in dead_reasons],
+        "retry_errors": [{"error": e, "rows": n} for e, n in retry_errors],
         "dead_messages": [_dead_record(d) for d in dead],
     }
     if state.json:
@@ -88,6 +95,10 @@ def status(path: str, show_dead: int) -> None:
         f"{path}: {info.pending} pending ({info.pending_bytes} bytes, oldest {oldest}, "
         f"{info.retrying} retrying), {info.resent} resent, {info.dead} dead"
     )
+    for reason, rows in dead_reasons:
+        state.info(f"  dead ({rows}): {reason}")
+    for error, rows in retry_errors:
+        state.info(f"  retrying ({rows}): {error}")
     if dead and not state.quiet:
         from rich.table import Table
 

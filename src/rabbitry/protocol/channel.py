@@ -40,7 +40,7 @@ from ..exceptions import (
 from . import spec
 from .events import (
     ChannelClosedEvent,
-    ConsumerCancelled,
+    ConsumerCancelledByBroker,
     Delivery,
     FlowChanged,
     PublishConfirmed,
@@ -335,7 +335,8 @@ class ChannelProtocol:
 
     def _check_usable(self, what: str) -> None:
         if self.state is CLOSING or self.state is CLOSED:
-            exc = InvalidStateError(f"cannot send {what}: channel {self.channel_id} is closed")
+            why = f" ({self.close_exc})" if self.close_exc is not None else ""
+            exc = InvalidStateError(f"cannot send {what}: channel {self.channel_id} is closed{why}")
             raise exc from self.close_exc
 
     def _start_rpc(self, request: tuple[tuple[type[Method], ...], bytes]) -> None:
@@ -434,7 +435,9 @@ class ChannelProtocol:
                         self.channel_id, spec.BasicCancelOk(consumer_tag=method.consumer_tag)
                     )
                 )
-            self._conn._events.append(ConsumerCancelled(self.channel_id, method.consumer_tag))
+            self._conn._events.append(
+                ConsumerCancelledByBroker(self.channel_id, method.consumer_tag)
+            )
         elif cls is spec.ChannelFlow:
             assert isinstance(method, spec.ChannelFlow)
             self.flow_active = method.active

@@ -170,7 +170,6 @@ class ConnectionProtocol:
             "product": "rabbitry",
             "version": VERSION,
             "platform": f"Python {platform.python_version()}",
-            "information": "https://pypi.org/project/rabbitry/",
             "copyright": "rabbitry contributors",
             "capabilities": dict(CLIENT_CAPABILITIES),
         }

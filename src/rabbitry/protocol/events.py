@@ -21,7 +21,7 @@ __all__ = [
     "ConnectionOpened",
     "ConnectionTerminated",
     "ConnectionUnblocked",
-    "ConsumerCancelled",
+    "ConsumerCancelledByBroker",
     "Delivery",
     "Event",
     "FlowChanged",
@@ -112,8 +112,12 @@ class PublishConfirmed(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class ConsumerCancelled(Event):
-    """The broker cancelled a consumer (basic.cancel: queue deleted, failover...)."""
+class ConsumerCancelledByBroker(Event):
+    """The broker cancelled a consumer (basic.cancel: queue deleted, failover...).
+
+    The event; the engine turns it into the consumer's cancel path, where an iterator
+    raises the exception :class:`rabbitry.exceptions.ConsumerCancelled`.
+    """
 
     channel: int
     consumer_tag: str

@@ -83,8 +83,9 @@ class Message:
         #: ack(), nack() or reject() was sent for it (a second one is refused: it
         #: would make the broker close the channel with 406).
         self.settled = False
-        #: The channel's recovery epoch when it arrived; acks from an older epoch are
-        #: dropped (the tag died with the old connection; the broker redelivers).
+        #: The channel's recovery epoch when it arrived: deliveries of an older epoch
+        #: than the channel's died with their connection (the broker redelivers them),
+        #: and settling them is dropped.
         self.epoch = 0
 
     @property
@@ -103,42 +104,24 @@ class Message:
         """Acknowledge this message (and, with ``multiple``, all earlier ones).
 
         Safe to call from any thread for messages of the sync API. After the connection
-        recovered, acking a message delivered before is dropped with a warning.
+        recovered, acking a message delivered before is dropped with a warning (the
+        broker redelivers it) and counted in the channel's ``stale_settlements``.
         """
         channel = self._channel()
-        if self._stale(channel):
-            return
         channel.basic_ack(self.delivery_tag, multiple)
         self.settled = True
 
     def nack(self, multiple: bool = False, requeue: bool = True) -> None:
         """Negatively acknowledge: requeue it, or dead-letter/drop it (``requeue=False``)."""
         channel = self._channel()
-        if self._stale(channel):
-            return
         channel.basic_nack(self.delivery_tag, multiple, requeue)
         self.settled = True
 
     def reject(self, requeue: bool = True) -> None:
         """Reject this one message (like ``nack`` without ``multiple``)."""
         channel = self._channel()
-        if self._stale(channel):
-            return
         channel.basic_reject(self.delivery_tag, requeue)
         self.settled = True
-
-    def _stale(self, channel: object) -> bool:
-        if getattr(channel, "epoch", self.epoch) == self.epoch:
-            return False
-        import logging
-
-        logging.getLogger("rabbitry.channel").warning(
-            "not acknowledging delivery %s: it arrived before the connection recovered "
-            "(the broker redelivers it)",
-            self.delivery_tag,
-        )
-        self.settled = True
-        return True
 
     def _channel(self) -> _Acker:
         from ..exceptions import InvalidStateError

@@ -2872,8 +2872,8 @@ class BasicProperties:
 
     Every property is optional; ``None`` means absent (not sent). ``timestamp`` takes
     a ``datetime`` (naive means UTC) or POSIX seconds and decodes to an aware
-    ``datetime``. ``expiration`` must be a string of digits (milliseconds), as
-    RabbitMQ requires. Instances compare by value.
+    ``datetime``. ``expiration`` must be a string of digits (milliseconds) and
+    ``delivery_mode`` 1 or 2, as RabbitMQ requires. Instances compare by value.
     """
 
     __slots__ = ('content_type', 'content_encoding', 'headers', 'delivery_mode', 'priority', 'correlation_id', 'reply_to', 'expiration', 'message_id', 'timestamp', 'type', 'user_id', 'app_id', 'cluster_id', )
@@ -2935,6 +2935,11 @@ class BasicProperties:
             v3 = self.delivery_mode
             if v3 is not None:
                 flags |= 0x1000
+                if v3 != 1 and v3 != 2:
+                    raise LocalProtocolError(
+                        "basic.properties.delivery_mode: must be 1 (transient) or 2 (persistent), "
+                        f"got {v3!r}"
+                    )
                 parts.append(_S_B.pack(v3))
             v4 = self.priority
             if v4 is not None:

@@ -83,6 +83,11 @@ class Channel:
         return self._async.epoch
 
     @property
+    def stale_settlements(self) -> int:
+        """Acks, nacks and rejects dropped because their delivery came before a recovery."""
+        return self._async.stale_settlements
+
+    @property
     def confirm_mode(self) -> bool:
         """confirm.select was requested on this channel."""
         return self._async.confirm_mode
@@ -314,7 +319,8 @@ class Channel:
 
         The message is encoded (and validated) in the calling thread and queued whole.
         In confirm mode returns a ``concurrent.futures.Future`` that resolves on the
-        broker's ack and fails with :class:`Nacked` or :class:`PublishOutcomeUnknown`;
+        broker's ack and fails with :class:`Nacked`, :class:`PublishRefused` (the broker
+        closed the channel because of this message) or :class:`PublishOutcomeUnknown`;
         otherwise ``None``. Blocks only when too many operations are queued for the IO
         thread (the socket is slower than the caller).
 
@@ -454,11 +460,14 @@ class Channel:
                     raise item
                 yield item
         finally:
-            if self.is_open and self._connection.is_open:
+            # Cancelled now if the channel is open; forgotten if the connection is
+            # recovering, so recovery never subscribes it again into a dead inbox.
+            if not self.is_closed:
                 try:
-                    self.basic_cancel(tag, timeout=10)
+                    self._portal.call(self._async._abandon_consumer, tag, wait=30.0)
                 except AMQPError:
                     pass
+            if self.is_open and self._connection.is_open:
                 # Deliveries that reached us but were never handed out go back to the
                 # queue now, not when the channel closes (one by one: a multiple nack
                 # would also hit messages the caller still holds).

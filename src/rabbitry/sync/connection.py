@@ -22,11 +22,12 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from ..config import ConnectionParameters
-    from ..consumer import DedupStore
+    from ..consumer import DedupStore, SyncHandler
     from ..outbox import Outbox
     from ..outbox_publisher import AsyncOutboxPublisher
     from ..record import TopologyRecord
     from ..recovery import NackRetry, RecoveryPolicy, State
+    from ..topology import RetryPolicy
     from .consumer import Consumer
     from .outbox_publisher import OutboxPublisher
     from .pool import ChannelPool
@@ -140,20 +141,30 @@ class Connection:
         return self._async.state
 
     def on_state_change(self, callback: Callable[[State, AMQPError | None], Any]) -> None:
-        """Call ``callback(state, cause)`` on every state change; on the dispatcher thread."""
-        self._require_portal().submit(
+        """Call ``callback(state, cause)`` on every state change; on the dispatcher thread.
+
+        May be called before :meth:`connect`, as on the async twin; changes made while
+        ``connect()`` runs are not reported (the dispatcher starts once it returns).
+        """
+        self._subscribe(
             self._async.on_state_change, lambda state, cause: self._post(callback, state, cause)
         )
 
     def on_queue_renamed(self, callback: Callable[[str, str], Any]) -> None:
-        """Call ``callback(old, new)`` when recovery renames a server-named queue."""
-        self._require_portal().submit(
+        """Call ``callback(old, new)`` when recovery renames a server-named queue.
+
+        May be called before :meth:`connect`; runs on the dispatcher thread.
+        """
+        self._subscribe(
             self._async.on_queue_renamed, lambda old, new: self._post(callback, old, new)
         )
 
     def on_recovery_error(self, callback: Callable[[str, str, AMQPError], Any]) -> None:
-        """Call ``callback(kind, name, exc)`` when an entity fails to re-declare."""
-        self._require_portal().submit(
+        """Call ``callback(kind, name, exc)`` when an entity fails to re-declare.
+
+        May be called before :meth:`connect`; runs on the dispatcher thread.
+        """
+        self._subscribe(
             self._async.on_recovery_error,
             lambda kind, name, exc: self._post(callback, kind, name, exc),
         )
@@ -210,17 +221,18 @@ class Connection:
     def add_blocked_callback(self, callback: Callable[[str | None], Any]) -> None:
         """Call ``callback(reason)`` on connection.blocked, ``callback(None)`` on unblocked.
 
-        Runs on the dispatcher thread.
+        Runs on the dispatcher thread. May be called before :meth:`connect`.
         """
-        self._require_portal().submit(
+        self._subscribe(
             self._async.add_blocked_callback, lambda reason: self._post(callback, reason)
         )
 
     def add_close_callback(self, callback: Callable[[AMQPError], Any]) -> None:
-        """Call ``callback(exc)`` once when the connection ends; on the dispatcher thread."""
-        self._require_portal().submit(
-            self._async.add_close_callback, lambda exc: self._post(callback, exc)
-        )
+        """Call ``callback(exc)`` once when the connection ends; on the dispatcher thread.
+
+        May be called before :meth:`connect`.
+        """
+        self._subscribe(self._async.add_close_callback, lambda exc: self._post(callback, exc))
 
     # ------------------------------------------------------------------ open / close
 
@@ -370,7 +382,9 @@ class Connection:
         )
         return Publisher(self, engine)
 
-    def channel_pool(self, size: int = 10, *, confirm: bool = True) -> ChannelPool:
+    def channel_pool(
+        self, size: int = 10, *, confirm: bool = True, confirm_timeout: float | None = 30.0
+    ) -> ChannelPool:
         """A pool of at most ``size`` channels (see :class:`rabbitry.ChannelPool`)."""
         from ..pool import AsyncChannelPool
         from .pool import ChannelPool
@@ -378,7 +392,12 @@ class Connection:
         self._require_portal()
         if not self._async.is_open:
             raise InvalidStateError("the connection is not open")
-        return ChannelPool(self, AsyncChannelPool(self._async, size=size, confirm=confirm))
+        return ChannelPool(
+            self,
+            AsyncChannelPool(
+                self._async, size=size, confirm=confirm, confirm_timeout=confirm_timeout
+            ),
+        )
 
     def update_secret(
         self, new_secret: bytes | str, reason: str = "", *, timeout: float | None = None
@@ -391,12 +410,12 @@ class Connection:
     def consumer(
         self,
         queue: str,
-        handler: Callable[[Any], Any],
+        handler: SyncHandler,
         *,
         ack: Literal["manual", "auto"] = "manual",
         prefetch: int = 100,
         concurrency: int = 1,
-        retry: Any = None,
+        retry: RetryPolicy | None = None,
         batch_size: int | None = None,
         batch_timeout: float | None = None,
         exclusive: bool = False,
@@ -435,6 +454,18 @@ class Connection:
         if self._portal is None:
             raise InvalidStateError("the connection is not open (call connect() first)")
         return self._portal
+
+    def _subscribe(self, register: Callable[[Any], None], relay: Callable[..., None]) -> None:
+        """Hand ``relay`` to one of the engine's ``register`` methods.
+
+        Before :meth:`connect` the IO thread does not run yet, so nothing else touches
+        the engine: register directly. After it, register on the IO thread.
+        """
+        portal = self._portal
+        if portal is None:
+            register(relay)
+        else:
+            portal.submit(register, relay)
 
     def _post(self, fn: Callable[..., Any], *args: Any) -> None:
         """IO thread: hand a user callback to the dispatcher thread."""

@@ -14,13 +14,15 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..consumer import AsyncConsumer, ConsumerStats, DedupStore
+from ..consumer import AsyncConsumer, ConsumerStats, DedupStore, SyncHandler, is_async_callable
+from ..exceptions import ConfigurationError
 from .channel import _wait
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ..protocol.message import Message
+    from ..topology import RetryPolicy
     from ._portal import Portal
     from .connection import Connection
 
@@ -64,18 +66,22 @@ class Consumer:
     Same arguments and semantics as :class:`AsyncConsumer` (see ``rabbitry.consumer``);
     create it with ``connection.consumer(queue, handler, ...)`` and ``start()`` it, or use
     it as a context manager.
+
+    Raises:
+        ConfigurationError: ``handler`` is a coroutine function (or a partial of one, or
+            an object whose ``__call__`` is one): it would never run here.
     """
 
     def __init__(
         self,
         connection: Connection,
         queue: str,
-        handler: Callable[[Any], Any],
+        handler: SyncHandler,
         *,
         ack: Literal["manual", "auto"] = "manual",
         prefetch: int = 100,
         concurrency: int = 1,
-        retry: Any = None,
+        retry: RetryPolicy | None = None,
         batch_size: int | None = None,
         batch_timeout: float | None = None,
         exclusive: bool = False,
@@ -84,9 +90,17 @@ class Consumer:
         on_cancel: Callable[[str], Any] | None = None,
         resubscribe: bool = True,
     ) -> None:
+        if is_async_callable(handler):
+            # It would run on a pool thread, return a coroutine nobody awaits, and the
+            # message would be acked unprocessed.
+            raise ConfigurationError(
+                f"handler: {handler!r} is a coroutine function; rabbitry.Consumer runs "
+                "plain functions on threads. Use AsyncConnection.consumer for async "
+                "handlers, or pass a plain function"
+            )
         self._connection = connection
         self._portal = connection._require_portal()
-        self._user_handler = handler
+        self._user_handler: Callable[[Any], object] = handler
         self._executor: ThreadPoolExecutor | None = None
         user_cancel = on_cancel
         cancel_hook = None
@@ -199,7 +213,7 @@ class Consumer:
         return self._async.resubscribe
 
     @property
-    def retry(self) -> Any:
+    def retry(self) -> RetryPolicy | None:
         """The RetryPolicy, if any."""
         return self._async.retry
 

@@ -56,6 +56,11 @@ class ChannelPool:
         return self._async.confirm
 
     @property
+    def confirm_timeout(self) -> float | None:
+        """Seconds a returned channel may wait for its confirms (``None``: no limit)."""
+        return self._async.confirm_timeout
+
+    @property
     def open_channels(self) -> int:
         """Channels the pool owns now (a snapshot)."""
         return self._async.open_channels

@@ -144,9 +144,10 @@ class Publisher:
 
         Returns:
             A ``concurrent.futures.Future``: ``None`` on ack; fails with
-            :class:`Nacked`, :class:`Unroutable`, :class:`PublishTimeout` or
-            :class:`PublishOutcomeUnknown`. With ``confirm=False`` the future is
-            already done when returned: fire-and-forget reports nothing.
+            :class:`Nacked`, :class:`Unroutable`, :class:`PublishTimeout`,
+            :class:`PublishRefused` or :class:`PublishOutcomeUnknown`. With
+            ``confirm=False`` the future is already done when returned:
+            fire-and-forget reports nothing.
 
         Raises:
             LocalProtocolError: an invalid argument; nothing was sent.

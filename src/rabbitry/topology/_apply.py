@@ -24,24 +24,27 @@ no arguments, so the text is the only source of the values), and the 406 becomes
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..exceptions import (
     ChannelClosedByBroker,
+    ConfigurationError,
     NotFound,
     PreconditionFailed,
     ResourceLocked,
     TopologyConflict,
     TopologyError,
+    TopologyMissingExchange,
 )
 from ..record import RecordedBinding, RecordedExchange, RecordedQueue, TopologyRecord
 from ._model import Binding, Exchange, Policy, Queue, is_reserved
 from ._topology import Topology
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     from ..aio.channel import AsyncChannel
     from ..aio.connection import AsyncConnection
@@ -51,11 +54,18 @@ __all__ = [
     "VerifyReport",
     "apply_topology",
     "check_policies",
+    "check_references",
     "delete_topology",
+    "missing_entities",
     "parse_inequivalent",
     "verify_topology",
 ]
 
+
+logger = logging.getLogger("rabbitry.topology")
+
+#: What ``missing_exchanges=`` accepts.
+MissingExchanges = Literal["error", "warn"]
 
 # --------------------------------------------------------------------------- results
 
@@ -106,6 +116,8 @@ class VerifyReport:
         message_counts: ready messages per present queue.
         policy_differences: policies that exist with another pattern, apply-to, priority
             or definition (one line per difference).
+        dangling: alternate and dead-letter exchanges the topology names that exist
+            neither in it nor on the broker, as ``(entity, field, exchange)``.
     """
 
     missing: tuple[Exchange | Queue | Policy, ...]
@@ -113,18 +125,26 @@ class VerifyReport:
     unchecked: tuple[Binding | Queue | Policy, ...]
     message_counts: Mapping[str, int]
     policy_differences: tuple[str, ...] = ()
+    dangling: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def ok(self) -> bool:
         """Nothing is missing or different."""
-        return not self.missing and not self.policy_differences
+        return not self.missing and not self.policy_differences and not self.dangling
 
     def __bool__(self) -> bool:
         return self.ok
 
     def lines(self) -> list[str]:
         """One readable line per missing entity or policy difference."""
-        return [f"{item.label}: missing" for item in self.missing] + list(self.policy_differences)
+        return (
+            [f"{item.label}: missing" for item in self.missing]
+            + [
+                f"{entity}: {what} {exchange!r} does not exist"
+                for entity, what, exchange in self.dangling
+            ]
+            + list(self.policy_differences)
+        )
 
     def __str__(self) -> str:
         if self.ok:
@@ -188,9 +208,14 @@ _PASSIVE = " (an amq.* name: checked with a passive declare, not declared)"
 
 
 async def apply_topology(
-    topology: Topology, connection: AsyncConnection, *, timeout: float | None = None
+    topology: Topology,
+    connection: AsyncConnection,
+    *,
+    timeout: float | None = None,
+    missing_exchanges: MissingExchanges = "error",
 ) -> ApplyResult:
     """Declare exchanges, then queues, then bindings; record each. See ``Topology.aapply``."""
+    await check_references(topology, connection, missing_exchanges, timeout)
     record = _record_of(connection)
     session = _Session(connection, timeout)
     assigned: list[str] = []
@@ -433,13 +458,117 @@ async def _conflict(
     return TopologyConflict(entity.KIND, entity.name, parsed.argument, ours, theirs, exc.reply_text)
 
 
+# --------------------------------------------------------------------------- existence
+
+
+async def missing_entities(
+    connection: AsyncConnection,
+    wanted: Sequence[tuple[Literal["exchange", "queue"], str]],
+    timeout: float | None = None,
+) -> list[tuple[Literal["exchange", "queue"], str]]:
+    """Which of ``wanted`` do not exist on the broker (passive declares).
+
+    Runs on a channel of its own, opened again after each 404 (which closes it). The
+    default exchange (``""``) always exists; a queue exclusive to another connection
+    (405) exists too.
+    """
+    session = _Session(connection, timeout)
+    missing: list[tuple[Literal["exchange", "queue"], str]] = []
+    try:
+        for kind, name in wanted:
+            if kind == "exchange" and not name:
+                continue
+            channel = await session.channel()
+            try:
+                if kind == "exchange":
+                    await channel.exchange_declare(name, passive=True, timeout=timeout)
+                else:
+                    await channel.queue_declare(name, passive=True, timeout=timeout)
+            except NotFound:
+                missing.append((kind, name))
+            except ResourceLocked:
+                pass
+    finally:
+        await session.close()
+    return missing
+
+
+# --------------------------------------------------------------------------- references
+
+
+def _references(topology: Topology) -> list[tuple[str, str, str]]:
+    """``(entity, field, exchange)`` for every alternate / dead-letter exchange named
+    by ``topology`` and not declared by it (the default exchange ``""`` excluded)."""
+    declared = {x.name for x in topology.exchanges}
+    found: list[tuple[str, str, str]] = []
+
+    def add(entity: str, what: str, value: object) -> None:
+        if isinstance(value, str) and value and value not in declared:
+            found.append((entity, what, value))
+
+    for x in topology.exchanges:
+        add(x.label, "alternate_exchange", x.declare_arguments().get("alternate-exchange"))
+    for q in topology.queues:
+        add(q.label, "dead_letter_exchange", q.declare_arguments().get("x-dead-letter-exchange"))
+    for p in topology.policies:
+        definition = p.definition or {}
+        add(p.label, "alternate-exchange", definition.get("alternate-exchange"))
+        add(p.label, "dead-letter-exchange", definition.get("dead-letter-exchange"))
+    return found
+
+
+async def check_references(
+    topology: Topology,
+    connection: AsyncConnection,
+    missing_exchanges: MissingExchanges,
+    timeout: float | None,
+) -> tuple[tuple[str, str, str], ...]:
+    """Check that every alternate / dead-letter exchange the topology names exists.
+
+    Exchanges the topology declares itself count as existing; the others are checked
+    with passive declares. With ``missing_exchanges="error"`` a dangling one raises
+    :class:`TopologyMissingExchange`; with ``"warn"`` it is logged at ERROR and returned.
+    """
+    if missing_exchanges not in ("error", "warn"):
+        raise ConfigurationError(
+            f"missing_exchanges: must be 'error' or 'warn', got {missing_exchanges!r}"
+        )
+    references = _references(topology)
+    if not references:
+        return ()
+    names = list(dict.fromkeys(exchange for _, _, exchange in references))
+    absent = {
+        name
+        for _, name in await missing_entities(
+            connection, [("exchange", name) for name in names], timeout
+        )
+    }
+    dangling = tuple(ref for ref in references if ref[2] in absent)
+    if dangling and missing_exchanges == "error":
+        raise TopologyMissingExchange(dangling)
+    for entity, what, exchange in dangling:
+        logger.error(
+            "%s: %s %r does not exist (not in the topology, not on the broker): messages "
+            "sent there are dropped by the broker",
+            entity,
+            what,
+            exchange,
+        )
+    return dangling
+
+
 # --------------------------------------------------------------------------- verify
 
 
 async def verify_topology(
-    topology: Topology, connection: AsyncConnection, *, timeout: float | None = None
+    topology: Topology,
+    connection: AsyncConnection,
+    *,
+    timeout: float | None = None,
+    missing_exchanges: MissingExchanges = "error",
 ) -> VerifyReport:
     """Passive-declare every exchange and named queue. See ``Topology.averify``."""
+    dangling = await check_references(topology, connection, missing_exchanges, timeout)
     session = _Session(connection, timeout)
     missing: list[Exchange | Queue | Policy] = []
     present: list[Exchange | Queue | Policy] = []
@@ -472,7 +601,7 @@ async def verify_topology(
         await session.close()
     unchecked.extend(topology.bindings)
     unchecked.extend(topology.policies)
-    return VerifyReport(tuple(missing), tuple(present), tuple(unchecked), counts)
+    return VerifyReport(tuple(missing), tuple(present), tuple(unchecked), counts, dangling=dangling)
 
 
 def check_policies(topology: Topology, report: VerifyReport, found: list[Policy]) -> VerifyReport:
@@ -495,7 +624,12 @@ def check_policies(topology: Topology, report: VerifyReport, found: list[Policy]
     ]
     unchecked = tuple(item for item in report.unchecked if not isinstance(item, Policy))
     return VerifyReport(
-        tuple(missing), tuple(present), unchecked, report.message_counts, tuple(differences)
+        tuple(missing),
+        tuple(present),
+        unchecked,
+        report.message_counts,
+        tuple(differences),
+        report.dangling,
     )
 
 

@@ -53,6 +53,7 @@ from ..exceptions import (
     InvalidStateError,
     NotFound,
     PublishOutcomeUnknown,
+    PublishRefused,
     Timeout,
     TopologyError,
     TopologyValidationError,
@@ -606,7 +607,7 @@ async def handle_failure(
     try:
         async with asyncio.timeout(timeout):
             await confirm
-    except PublishOutcomeUnknown as exc:
+    except (PublishRefused, PublishOutcomeUnknown) as exc:
         if isinstance(exc.__cause__, NotFound):  # the channel died of a 404 on publish
             raise TopologyError(
                 f"moving a failed message failed: exchange {decision.exchange!r} does not "

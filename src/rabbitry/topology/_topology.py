@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..exceptions import TopologyError, TopologyValidationError
 from ._model import Binding, Exchange, Policy, Queue
@@ -250,6 +250,7 @@ class Topology:
         *,
         timeout: float | None = None,
         management: AsyncManagementClient | None = None,
+        missing_exchanges: Literal["error", "warn"] = "error",
     ) -> ApplyResult:
         """Declare everything on an :class:`~rabbitry.AsyncConnection`, idempotently.
 
@@ -265,11 +266,19 @@ class Topology:
             management: an :class:`~rabbitry.management.AsyncManagementClient` for the
                 same broker; required when the topology has policies, which are set in
                 the connection's vhost.
+            missing_exchanges: what to do when an ``alternate_exchange`` or
+                ``dead_letter_exchange`` (of an exchange, a queue or a policy) is neither
+                in the topology nor on the broker, which would make the broker drop the
+                messages sent there: ``"error"`` (default) raises
+                :class:`~rabbitry.TopologyMissingExchange` before anything is declared;
+                ``"warn"`` logs it at ERROR and goes on.
 
         Returns:
             What was declared (:class:`ApplyResult`).
 
         Raises:
+            TopologyMissingExchange: a dangling alternate / dead-letter exchange (checked
+                with passive declares before anything is declared).
             TopologyError: the topology has policies and no ``management`` was given
                 (raised before anything is sent).
             ManagementError: the management API refused a policy.
@@ -286,7 +295,9 @@ class Topology:
             _require_management_kind(management, "AsyncManagementClient", "aapply")
             for policy in self.policies:
                 await management.put_policy(policy, connection.params.virtual_host)
-        return await apply_topology(self, connection, timeout=timeout)
+        return await apply_topology(
+            self, connection, timeout=timeout, missing_exchanges=missing_exchanges
+        )
 
     def apply(
         self,
@@ -294,6 +305,7 @@ class Topology:
         *,
         timeout: float | None = None,
         management: ManagementClient | None = None,
+        missing_exchanges: Literal["error", "warn"] = "error",
     ) -> ApplyResult:
         """:meth:`aapply` for a thread-safe :class:`~rabbitry.Connection` (blocks);
         ``management`` is a :class:`~rabbitry.management.ManagementClient`."""
@@ -305,7 +317,13 @@ class Topology:
             _require_management_kind(management, "ManagementClient", "apply")
             for policy in self.policies:
                 management.put_policy(policy, connection._async.params.virtual_host)
-        return portal.call(apply_topology, self, connection._async, timeout=timeout)
+        return portal.call(
+            apply_topology,
+            self,
+            connection._async,
+            timeout=timeout,
+            missing_exchanges=missing_exchanges,
+        )
 
     async def averify(
         self,
@@ -313,6 +331,7 @@ class Topology:
         *,
         timeout: float | None = None,
         management: AsyncManagementClient | None = None,
+        missing_exchanges: Literal["error", "warn"] = "error",
     ) -> VerifyReport:
         """Check with passive declares which exchanges and queues exist.
 
@@ -320,11 +339,18 @@ class Topology:
         are not returned by a passive declare: compare a definitions export with
         :meth:`diff` for those. Policies are checked through ``management`` (missing
         or different); without it they are reported as unchecked.
+
+        Every ``alternate_exchange`` and ``dead_letter_exchange`` the topology names
+        must be in it or on the broker: with ``missing_exchanges="error"`` (default) a
+        dangling one raises :class:`~rabbitry.TopologyMissingExchange`; with
+        ``"warn"`` it is logged at ERROR and listed in the report's ``dangling``.
         """
         from ._apply import check_policies, verify_topology
 
         _require_async(connection, "averify", "verify")
-        report = await verify_topology(self, connection, timeout=timeout)
+        report = await verify_topology(
+            self, connection, timeout=timeout, missing_exchanges=missing_exchanges
+        )
         if management is None or not self.policies:
             return report
         _require_management_kind(management, "AsyncManagementClient", "averify")
@@ -337,12 +363,19 @@ class Topology:
         *,
         timeout: float | None = None,
         management: ManagementClient | None = None,
+        missing_exchanges: Literal["error", "warn"] = "error",
     ) -> VerifyReport:
         """:meth:`averify` for a thread-safe :class:`~rabbitry.Connection` (blocks)."""
         from ._apply import check_policies, verify_topology
 
         portal = _require_sync(connection, "verify", "averify")
-        report = portal.call(verify_topology, self, connection._async, timeout=timeout)
+        report = portal.call(
+            verify_topology,
+            self,
+            connection._async,
+            timeout=timeout,
+            missing_exchanges=missing_exchanges,
+        )
         if management is None or not self.policies:
             return report
         _require_management_kind(management, "ManagementClient", "verify")

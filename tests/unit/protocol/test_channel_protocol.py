@@ -25,7 +25,7 @@ from rabbitry.protocol.connection import ConnectionState
 from rabbitry.protocol.events import (
     ChannelClosedEvent,
     ConnectionTerminated,
-    ConsumerCancelled,
+    ConsumerCancelledByBroker,
     Delivery,
     FlowChanged,
     PublishConfirmed,
@@ -589,14 +589,14 @@ def test_broker_basic_cancel() -> None:
     pair, _ch = setup()
     events = pair.broker_method(1, spec.BasicCancel(consumer_tag="ctag-1", nowait=False))
     pair.assert_sent(spec.BasicCancelOk, channel=1, consumer_tag="ctag-1")
-    assert events == [ConsumerCancelled(1, "ctag-1")]
+    assert events == [ConsumerCancelledByBroker(1, "ctag-1")]
 
 
 def test_broker_basic_cancel_nowait() -> None:
     pair, _ch = setup()
     events = pair.broker_method(1, spec.BasicCancel(consumer_tag="ctag-2", nowait=True))
     pair.assert_nothing_sent()
-    assert events == [ConsumerCancelled(1, "ctag-2")]
+    assert events == [ConsumerCancelledByBroker(1, "ctag-2")]
 
 
 def test_broker_channel_flow() -> None:
