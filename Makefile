@@ -14,10 +14,15 @@ STAMP := $(VENV)/.installed
 LINT_PATHS := src tests tools
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS='-k proxy -x'`.
 PYTEST_ARGS ?=
+# pytest-xdist workers for the parallel phase of the suite (0: one process).
+PYTEST_WORKERS ?= 2
+# make flake-hunt: how many runs, and LOAD=1 to keep one core busy meanwhile.
+N ?= 5
+LOAD ?= 0
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv broker broker4 test-rmq4 lint types test demo demo-quick java docs format bench
+.PHONY: help venv broker broker4 test-rmq4 lint types test flake-hunt demo demo-quick java docs format bench
 
 help:
 	@echo "Targets:"
@@ -25,10 +30,13 @@ help:
 	@echo "  broker   make sure a RabbitMQ broker answers at RABBITMQ_URL (starts a local one if needed)"
 	@echo "  lint     ruff format --check and ruff check on $(LINT_PATHS)"
 	@echo "  types    mypy (strict on src/rabbitry, configured in pyproject.toml)"
-	@echo "  test     venv + broker, then lint, types, docs and the whole pytest suite (what CI runs),"
+	@echo "  test     venv + broker, then lint, types, docs and the whole pytest suite (what CI runs):"
+	@echo "           PYTEST_WORKERS workers, then the serial tests alone (tools/run_pytest.py);"
 	@echo "           then $(RMQ4_TESTS) again against a RabbitMQ 4.x node (RMQ4=0 skips that)"
 	@echo "  broker4  build (once; cached) the Debian 13 root the RabbitMQ 4.x test node runs in"
 	@echo "  test-rmq4  only the RabbitMQ 4.x run: $(RMQ4_TESTS) against a node started for it"
+	@echo "  flake-hunt  the whole pytest suite N=$(N) times on a fresh clone of HEAD, LOAD=1 with"
+	@echo "           one core kept busy; lists every test that failed (tools/flake_hunt.py)"
 	@echo "  demo     venv + Java check + broker, then the reference pipeline (docs/pipeline.md):"
 	@echo "           orders published with confirms, a Spark stream, retries, parking lot, Parquet"
 	@echo "  demo-quick  venv + broker, then a 10k-message confirmed round trip (python -m rabbitry.demo)"
@@ -37,7 +45,8 @@ help:
 	@echo "  bench    peer benchmarks (bench/peers, own venv bench/peers/.venv) -> $(BENCH_OUT);"
 	@echo "           e.g. make bench BENCH_ARGS='--repeats 1 --scale 0.3 --clients raw,rabbitry_async'"
 	@echo "           and rewrites the generated section of $(BENCH_DOC)"
-	@echo "Variables: PY=$(PY)  PYTEST_ARGS=...  RABBITMQ_URL=...  BROKER_WAIT_SECONDS=..."
+	@echo "Variables: PY=$(PY)  PYTEST_ARGS=...  PYTEST_WORKERS=$(PYTEST_WORKERS)  RABBITMQ_URL=..."
+	@echo "           BROKER_WAIT_SECONDS=...  N=$(N)  LOAD=$(LOAD)"
 	@echo "           RMQ4=0|1  RMQ4_TESTS=...  RABBITRY_RMQ4_CACHE=... (scripts/rabbitmq4.sh)"
 	@echo "           DEMO_ARGS=... (e.g. '-n 20000 --keep'; see python -m rabbitry.examples.orders_pipeline -h)"
 	@echo "           BENCH_ARGS=... (run_peers.py options)  BENCH_OUT=$(BENCH_OUT)"
@@ -66,22 +75,29 @@ types: venv
 	$(BIN)/mypy
 
 # Lint and types come before the brokers so a style slip fails fast, before a possibly
-# slow broker install. Both pytest runs always run; the first non-zero exit code is the
-# target's: "no tests collected" (5) fails the build on purpose.
+# slow broker install. tools/run_pytest.py runs the suite on PYTEST_WORKERS workers, then
+# the tests marked serial alone; then the same for RMQ4_TESTS against a RabbitMQ 4.x node.
+# Both runs always run; the first non-zero exit code is the target's, and a run that
+# tested nothing exits with pytest's "no tests collected" (5), which fails the build.
 RMQ4 ?= 1
 RMQ4_TESTS ?= tests/integration tests/spark
 test: venv lint types docs broker $(if $(filter 0,$(RMQ4)),,broker4)
 	@status=0; \
-	$(BIN)/python -m pytest $(PYTEST_ARGS) || status=$$?; \
+	$(BIN)/python tools/run_pytest.py --workers $(PYTEST_WORKERS) -- $(PYTEST_ARGS) || status=$$?; \
 	if [[ "$(RMQ4)" != 0 ]]; then \
 	    echo "== again against RabbitMQ 4.x: $(RMQ4_TESTS)"; \
-	    $(BIN)/python -m pytest --rabbitmq4 $(RMQ4_TESTS) $(PYTEST_ARGS) || \
+	    $(BIN)/python tools/run_pytest.py --workers $(PYTEST_WORKERS) -- \
+	        --rabbitmq4 $(RMQ4_TESTS) $(PYTEST_ARGS) || \
 	        { rc=$$?; [[ $$status -ne 0 ]] || status=$$rc; }; \
 	fi; \
 	exit $$status
 
 test-rmq4: venv broker4
-	$(BIN)/python -m pytest --rabbitmq4 $(RMQ4_TESTS) $(PYTEST_ARGS)
+	$(BIN)/python tools/run_pytest.py --workers $(PYTEST_WORKERS) -- --rabbitmq4 $(RMQ4_TESTS) $(PYTEST_ARGS)
+
+flake-hunt: venv
+	$(BIN)/python tools/flake_hunt.py --runs $(N) --workers $(PYTEST_WORKERS) \
+	    $(if $(filter 1,$(LOAD)),--load) -- $(PYTEST_ARGS)
 
 # The reference pipeline. Spark runs on the JVM: Java is checked before the broker is set up.
 DEMO_ARGS ?=

@@ -1,12 +1,81 @@
-"""Session-wide checks for the whole suite."""
+"""Session-wide options and checks for the whole suite."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from tests.support.node import leftovers
 
 # --rabbitmq4 (a RabbitMQ 4.x node for the session) and the broker_version fixture.
 pytest_plugins = ("tests.support.rabbitmq4",)
+
+if TYPE_CHECKING:
+    from xdist.scheduler.protocol import Scheduling
+
+PHASES = ("all", "parallel", "serial")
+
+#: Tests that share a session fixture which must exist once per run, not once per
+#: pytest-xdist worker: each group runs on one worker (path prefix -> group).
+XDIST_GROUPS = (
+    ("tests/cluster/", "cluster"),  # the 3-node throw-away cluster
+    ("tests/spark/test_spark_crash.py", "spark-crash"),  # Spark drivers in subprocesses
+    ("tests/spark/", "spark"),  # the SparkSession (one JVM)
+    ("tests/ops/", "ops"),  # the node with the management plugin
+)
+
+
+def xdist_group(nodeid: str) -> str | None:
+    """The group of the test ``nodeid`` (see :data:`XDIST_GROUPS`), if any."""
+    for prefix, group in XDIST_GROUPS:
+        if nodeid.startswith(prefix):
+            return group
+    return None
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--phase",
+        choices=PHASES,
+        default="all",
+        help="all: every selected test; parallel: leave out the tests marked serial; "
+        "serial: only those (tools/run_pytest.py runs parallel, then serial)",
+    )
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k, like any other deselection
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    phase = config.getoption("phase")
+    if phase == "all":
+        return
+    want_serial = phase == "serial"
+    keep = [
+        item for item in items if (item.get_closest_marker("serial") is not None) == want_serial
+    ]
+    if len(keep) != len(items):
+        kept = set(keep)
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = keep
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown without the plugin
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Scheduling | None:
+    """``--dist loadgroup`` with the groups of :data:`XDIST_GROUPS`.
+
+    pytest-xdist's own loadgroup reads ``xdist_group`` markers by renaming each test's
+    node id, which pytest 9 no longer lets a plugin do; the groups here are decided from
+    the node ids as they are. Groups are handed out first, biggest first; every other
+    test goes to whichever worker is free.
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class PathGroupScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid) or super()._split_scope(nodeid)
+
+    return PathGroupScheduling(config, log)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -15,6 +84,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     Runs after every session fixture is torn down (the fault, ops and cluster fixtures
     all start nodes, in whatever order the tests come), so a node still listed by epmd,
     a node process still running or a node directory still present is a real leak.
+    Under pytest-xdist each worker checks the nodes it started.
     """
     problems = leftovers()
     if problems:

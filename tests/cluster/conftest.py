@@ -55,7 +55,7 @@ def rmq_cluster() -> Iterator[RabbitCluster]:
         yield cluster
     finally:
         cluster.stop_all()
-    problems = leftovers()
+    problems = leftovers(only=[node.short_name for node in cluster.nodes])
     if problems:
         pytest.fail("throw-away nodes were not cleaned up: " + "; ".join(problems))
 

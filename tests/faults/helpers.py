@@ -32,10 +32,24 @@ async def eventually(predicate: Callable[[], Any], timeout: float = WAIT) -> boo
 
 
 async def force_close(node: BrokerNode, conn: AsyncConnection) -> None:
+    """Close ``conn`` from the broker and return once the client has noticed (left OPEN).
+
+    Only then does ``wait_recovered()`` wait for the recovery: called while the client
+    has not yet read the broker's connection.close, it finds the connection OPEN and
+    returns at once.
+    """
     name = conn.params.connection_name
     assert name
+    left_open = asyncio.Event()
+
+    def on_change(state: State, cause: BaseException | None) -> None:
+        if state is not State.OPEN:
+            left_open.set()
+
+    conn.on_state_change(on_change)
     closed = await asyncio.to_thread(node.close_connection_by_name, name, "recovery test")
     assert closed == 1
+    await asyncio.wait_for(left_open.wait(), WAIT)
 
 
 class StateLog:

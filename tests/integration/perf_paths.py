@@ -352,7 +352,8 @@ class _on_all_threads:
             done.set()
 
         self._portal.submit(run)
-        done.wait(10)
+        if not done.wait(10):
+            raise RuntimeError("the IO thread did not run the profiler switch in 10 s")
 
     def _on_dispatcher(self, fn: Callable[[], Any]) -> None:
         assert self._portal is not None and self._dispatcher is not None
@@ -363,7 +364,8 @@ class _on_all_threads:
             done.set()
 
         self._portal.submit(self._dispatcher.post, run)
-        done.wait(10)
+        if not done.wait(10):
+            raise RuntimeError("the dispatcher did not run the profiler switch in 10 s")
 
     def __enter__(self) -> None:
         self._io = self._profiles.new()

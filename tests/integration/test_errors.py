@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
-import subprocess
 from typing import TYPE_CHECKING
 
 import pytest
+from tests.support.broker_ctl import rabbitmqctl
 from tests.support.proxy import TcpProxy
-from tests.support.rabbitmq4 import rabbitmqctl
 
 import rabbitry
 from rabbitry import AsyncChannel, AsyncConnection, Properties
@@ -330,28 +329,12 @@ async def test_rpc_timeout_and_the_late_reply(url: str, names: Names) -> None:
             assert ch.is_open
 
 
-def _rabbitmqctl(*args: str) -> str | None:
-    ctl = rabbitmqctl()
-    if ctl is None:
-        return None
-    try:
-        result = subprocess.run(
-            [*ctl, *args], capture_output=True, text=True, timeout=15, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return result.stdout if result.returncode == 0 else None
-
-
-def _close_connection_named(name: str, reason: str) -> bool:
+def _close_connection_named(url: str, name: str, reason: str) -> None:
     """Force-close (as an operator would) the one broker connection called ``name``."""
-    listing = _rabbitmqctl("list_connections", "-q", "pid", "client_properties")
-    if listing is None:
-        return False
+    listing = rabbitmqctl(url, "list_connections", "-q", "pid", "client_properties")
     pids = [line.split("\t", 1)[0] for line in listing.splitlines() if f'"{name}"' in line]
-    if len(pids) != 1:
-        return False
-    return _rabbitmqctl("close_connection", pids[0], reason) is not None
+    assert len(pids) == 1, f"connection {name!r} is listed {len(pids)} times:\n{listing}"
+    rabbitmqctl(url, "close_connection", pids[0], reason)
 
 
 async def test_connection_closed_by_the_broker(url: str, names: Names) -> None:
@@ -361,8 +344,7 @@ async def test_connection_closed_by_the_broker(url: str, names: Names) -> None:
         ended: list[rabbitry.AMQPError] = []
         conn.add_close_callback(ended.append)
         ch = await conn.channel()
-        if not await asyncio.to_thread(_close_connection_named, name, "closed by the test"):
-            pytest.skip("rabbitmqctl is not available or cannot see this broker's connections")
+        await asyncio.to_thread(_close_connection_named, url, name, "closed by the test")
         async with asyncio.timeout(WAIT):
             exc = await conn.wait_closed()
         assert isinstance(exc, rabbitry.ConnectionForced)

@@ -107,9 +107,11 @@ async def test_idle_connection_stays_open(
     assert hb_conn.is_open
     assert hb_conn.close_exc is None
     assert ch.is_open
-    # Heartbeat frames (8 bytes) went both ways meanwhile.
-    assert proxy.bytes_upstream - up >= 8
-    assert proxy.bytes_downstream - down >= 8
+    # Heartbeat frames (8 bytes) went both ways meanwhile (the next one, at the latest).
+    deadline = time.monotonic() + 2 * HEARTBEAT + 1
+    while proxy.bytes_upstream - up < 8 or proxy.bytes_downstream - down < 8:
+        assert time.monotonic() < deadline, "no heartbeat frames"
+        await asyncio.sleep(0.05)
     queue = names.queue()
     assert (await ch.queue_declare(queue)).queue == queue
 

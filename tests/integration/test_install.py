@@ -22,11 +22,18 @@ if TYPE_CHECKING:
 TIMEOUT = 300
 
 
+def _clean_env() -> dict[str, str]:
+    """This environment without ``PYTHONPATH``: with a source tree on it, the clean
+    virtualenv's pip would find the tree's ``rabbitry.egg-info`` (the build writes it)
+    and take rabbitry for installed, and its python would import the tree's code."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def _run(*args: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
     done = subprocess.run(
         [str(a) for a in args],
         cwd=cwd,
-        env=env,
+        env=_clean_env() if env is None else env,
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
@@ -55,7 +62,7 @@ def test_wheel_installs_into_a_clean_virtualenv_and_the_quick_start_runs(
     quick_start = next(s for s in snippets() if s.path.name == "README.md")
     script = tmp_path / "quick_start.py"
     script.write_text(quick_start.code, encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = _clean_env()
     env["RABBITMQ_URL"] = url
     # Run from tmp_path with the venv's interpreter: the clone's src/ is not importable.
     out = _run(python, script, cwd=tmp_path, env=env)

@@ -20,12 +20,33 @@ from rabbitry.exceptions import ConfigurationError, Nacked
 from rabbitry.protocol.spec import BasicProperties
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tests.integration.conftest import Names
 
 pytestmark = pytest.mark.timeout(120)
 
 BOUNDED = {"x-max-length": 10, "x-overflow": "reject-publish"}
 PATIENT = NackRetry(max_attempts=200, initial_delay=0.02, max_delay=0.1, jitter=0.1)
+WAIT = 30.0  # a deadline that turns a hang into a failure, not a measurement
+
+
+async def eventually(predicate: Callable[[], bool], timeout: float = WAIT) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = WAIT) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 async def test_nacked_messages_are_resent_until_a_consumer_makes_room(
@@ -40,9 +61,11 @@ async def test_nacked_messages_are_resent_until_a_consumer_makes_room(
         )
         for i in range(100)
     ]
-    await asyncio.sleep(0.5)  # the queue is full: the other 90 are being nacked and resent
-    assert publisher.nack_resends >= 90
-    assert sum(f.done() for f in futures) == 10
+    # The first 10 fill the queue; the other 90 are nacked and resent while it stays full.
+    assert await eventually(lambda: all(f.done() for f in futures[:10]))
+    assert [f.result() for f in futures[:10]] == [None] * 10
+    assert await eventually(lambda: publisher.nack_resends >= 1)
+    assert not any(f.done() for f in futures[10:])  # no room without a consumer
 
     seen: list[str] = []
     done = asyncio.Event()
@@ -91,8 +114,8 @@ async def test_batch_members_are_retried_too(
     batch = asyncio.ensure_future(
         publisher.publish_batch([b"%d" % i for i in range(40)], routing_key=queue)
     )
-    await asyncio.sleep(0.3)
-    assert not batch.done()
+    assert await eventually(lambda: publisher.nack_resends >= 1)
+    assert not batch.done()  # 40 messages, room for 10: nothing drains the queue yet
     drained = 0
     while not batch.done():
         message = await channel.basic_get(queue, no_ack=True, timeout=5)
@@ -106,25 +129,34 @@ async def test_batch_members_are_retried_too(
     await publisher.close()
 
 
-def test_sync_publisher_retries_nacks(url: str, names: Names) -> None:
+def test_sync_publisher_resends_nacks_until_every_message_is_stored_once(
+    url: str, names: Names
+) -> None:
     with rabbitry.Connection(url) as connection:
         channel = connection.channel()
         queue = names.queue()
         channel.queue_declare(queue, arguments=BOUNDED)
+        with connection.publisher() as filler:
+            fill = [b"fill-%d" % i for i in range(10)]
+            assert filler.publish_batch(fill, routing_key=queue) == [None] * 10
+        # The queue is full, so every publish below is nacked until the drain makes room.
         publisher = connection.publisher(nack_retry=PATIENT)
-        futures = [publisher.publish(b"%d" % i, routing_key=queue) for i in range(20)]
-        # Nothing drains yet, so the 10 that do not fit are each nacked and resent at
-        # least once (how many before a drain makes room would depend on timing).
-        deadline = time.monotonic() + 30
-        while publisher.nack_resends < 10 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert publisher.nack_resends >= 10
-        drained = 0
-        while drained < 20:
+        bodies = [b"%d" % i for i in range(20)]
+        futures = [publisher.publish(body, routing_key=queue) for body in bodies]
+        assert wait_until(lambda: publisher.nack_resends >= 1), "no nack was resent"
+        assert not any(future.done() for future in futures)
+
+        drained: list[bytes] = []
+        deadline = time.monotonic() + WAIT
+        while len(drained) < len(fill) + len(bodies) and time.monotonic() < deadline:
             message = channel.basic_get(queue, no_ack=True, timeout=5)
-            drained += message is not None
-        for future in futures:
-            future.result(timeout=30)
+            if message is None:
+                time.sleep(0.01)
+            else:
+                drained.append(bytes(message.body))
+        assert [future.result(timeout=WAIT) for future in futures] == [None] * 20
+        assert channel.basic_get(queue, no_ack=True, timeout=5) is None  # nothing stored twice
+        assert sorted(drained) == sorted(fill + bodies)  # each one delivered exactly once
         publisher.close()
 
 

@@ -128,7 +128,8 @@ async def test_nacked_messages_are_resent_until_acked(
         # Nothing is consumed yet: "a" fills the queue, "b" and "c" are nacked and
         # resent (with backoff) until there is room.
         deadline = time.monotonic() + 10
-        while publisher.stats().resent < 4 and time.monotonic() < deadline:
+        while publisher.stats().resent < 4:
+            assert time.monotonic() < deadline, f"resent only {publisher.stats().resent}"
             await asyncio.sleep(0.02)
         assert publisher.stats().pending == 2
         seen: list[str] = []

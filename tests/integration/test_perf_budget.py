@@ -37,6 +37,9 @@ LEAK_BYTES_PER_MSG = 16.0
 N = 2000
 RECORD = os.environ.get("RABBITRY_PERF_BUDGET_RECORD") == "1"
 
+# Counts calls and bytes: runs alone, after the rest of the suite (tools/run_pytest.py).
+pytestmark = pytest.mark.serial
+
 
 def _load() -> dict[str, dict[str, object]]:
     if not BUDGET_FILE.exists():

@@ -19,6 +19,9 @@ SECONDS = 12
 WARMUP = 4
 MAX_GROWTH_PCT = 10.0
 
+# Counts calls and bytes: runs alone, after the rest of the suite (tools/run_pytest.py).
+pytestmark = pytest.mark.serial
+
 
 @pytest.mark.parametrize("api", ["async", "sync"])
 def test_rss_stays_flat_while_publishing_and_consuming(url: str, api: str) -> None:

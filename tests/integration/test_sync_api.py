@@ -208,7 +208,7 @@ def test_consume_iterator_ends_when_idle(ch: Channel, names: Names) -> None:
         last = time.monotonic()
     idle = time.monotonic() - last
     assert bodies == [b"m%d" % i for i in range(120)]
-    assert 0.9 <= idle < 3.0, idle
+    assert idle >= 0.9, idle  # it ended after its idle timeout, not before
     # The consumer was cancelled and everything was acked.
     ok = ch.queue_declare(queue, passive=True, timeout=WAIT)
     assert ok.consumer_count == 0
@@ -447,7 +447,6 @@ def test_8_publishers_4_consumers_80k_exactly_once(
         except BaseException as exc:
             errors.append(exc)
 
-    t0 = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="rabbitry"):
         threads = [threading.Thread(target=publish, args=(t,)) for t in range(publishers)]
         threads += [threading.Thread(target=consume) for _ in range(consumers)]
@@ -455,14 +454,12 @@ def test_8_publishers_4_consumers_80k_exactly_once(
             thread.start()
         for thread in threads:
             thread.join(70)
-    elapsed = time.monotonic() - t0
     assert not [t.name for t in threads if t.is_alive()]
     assert not errors, errors[:3]
     assert deliveries[0] == total
     assert len(seen_ids) == total
     assert seen_ids == {f"{t}-{i}" for t in range(publishers) for i in range(per_publisher)}
     assert len(seen_bodies) == total
-    assert elapsed < 60, elapsed
     wait_ready(setup, queue, 0)
     assert setup.queue_declare(queue, passive=True, timeout=WAIT).consumer_count == 0
     assert sync_conn.is_open and sync_conn.close_exc is None
@@ -587,7 +584,6 @@ def test_close_while_the_broker_is_unreachable_returns_in_bounded_time(
     closer.join(15)
     assert not closer.is_alive(), "close() did not return"
     assert not errors
-    assert result[0] < 8.0, result[0]
     assert result[0] >= 1.5, "close() returned before its timeout with the broker silent"
     assert threads_gone(threads, timeout=1.0)
     assert conn.is_closed
@@ -621,7 +617,7 @@ def test_close_while_a_consumer_callback_blocks_returns_in_bounded_time(
     assert entered.wait(WAIT)
     t0 = time.monotonic()
     conn.close(timeout=2)
-    assert time.monotonic() - t0 < 8.0
+    assert time.monotonic() - t0 < WAIT  # a deadline against a hang, not a measurement
     assert conn.is_closed
     io, _ = threads
     assert threads_gone((io,), timeout=1.0)
@@ -641,11 +637,11 @@ def test_blocking_call_times_out_through_a_blackhole(proxy: TcpProxy, names: Nam
             ch.queue_declare(names.queue(), timeout=0.5)
         elapsed = time.monotonic() - t0
         assert isinstance(info.value, TimeoutError)
-        assert 0.4 <= elapsed < 1.5, elapsed
+        assert 0.4 <= elapsed < WAIT, elapsed  # its own timeout ended it, not a deadline
         t0 = time.monotonic()
         with pytest.raises(rabbitry.Timeout):
             conn.channel(timeout=0.5)
-        assert time.monotonic() - t0 < 1.5
+        assert 0.4 <= time.monotonic() - t0 < WAIT
     finally:
         conn.close(timeout=1)
 
@@ -656,7 +652,7 @@ def test_connect_times_out_through_a_blackhole(proxy: TcpProxy) -> None:
     t0 = time.monotonic()
     with pytest.raises(rabbitry.Timeout):
         conn.connect(timeout=0.5)
-    assert time.monotonic() - t0 < 2.0
+    assert 0.4 <= time.monotonic() - t0 < WAIT
     assert not conn.is_open
     conn.close()  # no-op
 
@@ -736,7 +732,7 @@ def test_connection_lost_wakes_a_blocked_consumer(proxy: TcpProxy, names: Names)
     finally:
         t0 = time.monotonic()
         conn.close(timeout=2)
-        assert time.monotonic() - t0 < 5.0
+        assert time.monotonic() - t0 < WAIT
 
 
 # ================================================ calls made from inside callbacks
@@ -838,16 +834,16 @@ def test_sync_call_from_a_callback_while_the_dispatcher_is_full(url: str, names:
                 return
             # Let the other 19 deliveries arrive and overflow the queue first.
             dispatcher = conn._dispatcher
-            wait_until(lambda: dispatcher is not None and dispatcher._paused, timeout=2)
+            outcome.append(wait_until(lambda: dispatcher is not None and dispatcher._paused))
             try:
-                outcome.append(ch.queue_declare(queue, passive=True, timeout=2).queue)
+                outcome.append(ch.queue_declare(queue, passive=True, timeout=WAIT).queue)
             except BaseException as exc:
                 outcome.append(exc)
             done.set()
 
         ch.basic_consume(queue, on_message, no_ack=True, timeout=WAIT)
-        assert done.wait(WAIT)
-        assert outcome == [queue], outcome
+        assert done.wait(3 * WAIT)
+        assert outcome == [True, queue], outcome  # the dispatcher was full, the call worked
     finally:
         conn.close(timeout=2)
 
@@ -899,7 +895,7 @@ def test_close_with_a_full_callback_queue_ends_the_dispatcher(url: str, names: N
         assert not dispatcher._paused
         t0 = time.monotonic()
         conn.close(timeout=2)
-        assert time.monotonic() - t0 < 8.0
+        assert time.monotonic() - t0 < WAIT
         release.set()
         assert threads_gone((io, dispatcher_name), timeout=3), "dispatcher thread leaked"
     finally:

@@ -58,7 +58,7 @@ def mgmt_node() -> Iterator[BrokerNode]:
         yield node
     finally:
         node.stop()
-    problems = [p for p in leftovers() if node.short_name in p]
+    problems = leftovers(only=[node.short_name])
     if problems:
         pytest.fail("the management node was not cleaned up: " + "; ".join(problems))
 

@@ -3,12 +3,19 @@
 Every test here gets the ``spark`` marker. Spark's Python workers must run this venv's
 interpreter (``PYSPARK_PYTHON``), otherwise they fail with a bare "worker failed to
 connect back".
+
+Without pyspark or pyarrow the Spark tests *fail*, they do not skip: the test modules
+are left out of the collection (they import pyspark) and
+``test_prerequisites.py`` fails, naming what is missing. Deselect the Spark tests
+explicitly instead (``-m 'not spark'``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +32,24 @@ if TYPE_CHECKING:
 _HERE = Path(__file__).resolve().parent
 _ROOT = _HERE.parent.parent
 
+#: pytest-timeout for a Spark test that sets none (the suite's default is 120 s).
+SPARK_TIMEOUT = 300
+
+#: What the Spark tests need that the core library does not.
+PREREQUISITES = ("pyspark", "pyarrow")
+
+
+def _missing(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is None
+    except ImportError:
+        return True
+
+
+MISSING = [name for name in PREREQUISITES if _missing(name)]
+if MISSING:
+    collect_ignore_glob = ["test_spark_*.py", "test_orders_pipeline.py"]
+
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -35,6 +60,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _HERE in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.spark)
+            if item.get_closest_marker("timeout") is None:
+                # The first test of a worker also boots the JVM (about a minute on a busy
+                # 2-core machine). A deadline against a hang, not a measurement: a
+                # timeout that fires inside a py4j call also wrecks the session for
+                # every later test.
+                item.add_marker(pytest.mark.timeout(SPARK_TIMEOUT))
 
 
 def spark_env() -> dict[str, str]:
@@ -54,7 +85,6 @@ def url() -> str:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    pytest.importorskip("pyspark")
     from pyspark.sql import SparkSession
 
     session = (
@@ -132,5 +162,22 @@ def consumers(conn: rabbitry.Connection, queue: str) -> int:
     channel = conn.channel()
     try:
         return channel.queue_declare(queue, passive=True).consumer_count
+    finally:
+        channel.close()
+
+
+def settled_depth(conn: rabbitry.Connection, queue: str, timeout: float = 30.0) -> int:
+    """The queue's depth once no consumer is left on it.
+
+    The broker requeues a consumer's unacknowledged messages when its channel closes, so
+    once the consumer count is 0 whatever was not acked is back in the queue.
+    """
+    channel = conn.channel()
+    try:
+        deadline = time.monotonic() + timeout
+        while (ok := channel.queue_declare(queue, passive=True)).consumer_count:
+            assert time.monotonic() < deadline, f"{queue}: still {ok.consumer_count} consumer(s)"
+            time.sleep(0.05)
+        return ok.message_count
     finally:
         channel.close()

@@ -21,7 +21,6 @@ import rabbitry
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-pytest.importorskip("pyspark")
 # Two drivers start, get killed and restart; slow machines need more than the default.
 pytestmark = pytest.mark.timeout(480)
 

@@ -5,9 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-pytest.importorskip("pyspark")
-
 from pyspark import cloudpickle  # type: ignore[attr-defined]
 from pyspark.errors import PySparkNotImplementedError
 from pyspark.sql.datasource import CaseInsensitiveDict

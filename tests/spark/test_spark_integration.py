@@ -7,7 +7,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from tests.spark.conftest import broker_address, depth, publish, through
+from tests.spark.conftest import broker_address, depth, publish, settled_depth, through
 from tests.support.proxy import TcpProxy
 
 if TYPE_CHECKING:
@@ -15,9 +15,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     import rabbitry
-
-pytest.importorskip("pyspark")
-pytest.importorskip("pyarrow")
 
 
 def _bodies(rows: list[Any]) -> list[int]:
@@ -114,8 +111,7 @@ def test_available_now_drain_leaves_queue_empty(
     assert sorted(_bodies(rows)) == list(range(3000))
     # The last batch was acked too: after the query (and its consumer) ended nothing
     # came back to the queue.
-    time.sleep(1)
-    assert depth(conn, queue) == 0
+    assert settled_depth(conn, queue) == 0
 
 
 def test_prefetch_equal_to_batch_size_does_not_deadlock(
@@ -186,8 +182,7 @@ def test_sink_failure_then_restart_loses_nothing_quorum(
     # the failed batch and the prefetched rest came back flagged
     assert set(range(400, 800)) <= set(_bodies(redelivered))
     assert all(r.delivery_count and r.delivery_count >= 1 for r in redelivered)
-    time.sleep(1)
-    assert depth(conn, queue) == 0
+    assert settled_depth(conn, queue) == 0
 
 
 def test_stream_queue_partitioned_read(
@@ -331,5 +326,4 @@ def test_streaming_write_queue_to_queue(
     assert {i.split(":")[0] for i in ids} == {query.id}
     assert {int(i.split(":")[1]) for i in ids} == {0, 1, 2}
     assert len(set(ids)) == 1000
-    time.sleep(1)
-    assert depth(conn, source) == 0
+    assert settled_depth(conn, source) == 0

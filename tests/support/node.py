@@ -217,14 +217,23 @@ def _marked_pids(name: str | None = None) -> dict[int, str]:
     return found
 
 
-def leftovers() -> list[str]:
+def leftovers(only: Iterable[str] | None = None) -> list[str]:
     """What is left of this process's nodes: epmd names, processes, directories.
 
-    Empty when every node was cleaned up; used by the fault suite's session teardown.
+    Empty when every node was cleaned up; used by the session-end check. ``only`` limits
+    it to the nodes with those short names: a fixture that checks its own nodes at its
+    teardown must not flag another fixture's, still running because it is torn down later.
     """
     problems = [f"epmd still lists {n}" for n in epmd_names() if n.startswith(NAME_PREFIX)]
     problems += [f"process {pid} of {node} still runs" for pid, node in _marked_pids().items()]
     problems += [f"directory {d} still exists" for d in sorted(_BASE_DIRS) if d.exists()]
+    if only is not None:
+        # rabbitry-t<pid>-1 must not match rabbitry-t<pid>-12.
+        names = [re.escape(name) + "(?![0-9])" for name in only]
+        if not names:
+            return []
+        mine = re.compile("|".join(names))
+        problems = [problem for problem in problems if mine.search(problem)]
     return problems
 
 

@@ -73,12 +73,16 @@ class FakeBroker:
 
     Args:
         auto_ack: ack every publish on a confirm channel as soon as it arrives.
+
+    ``hold_confirm_select``: while True, confirm.select puts the channel in confirm mode
+    but gets no answer; a test sends ``ConfirmSelectOk`` itself when it wants.
     """
 
     def __init__(self, *, auto_ack: bool = False) -> None:
         self.auto_ack = auto_ack
         #: Answer connection.close with close-ok (False: a peer that never does).
         self.answer_close = True
+        self.hold_confirm_select = False
         self.published: list[Published] = []
         self.methods: list[tuple[int, Method]] = []
         self.connections = 0
@@ -310,7 +314,8 @@ class FakeBroker:
             write(method_frame(channel, spec.ChannelOpenOk()))
         elif kind is spec.ConfirmSelect:
             conn.channels[channel].confirm = True
-            write(method_frame(channel, spec.ConfirmSelectOk()))
+            if not self.hold_confirm_select:
+                write(method_frame(channel, spec.ConfirmSelectOk()))
         elif kind is spec.ChannelClose:
             conn.channels.pop(channel, None)
             write(method_frame(channel, spec.ChannelCloseOk()))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from fake_broker import FakeBroker
@@ -203,3 +203,46 @@ def test_sync_pool_threads(broker: FakeBroker) -> None:
         with pool:
             assert pool.size == 2 and pool.confirm
         assert pool.is_closed
+
+
+async def test_acquire_timeout_during_confirm_select_closes_the_channel(
+    broker: FakeBroker, conn: rabbitry.AsyncConnection
+) -> None:
+    broker.hold_confirm_select = True
+    pool = await conn.channel_pool(1, confirm=True)
+    with pytest.raises(PoolTimeout):
+        async with pool.acquire(timeout=0.3):
+            pass
+    # The pool forgot the channel, so it must close it: otherwise its size bound is a lie.
+    assert pool.open_channels == 0
+    await wait_until(lambda: not [ch for ch in conn._channels.values() if ch.is_open])
+
+
+async def test_a_cancelled_confirm_wait_leaves_the_loop_idle_until_the_ack(
+    broker: FakeBroker, conn: rabbitry.AsyncConnection
+) -> None:
+    pool = await conn.channel_pool(1, confirm=True)
+    scans = 0
+
+    class CountingDict(dict):  # type: ignore[type-arg]
+        def values(self) -> Any:
+            nonlocal scans
+            scans += 1
+            return super().values()
+
+    async with pool.acquire(timeout=WAIT) as channel:
+        channel._confirms = CountingDict(channel._confirms)
+        confirm = await channel.basic_publish("", "q", b"x")
+        assert confirm is not None
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(confirm, 0.01)  # cancels the future on timeout
+    # The released channel waits for its outstanding confirm. Nothing arrives meanwhile,
+    # so nothing may rescan the confirm table: a busy loop would, on every iteration.
+    before = scans
+    for _ in range(200):
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.05)
+    assert scans == before, f"the confirm table was scanned {scans - before} times while idle"
+    broker.ack(1)
+    async with pool.acquire(timeout=WAIT) as again:
+        assert again is channel  # settled by the ack and handed out again

@@ -667,6 +667,47 @@ def test_sync_batches_from_threads_share_the_window_without_deadlock(
 # --------------------------------------------------------------------------- twins
 
 
+def test_sync_close_sends_a_message_accepted_while_the_channel_reopens(
+    broker: FakeBroker, sync_conn: rabbitry.Connection
+) -> None:
+    broker.auto_ack = True
+    pub = sync_conn.publisher()
+    first = pub.publish(b"x", routing_key="q")
+    got = broker.wait_published(1)
+    assert first.result(WAIT) is None
+    broker.close_channel(got[0].channel)
+    channel = pub._async._channel
+    deadline = time.monotonic() + WAIT
+    while channel is not None and channel.is_open:
+        assert time.monotonic() < deadline, "the channel close never arrived"
+        time.sleep(0.005)
+    # Accepted: publish() returned a future, the message waits for a new channel.
+    accepted = pub.publish(b"y", routing_key="q")
+    pub.close(timeout=5)  # "waits for outstanding confirms, then closes"
+    assert accepted.exception(WAIT) is None, "an accepted message was dropped on close"
+    assert [p.body for p in broker.published] == [b"x", b"y"]
+
+
+async def test_close_while_the_channel_reopens_closes_the_new_channel(
+    broker: FakeBroker, conn: rabbitry.AsyncConnection
+) -> None:
+    pub = await conn.publisher()
+    first = pub.channel_id
+    assert first is not None
+    broker.close_channel(first)
+    await wait_until(lambda: pub._channel is not None and not pub._channel.is_open)
+    broker.hold_confirm_select = True
+    sending = asyncio.create_task(pub.publish(b"x", routing_key="q"))
+    # The replacement channel is open; its confirm.select has no answer yet.
+    await wait_until(lambda: len(broker.sent(spec.ConfirmSelect)) == 2)
+    second = broker.sent(spec.ConfirmSelect)[1][0]
+    await pub.close(timeout=1)
+    broker.send(second, spec.ConfirmSelectOk())
+    with pytest.raises(rabbitry.AMQPError):
+        await sending
+    await wait_until(lambda: not [ch for ch in conn._channels.values() if ch.is_open])
+
+
 def test_async_and_sync_classes_are_twins() -> None:
     from test_api_twins import _member_differences
 
