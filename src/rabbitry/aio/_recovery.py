@@ -342,7 +342,9 @@ async def declare_exchange(channel: AsyncChannel, exchange: RecordedExchange) ->
     )
 
 
-async def declare_queue(channel: AsyncChannel, queue: RecordedQueue) -> spec.QueueDeclareOk:
+async def declare_queue(
+    channel: AsyncChannel, queue: RecordedQueue, *, timeout: float | None = _STEP_TIMEOUT
+) -> spec.QueueDeclareOk:
     """Declare a recorded queue again; a server-named one asks for a new name."""
     return await channel.queue_declare(
         "" if queue.server_named else queue.name,
@@ -350,7 +352,7 @@ async def declare_queue(channel: AsyncChannel, queue: RecordedQueue) -> spec.Que
         exclusive=queue.exclusive,
         auto_delete=queue.auto_delete,
         arguments=dict(queue.arguments) or None,
-        timeout=_STEP_TIMEOUT,
+        timeout=timeout,
     )
 
 
@@ -388,14 +390,7 @@ async def redeclare_queue(
     queue = record.queue(name)
     if queue is None:
         return None
-    reply = await channel.queue_declare(
-        "" if queue.server_named else queue.name,
-        durable=queue.durable,
-        exclusive=queue.exclusive,
-        auto_delete=queue.auto_delete,
-        arguments=dict(queue.arguments) or None,
-        timeout=timeout,
-    )
+    reply = await declare_queue(channel, queue, timeout=timeout)
     current: str = reply.queue
     record.rename_queue(name, current)
     for binding in record.bindings_of(current):
