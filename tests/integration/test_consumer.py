@@ -1124,12 +1124,15 @@ async def test_exclusive_consumer_and_arguments_reach_the_broker(
 
     first = conn.consumer(queue, handler, exclusive=True, arguments={"x-priority": 5})
     async with running(first):
-        listing = await asyncio.to_thread(
-            rabbitmqctl, url, "list_consumers", "-q", "queue_name", "arguments"
+        # Only this queue's consumers: list_consumers asks every queue of the broker and
+        # fails as a whole when another test deletes one of them meanwhile.
+        expression = (
+            f'{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, <<"{queue}">>)),'
+            " [lists:nth(7, tuple_to_list(C)) || C <- rabbit_amqqueue:consumers(Q)]."
         )
-        ours = [line.split("\t") for line in listing.splitlines() if line.startswith(queue)]
-        assert len(ours) == 1, listing
-        assert re.search(r'\{"x-priority",\s*(signedint,\s*)?5\}', ours[0][1]), listing
+        arguments = await asyncio.to_thread(rabbitmqctl, url, "eval", expression)
+        # One consumer, whose arguments are exactly x-priority = 5 (a signed int).
+        assert re.fullmatch(r'\[\[\{<<"x-priority">>,signedint,5\}\]\]\s*', arguments), arguments
         second = conn.consumer(queue, handler)
         with pytest.raises(rabbitry.AccessRefused):  # 403 "in exclusive use"
             await second.start(timeout=WAIT)
