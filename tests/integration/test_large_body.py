@@ -4,7 +4,8 @@ Each case runs in a fresh interpreter so that its peak resident set (``ru_maxrss
 its own: the body is allocated first, the peak is read, the message is published with
 confirms and the peak read again. The growth must stay within twice the body (the
 transport's buffer holds one copy of what the socket has not taken yet; framing adds
-none). The body is 100 MB: RabbitMQ 3.10 refuses messages above 128 MiB by default.
+none). The body is 100 MB, or just under the broker's limit where that is lower
+(RabbitMQ 3.x refuses messages above 128 MiB by default, 4.x above 16 MiB).
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ SCRIPT = textwrap.dedent(
     def peak():
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
+    with rabbitry.Connection(url) as probe:
+        limit = probe.max_message_size
+    if limit:
+        size = min(size, limit - 64 * 1024)
     body = os.urandom(size)
     if api == "sync":
         with rabbitry.Connection(url) as conn:
@@ -52,13 +57,13 @@ SCRIPT = textwrap.dedent(
                 return before, after
 
         before, after = asyncio.run(main())
-    print(after - before)
+    print(after - before, size)
     """
 )
 
 
 @pytest.mark.parametrize("api", ["sync", "async"])
-def test_publishing_a_100_mb_body_grows_rss_by_at_most_twice_the_body(url: str, api: str) -> None:
+def test_publishing_a_large_body_grows_rss_by_at_most_twice_the_body(url: str, api: str) -> None:
     queue = f"rabbitry-large-{uuid.uuid4().hex[:8]}"
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, url, queue, api, str(BODY)],
@@ -68,5 +73,5 @@ def test_publishing_a_100_mb_body_grows_rss_by_at_most_twice_the_body(url: str, 
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    growth = int(done.stdout.strip().splitlines()[-1])
-    assert growth <= 2 * BODY, f"peak RSS grew by {growth / BODY:.2f} x the body"
+    growth, size = (int(part) for part in done.stdout.strip().splitlines()[-1].split())
+    assert growth <= 2 * size, f"peak RSS grew by {growth / size:.2f} x the {size}-byte body"
