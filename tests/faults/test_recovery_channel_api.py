@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -425,3 +426,54 @@ async def test_consumer_connection_reset_200_times_under_load_loses_nothing(
         finally:
             await conn.close(timeout=5)
             await publisher_conn.close(timeout=5)
+
+
+async def test_a_drop_as_the_replay_ends_is_not_reported_as_recovered(
+    broker_node: BrokerNode, conn: AsyncConnection
+) -> None:
+    """The recovery's new connection is reset while its last scratch channel closes.
+
+    No replay step is waiting for an answer then, so nothing raises: recovery must still
+    see that the connection it replayed on is gone and try again, instead of reporting
+    OPEN over a dead socket (the consumer would never get another message).
+    """
+    queue = unique("replay-end")
+    setup = await conn.channel()
+    await setup.queue_declare(queue)
+    await setup.close()
+    # channel.close (class 20, method 40) in a method frame, on any channel.
+    channel_close = re.compile(rb"\x01..\x00\x00..\x00\x14\x00\x28", re.DOTALL)
+    with TcpProxy("127.0.0.1", broker_node.port) as proxy:
+        client = AsyncConnection(
+            proxy.url(), connection_name=unique("conn"), heartbeat=5, recovery=FAST
+        )
+        await client.connect()
+        try:
+            channel = await client.channel()
+            got: list[bytes] = []
+            await channel.basic_consume(queue, lambda message: got.append(message.body))
+            armed = threading.Event()
+            hits: list[int] = []
+
+            def reset_at_the_scratch_close(direction: str, data: bytes) -> None:
+                # The record holds no topology (the queue was declared on another
+                # connection), so the only channel.close of the replay is the scratch
+                # channel's, its very last step.
+                if armed.is_set() and direction == "upstream" and channel_close.search(data):
+                    armed.clear()
+                    hits.append(proxy.reset())
+
+            proxy.tap(reset_at_the_scratch_close)
+            armed.set()
+            proxy.reset()
+            assert await eventually(lambda: bool(hits)), "the replay never closed its scratch"
+            assert hits == [1]
+            assert await eventually(lambda: proxy.connections >= 3)
+            await client.wait_recovered(WAIT)
+            await (await conn.channel()).basic_publish("", queue, b"after")
+            assert await eventually(lambda: got == [b"after"]), (
+                f"state={client.state}, channel open={channel.is_open}"
+            )
+            assert channel.is_open
+        finally:
+            await client.close(timeout=5)

@@ -128,6 +128,7 @@ class Recovery:
                 break
             if connected:
                 self.losses = []
+                proto = conn._proto
                 try:
                     await self._replay()
                 except _Aborted as abort:
@@ -140,6 +141,18 @@ class Recovery:
                     if proto is not None and proto.state is ConnectionState.OPEN:
                         proto.abort(ConnectionLost("recovery replay failed"))
                         conn._handle_events(proto.events_received())
+                    conn._reset_attempt()
+                    continue
+                if conn._proto is not proto or proto is None or not proto.is_open:
+                    # The new connection dropped at the end of the replay, where no step
+                    # was waiting to fail (e.g. while a scratch channel closed): its
+                    # channels are suspended again, so this attempt did not recover.
+                    last = conn.close_exc
+                    logger.info(
+                        "recovery attempt %d: the connection dropped as the replay ended: %r",
+                        attempt,
+                        last,
+                    )
                     conn._reset_attempt()
                     continue
                 if self.losses:

@@ -1034,13 +1034,15 @@ class AsyncConnection:
             InvalidStateError: the connection is closed (for good).
             Timeout: still recovering after ``timeout`` seconds.
         """
-        if self._state is State.RECOVERING:
-            assert self._recovered is not None
-            try:
-                async with asyncio.timeout(timeout):
+        try:
+            async with asyncio.timeout(timeout):
+                # Loop: the connection may drop again between the recovery that woke
+                # this waiter and the waiter running; that is a new outage to wait out.
+                while self._state is State.RECOVERING:
+                    assert self._recovered is not None
                     await self._recovered.wait()
-            except TimeoutError:
-                raise Timeout(f"still recovering after {timeout} s") from None
+        except TimeoutError:
+            raise Timeout(f"still recovering after {timeout} s") from None
         if self._state is not State.OPEN:
             raise InvalidStateError(f"the connection is {self._state.value}") from self.close_exc
 
