@@ -189,6 +189,7 @@ class QueueConsumer:
         self._conn: Connection | None = None
         self._channel: Channel | None = None
         self._inbox: queue_module.SimpleQueue[Message] | None = None
+        self._consumer_tag: str | None = None
         self._ledger = AckLedger()
         self._budget: int | None = None
         self.reconnects = 0
@@ -203,7 +204,9 @@ class QueueConsumer:
     # state that must never be pickled (the reader is copied to executors for replays)
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_conn=None, _channel=None, _inbox=None, _ledger=AckLedger())
+        state.update(
+            _conn=None, _channel=None, _inbox=None, _consumer_tag=None, _ledger=AckLedger()
+        )
         return state
 
     def _alive(self) -> bool:
@@ -244,7 +247,9 @@ class QueueConsumer:
         if self._inbox is None:
             inbox: queue_module.SimpleQueue[Message] = queue_module.SimpleQueue()
             channel.basic_qos(self.options.prefetch)
-            channel.basic_consume(self.options.queue, inbox.put, on_cancel=self._on_cancel)
+            self._consumer_tag = channel.basic_consume(
+                self.options.queue, inbox.put, on_cancel=self._on_cancel
+            )
             self._inbox = inbox
         return channel, self._inbox
 
@@ -307,7 +312,7 @@ class QueueConsumer:
         """Ack through ``start``, then take up to one batch: ``(rows, end)``."""
         self.ack_through(start)
         if self._conn is not None and not self._alive():
-            self._inbox = None
+            self._inbox = self._consumer_tag = None
         want = self.options.max_messages_per_batch
         if self._budget is not None:
             want = min(want, self._budget)
@@ -349,10 +354,29 @@ class QueueConsumer:
         return rows, end
 
     def close(self) -> None:
-        """Close the connection; unacknowledged deliveries go back to the queue."""
-        conn, self._conn, self._channel, self._inbox = self._conn, None, None, None
-        if conn is not None:
-            conn.close(timeout=5)
+        """Close the connection; unacknowledged deliveries go back to the queue.
+
+        The consumer is cancelled first, and its cancel-ok awaited: the broker handles a
+        channel's frames in order, so once it answers, every ack sent before (the last
+        batch's, sent by the final ``read``) is applied. Closing the socket cannot lose
+        them then, even if the close itself times out and drops the connection.
+        """
+        conn, channel, tag = self._conn, self._channel, self._consumer_tag
+        self._conn, self._channel, self._inbox, self._consumer_tag = None, None, None, None
+        if conn is None:
+            return
+        if tag is not None and channel is not None and channel.is_open:
+            try:
+                channel.basic_cancel(tag, timeout=10)
+            except AMQPError as exc:
+                logger.warning(
+                    "rabbitmq source %r: cancelling the consumer before closing failed: %r "
+                    "(acknowledgements sent just before may not have reached the broker; "
+                    "their messages would be redelivered)",
+                    self.options.queue,
+                    exc,
+                )
+        conn.close(timeout=5)
 
 
 def _drain(
