@@ -615,6 +615,79 @@ class FaultModel(RuleBasedStateMachine):
             taken += 1
         self._after_cancel(queue)
 
+    @rule(queue=queues, fault=st.sampled_from(["reset", "forced_close"]))
+    def abandon_iterator_in_outage(self, queue: ModelQueue, fault: str) -> None:
+        """A ``consume()`` iterator dropped while the connection is down.
+
+        Recovery must not subscribe it again: afterwards the queue has exactly the
+        model's live consumers (a resurrected one would hold messages nobody reads).
+        """
+        # Alone on a named queue, so the probe below reaches this iterator.
+        assume(not queue.deleted and queue.kind == "named" and not self._consumers_of(queue))
+        queue.had_consumer = True
+        opens = self.opens
+        iterator = self.iterator_ch.consume(queue.name, prefetch=5, timeout=WAIT)
+        # A generator subscribes on its first step: a probe gives it one message.
+        self._probe("", queue.name)
+        message = next(iterator)
+        self._delivered(message, queue, None)
+        message.ack()
+        self._break(fault)
+        iterator.close()  # abandoned while the connection is down or recovering
+        self._wait_for_recovery(opens)
+        live = len(self._consumers_of(queue))
+        assert _eventually(
+            lambda: self._admin().queue_declare(queue.name, passive=True).consumer_count == live
+        ), (
+            f"{queue!r}: {self._admin().queue_declare(queue.name, passive=True).consumer_count}"
+            f" consumer(s) after recovery, the model has {live}"
+        )
+        self._after_fault(f"abandon_iterator_{fault}")
+
+    @rule(queue=queues)
+    def close_from_another_thread(self, queue: ModelQueue) -> None:
+        """A second connection is closed while a thread publishes through it.
+
+        Closing settles everything: the publishing thread ends (no call hangs) and every
+        future it got is settled, confirmed or failed with the reason.
+        """
+        assume(not queue.deleted)
+        side = rabbitry.Connection(
+            self.world.proxy.url(), connection_name=f"{self.prefix}-side", recovery=FAST
+        )
+        side.connect(timeout=WAIT)
+        publisher = side.publisher(timeout=WAIT)
+        futures: list[tuple[str, Any]] = []
+        started = threading.Event()
+        errors: list[BaseException] = []
+
+        def produce() -> None:
+            try:
+                for _ in range(5000):  # bounded; close() comes long before
+                    mid = self._new_message("", queue.name)
+                    future = publisher.publish(
+                        mid.encode(), routing_key=queue.name, persistent=True
+                    )
+                    futures.append((mid, future))
+                    started.set()
+            except AMQPError as exc:  # the publisher is closed: the end of the loop
+                errors.append(exc)
+                started.set()
+
+        thread = threading.Thread(target=produce, name=f"{self.prefix}-producer")
+        thread.start()
+        assert started.wait(WAIT)
+        side.close(timeout=5)
+        thread.join(WAIT)
+        assert not thread.is_alive(), "a publish() still blocks after close() returned"
+        assert errors, "publish() kept succeeding on a closed connection"
+        for mid, future in futures:
+            assert future.done(), f"{mid}: future still pending after close()"
+            self._settle(mid, future)
+        # The attempt that raised in the loop never got a future: it was refused.
+        self.checker.fail(f"{self.prefix}-m{len(self.sent) - 1}", errors[0])
+        self._after_fault("close_from_another_thread")
+
     # ------------------------------------------------------------------ publish rules
 
     @rule(
