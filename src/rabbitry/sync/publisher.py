@@ -22,6 +22,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..exceptions import AMQPError, InvalidStateError, PublishTimeout
+from ..observability import _state as _obs
 from ..publisher import _Batch
 from ._portal import ConfirmFuture
 from .channel import _wait
@@ -158,6 +159,9 @@ class Publisher:
         engine = self._async
         if mandatory is None:
             mandatory = engine._mandatory
+        traced = _obs.active
+        if traced is not None:  # rabbitry.observability: a span, its context in headers
+            properties, finish = traced.publish(engine, exchange, routing_key, properties)
         frames, message_id = engine._encode(
             body, exchange, routing_key, properties, mandatory, persistent, expiration
         )
@@ -181,6 +185,8 @@ class Publisher:
                 None,
                 size=sum(map(len, frames)),
             )
+            if traced is not None:
+                finish(_SENT)
             return _SENT
         if not self._slots.acquire(True, _remaining(deadline)):
             if engine._closing:  # closed while this thread waited for room
@@ -206,6 +212,8 @@ class Publisher:
         except BaseException:
             self._slots.release()  # not handed over: give the slot back from here
             raise
+        if traced is not None:
+            finish(future)
         return future
 
     def publish_batch(

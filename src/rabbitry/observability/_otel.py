@@ -1,0 +1,533 @@
+"""The OpenTelemetry hooks: spans, context propagation and metrics (extra ``otel``).
+
+Imported only by :func:`rabbitry.observability.instrument`, so the library itself never
+imports ``opentelemetry``. One :class:`Instrumentation` is installed at a time as
+``_state.active``; the publisher, consumer and connection call its methods.
+
+Spans follow the OpenTelemetry messaging conventions: ``publish <exchange>`` (PRODUCER,
+``messaging.operation.type`` ``send``) from the publisher's ``publish`` until the
+broker settles the message, and ``process <queue>`` (CONSUMER, ``process``) around a
+consumer's handling of a delivery, its ack or its move included. The publish span's
+context travels in the message headers (``traceparent``/``tracestate`` with the default
+propagator); the process span is its child, and a retried message keeps the headers it
+was published with, so every attempt joins the same trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import copy
+import logging
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, propagate, trace
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.propagators.textmap import Getter
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+from .. import __version__
+from ..exceptions import AMQPError, Nacked, PublishRefused, Unroutable
+from ..protocol.spec import BasicProperties
+from ..recovery import State
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping
+
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import Span, TracerProvider
+    from opentelemetry.util.types import AttributeValue
+
+    from ..aio.connection import AsyncConnection
+    from ..consumer import AsyncConsumer, ConsumerStats
+    from ..protocol.message import Message
+    from ..publisher import AsyncPublisher
+    from ..topology import RetryDecision
+
+logger = logging.getLogger("rabbitry.observability")
+
+SYSTEM = "rabbitmq"
+#: The destination name of the default exchange ("").
+DEFAULT_EXCHANGE = "amq.default"
+#: Histogram buckets in seconds: sub-millisecond confirms up to slow handlers.
+DURATION_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+#: ``ConsumerStats`` counters exported as ``rabbitry.consumer.<name>``.
+CONSUMER_COUNTERS = {
+    "delivered": "deliveries received",
+    "acked": "messages acknowledged after the handler succeeded",
+    "failed": "handler failures",
+    "retried": "failed messages sent to a retry queue",
+    "parked": "failed messages moved to the parking lot",
+    "dropped": "failed messages dropped (no parking lot or dead-letter exchange)",
+    "requeued": "messages put back on their queue (Requeue, or a failed move)",
+    "released": "prefetched messages handed back on stop",
+    "deduplicated": "redelivered duplicates acked without calling the handler",
+    "resubscribed": "subscriptions renewed after a broker cancel or channel error",
+}
+
+# Attribute names (OpenTelemetry semantic conventions, messaging).
+A_SYSTEM = "messaging.system"
+A_OPERATION_NAME = "messaging.operation.name"
+A_OPERATION_TYPE = "messaging.operation.type"
+A_DESTINATION = "messaging.destination.name"
+A_ROUTING_KEY = "messaging.rabbitmq.destination.routing_key"
+A_DELIVERY_TAG = "messaging.rabbitmq.message.delivery_tag"
+A_MESSAGE_ID = "messaging.message.id"
+A_CONVERSATION_ID = "messaging.message.conversation_id"
+A_BODY_SIZE = "messaging.message.body.size"
+A_BATCH_COUNT = "messaging.batch.message_count"
+A_CONSUMER_GROUP = "messaging.consumer.group.name"
+A_SERVER_ADDRESS = "server.address"
+A_SERVER_PORT = "server.port"
+A_ERROR_TYPE = "error.type"
+# rabbitry's own.
+A_OUTCOME = "rabbitry.outcome"
+A_ATTEMPT = "rabbitry.attempt"
+A_REDELIVERED = "rabbitry.redelivered"
+A_DELAY = "rabbitry.retry.delay"
+A_STATE = "rabbitry.connection.state"
+
+#: The error type of the handler failure in the running process span (per task).
+_handler_error: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "rabbitry_handler_error", default=None
+)
+
+
+class _HeaderGetter(Getter[Any]):
+    """Reads propagation fields from AMQP headers (values may arrive as bytes)."""
+
+    def get(self, carrier: Any, key: str) -> list[str] | None:
+        value = carrier.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bytes | bytearray):
+            return [bytes(value).decode("utf-8", "replace")]
+        return [str(value)]
+
+    def keys(self, carrier: Any) -> list[str]:
+        return list(carrier)
+
+
+_GETTER = _HeaderGetter()
+
+
+def publish_outcome(exc: BaseException | None) -> str:
+    """The ``rabbitry.outcome`` of a publish from its future's exception."""
+    if exc is None:
+        return "confirmed"
+    if isinstance(exc, Nacked):
+        return "nacked"
+    if isinstance(exc, Unroutable):
+        return "returned"
+    if isinstance(exc, PublishRefused):
+        return "refused"
+    return "failed"
+
+
+class Instrumentation:
+    """Spans and metrics for rabbitry; installed by :func:`~rabbitry.observability.instrument`.
+
+    Args:
+        tracer_provider: where spans go (``None``: the global provider).
+        meter_provider: where metrics go (``None``: the global provider).
+        consumer_lag_interval: seconds between passive declares of each consumed queue
+            (the ``rabbitry.queue.messages`` gauge); ``None`` turns it off.
+    """
+
+    def __init__(
+        self,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+        *,
+        consumer_lag_interval: float | None = None,
+    ) -> None:
+        self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
+        self.consumer_lag_interval = consumer_lag_interval
+        self._tracer = trace.get_tracer("rabbitry", __version__, tracer_provider)
+        meter = metrics.get_meter("rabbitry", __version__, meter_provider)
+        self._closed = False
+        self._lock = threading.Lock()
+        # Consumers started while instrumented: (weak consumer, queue, its stats); the
+        # stats of consumers that are gone are folded into _retired (monotonic totals).
+        self._consumers: list[tuple[weakref.ref[AsyncConsumer], str, ConsumerStats]] = []
+        self._retired: dict[str, dict[str, int]] = {}
+        # Queue depth polled for consumer lag: consumer id -> (queue, ready, consumers).
+        self._depth: dict[int, tuple[str, int, int]] = {}
+        self._pollers: set[asyncio.Task[None]] = set()
+
+        self.published = meter.create_counter(
+            "rabbitry.publisher.published", "{message}", "messages handed to the channel"
+        )
+        self._outcome_counters = {
+            outcome: meter.create_counter(f"rabbitry.publisher.{outcome}", "{message}", text)
+            for outcome, text in (
+                ("confirmed", "messages the broker confirmed (basic.ack)"),
+                ("nacked", "messages the broker refused with basic.nack"),
+                ("returned", "mandatory messages returned unroutable"),
+                ("refused", "messages whose channel the broker closed because of them"),
+                ("failed", "messages with no confirm: deadline, channel or connection lost"),
+            )
+        }
+        self.confirm_duration = meter.create_histogram(
+            "rabbitry.publisher.confirm.duration",
+            "s",
+            "from publish to the broker's ack, nack or return",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self.in_flight = meter.create_up_down_counter(
+            "rabbitry.publisher.in_flight", "{message}", "messages sent and not yet settled"
+        )
+        for name, text in CONSUMER_COUNTERS.items():
+            meter.create_observable_counter(
+                f"rabbitry.consumer.{name}", [self._stats_callback(name)], "{message}", text
+            )
+        self.redelivered = meter.create_counter(
+            "rabbitry.consumer.redelivered",
+            "{message}",
+            "deliveries flagged redelivered by the broker",
+        )
+        self.process_duration = meter.create_histogram(
+            "rabbitry.consumer.process.duration",
+            "s",
+            "handler time, its ack or retry/parking move included",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self.recoveries = meter.create_counter(
+            "rabbitry.connection.recoveries",
+            "{recovery}",
+            "connection recoveries ended, by outcome (recovered, failed)",
+        )
+        self.recovery_duration = meter.create_histogram(
+            "rabbitry.connection.recovery.duration",
+            "s",
+            "from the connection's loss to its recovery (or to giving up)",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self.connection_state = meter.create_up_down_counter(
+            "rabbitry.connection.state",
+            "{connection}",
+            "connections in each state (connecting, open, recovering, closed)",
+        )
+        meter.create_observable_gauge(
+            "rabbitry.queue.messages",
+            [self._depth_callback(1)],
+            "{message}",
+            "messages ready in a consumed queue (consumer lag; consumer_lag_interval)",
+        )
+        meter.create_observable_gauge(
+            "rabbitry.queue.consumers",
+            [self._depth_callback(2)],
+            "{consumer}",
+            "consumers of a consumed queue (consumer_lag_interval)",
+        )
+
+    def close(self) -> None:
+        """Stop the pollers and report nothing more from the observable instruments."""
+        self._closed = True
+        for task in list(self._pollers):
+            task.get_loop().call_soon_threadsafe(task.cancel)
+
+    # ------------------------------------------------------------------ publisher
+
+    def publish(
+        self,
+        publisher: AsyncPublisher,
+        exchange: str,
+        routing_key: str,
+        properties: BasicProperties | None,
+    ) -> tuple[BasicProperties, Callable[[Any], None]]:
+        props = BasicProperties() if properties is None else copy.copy(properties)
+        if props.message_id is None:
+            props.message_id = f"{publisher._id_prefix}{next(publisher._ids)}"
+        destination = exchange or DEFAULT_EXCHANGE
+        attributes: dict[str, AttributeValue] = {
+            A_SYSTEM: SYSTEM,
+            A_OPERATION_NAME: "publish",
+            A_OPERATION_TYPE: "send",
+            A_DESTINATION: destination,
+            A_MESSAGE_ID: props.message_id,
+        }
+        if routing_key:
+            attributes[A_ROUTING_KEY] = routing_key
+        if props.correlation_id:
+            attributes[A_CONVERSATION_ID] = props.correlation_id
+        params = publisher._conn.params
+        attributes[A_SERVER_ADDRESS] = params.host
+        attributes[A_SERVER_PORT] = params.port
+        span = self._tracer.start_span(
+            f"publish {destination}", kind=SpanKind.PRODUCER, attributes=attributes
+        )
+        headers = dict(props.headers) if props.headers else {}
+        propagate.inject(headers, context=trace.set_span_in_context(span))
+        props.headers = headers
+        watch = _PublishWatch(self, span, {A_DESTINATION: destination}, publisher._confirm)
+        return props, watch
+
+    # ------------------------------------------------------------------ consumer
+
+    async def process(self, consumer: AsyncConsumer, work: Message | list[Message]) -> None:
+        queue = consumer.queue
+        attributes: dict[str, AttributeValue] = {
+            A_SYSTEM: SYSTEM,
+            A_OPERATION_NAME: "process",
+            A_OPERATION_TYPE: "process",
+            A_DESTINATION: queue,
+            A_CONSUMER_GROUP: queue,
+        }
+        metric_attributes = {A_DESTINATION: queue}
+        if isinstance(work, list):
+            links = []
+            for message in work:
+                if message.redelivered:
+                    self.redelivered.add(1, metric_attributes)
+                context = trace.get_current_span(self._extract(message)).get_span_context()
+                if context.is_valid:
+                    links.append(Link(context))
+            attributes[A_BATCH_COUNT] = len(work)
+            span = self._tracer.start_span(
+                f"process {queue}", kind=SpanKind.CONSUMER, links=links, attributes=attributes
+            )
+            handling = consumer._handle_batch(work)
+        else:
+            message = work
+            if message.redelivered:
+                self.redelivered.add(1, metric_attributes)
+            if message.routing_key:
+                attributes[A_ROUTING_KEY] = message.routing_key
+            message_id = message.properties.message_id
+            if message_id:
+                attributes[A_MESSAGE_ID] = message_id
+            attributes[A_DELIVERY_TAG] = message.delivery_tag
+            attributes[A_BODY_SIZE] = len(message.body)
+            attributes[A_REDELIVERED] = message.redelivered
+            if consumer.retry is not None:
+                attributes[A_ATTEMPT] = consumer.retry.attempts(message, queue) + 1
+            span = self._tracer.start_span(
+                f"process {queue}",
+                context=self._extract(message),
+                kind=SpanKind.CONSUMER,
+                attributes=attributes,
+            )
+            handling = consumer._handle(message)
+        token = otel_context.attach(trace.set_span_in_context(span))
+        error = _handler_error.set(None)
+        start = time.perf_counter()
+        try:
+            await handling
+        finally:
+            failed = _handler_error.get()
+            _handler_error.reset(error)
+            otel_context.detach(token)
+            if failed is not None:
+                metric_attributes[A_ERROR_TYPE] = failed
+            self.process_duration.record(time.perf_counter() - start, metric_attributes)
+            span.end()
+
+    @staticmethod
+    def _extract(message: Message) -> otel_context.Context:
+        headers = message.properties.headers
+        return propagate.extract(headers or {}, getter=_GETTER)
+
+    def handler_failed(self, consumer: AsyncConsumer, message: Message, exc: BaseException) -> None:
+        kind = type(exc).__qualname__
+        _handler_error.set(kind)
+        span = trace.get_current_span()
+        span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, f"handler raised {kind}"))
+        span.set_attribute(A_ERROR_TYPE, kind)
+
+    def moved(
+        self,
+        consumer: AsyncConsumer,
+        message: Message,
+        outcome: str,
+        decision: RetryDecision | None,
+    ) -> None:
+        attributes: dict[str, AttributeValue] = {A_DELIVERY_TAG: message.delivery_tag}
+        if decision is not None:
+            attributes[A_ATTEMPT] = decision.attempts
+            attributes[A_DESTINATION] = decision.exchange or DEFAULT_EXCHANGE
+            if decision.routing_key:
+                attributes[A_ROUTING_KEY] = decision.routing_key
+            if decision.delay is not None:
+                attributes[A_DELAY] = decision.delay
+        span = trace.get_current_span()
+        span.add_event(f"rabbitry.{outcome}", attributes)
+        span.set_attribute(A_OUTCOME, outcome)
+
+    def consumer_started(self, consumer: AsyncConsumer) -> None:
+        with self._lock:
+            self._consumers.append((weakref.ref(consumer), consumer.queue, consumer.stats))
+        interval = self.consumer_lag_interval
+        if interval is not None:
+            task = asyncio.get_running_loop().create_task(self._poll_depth(consumer, interval))
+            self._pollers.add(task)
+            task.add_done_callback(self._pollers.discard)
+
+    async def _poll_depth(self, consumer: AsyncConsumer, interval: float) -> None:
+        """Passive-declare the consumer's queue every ``interval`` s while it runs."""
+        key = id(consumer)
+        connection = consumer._conn
+        channel = None
+        failures = 0
+        try:
+            while not self._closed and consumer.is_running:
+                try:
+                    if channel is None or channel.is_closed:
+                        channel = await connection.channel(timeout=interval)
+                    ok = await channel.queue_declare(consumer.queue, passive=True, timeout=interval)
+                    self._depth[key] = (consumer.queue, ok.message_count, ok.consumer_count)
+                    failures = 0
+                except AMQPError as exc:
+                    self._depth.pop(key, None)
+                    failures += 1
+                    if failures == 1:
+                        logger.warning(
+                            "queue depth of %r not available: %r (retrying every %g s)",
+                            consumer.queue,
+                            exc,
+                            interval,
+                        )
+                await asyncio.sleep(interval)
+        finally:
+            self._depth.pop(key, None)
+            if channel is not None and not channel.is_closed and connection.is_open:
+                try:
+                    await channel.close()
+                except AMQPError:
+                    pass
+
+    # ------------------------------------------------------------------ connection
+
+    def connection_created(self, connection: AsyncConnection) -> None:
+        connection.on_state_change(_ConnectionWatch(self, connection.state))
+
+    # ------------------------------------------------------------------ observables
+
+    def _stats_callback(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            if self._closed:
+                return []
+            totals = self._consumer_totals()
+            return [
+                Observation(values[name], {A_DESTINATION: queue})
+                for queue, values in totals.items()
+            ]
+
+        return observe
+
+    def _consumer_totals(self) -> dict[str, dict[str, int]]:
+        """Per queue: the counters of every consumer started while instrumented."""
+        with self._lock:
+            live = []
+            for entry in self._consumers:
+                ref, queue, stats = entry
+                if ref() is None:  # gone: keep its counts so the totals stay monotonic
+                    retired = self._retired.setdefault(queue, dict.fromkeys(CONSUMER_COUNTERS, 0))
+                    for name in CONSUMER_COUNTERS:
+                        retired[name] += getattr(stats, name)
+                else:
+                    live.append(entry)
+            self._consumers = live
+            totals = {queue: dict(values) for queue, values in self._retired.items()}
+            for _ref, queue, stats in live:
+                values = totals.setdefault(queue, dict.fromkeys(CONSUMER_COUNTERS, 0))
+                for name in CONSUMER_COUNTERS:
+                    values[name] += getattr(stats, name)
+        return totals
+
+    def _depth_callback(self, index: int) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            if self._closed:
+                return []
+            latest: dict[str, int] = {}
+            for queue, ready, consumers in list(self._depth.values()):
+                latest[queue] = ready if index == 1 else consumers
+            return [Observation(value, {A_DESTINATION: queue}) for queue, value in latest.items()]
+
+        return observe
+
+
+class _PublishWatch:
+    """Ends a publish span and counts the outcome when the publish future settles."""
+
+    __slots__ = ("attributes", "confirm", "instrumentation", "span", "start")
+
+    def __init__(
+        self,
+        instrumentation: Instrumentation,
+        span: Span,
+        attributes: Mapping[str, AttributeValue],
+        confirm: bool,
+    ) -> None:
+        self.instrumentation = instrumentation
+        self.span = span
+        self.attributes = attributes
+        self.confirm = confirm
+        self.start = time.perf_counter()
+
+    def __call__(self, future: Any) -> None:
+        """``future`` was handed to the caller: the message is on its way."""
+        instrumentation = self.instrumentation
+        instrumentation.published.add(1, self.attributes)
+        instrumentation.in_flight.add(1, self.attributes)
+        future.add_done_callback(self._settled)
+
+    def _settled(self, future: Any) -> None:
+        instrumentation = self.instrumentation
+        span = self.span
+        instrumentation.in_flight.add(-1, self.attributes)
+        exc: BaseException | None
+        exc = asyncio.CancelledError() if future.cancelled() else future.exception()
+        if not self.confirm and exc is None:
+            span.set_attribute(A_OUTCOME, "sent")
+            span.end()
+            return
+        outcome = publish_outcome(exc)
+        instrumentation._outcome_counters[outcome].add(1, self.attributes)
+        if outcome != "failed":  # the broker answered: that took the confirm latency
+            instrumentation.confirm_duration.record(
+                time.perf_counter() - self.start, {**self.attributes, A_OUTCOME: outcome}
+            )
+        span.set_attribute(A_OUTCOME, outcome)
+        if exc is not None:
+            kind = type(exc).__qualname__
+            span.set_attribute(A_ERROR_TYPE, kind)
+            span.set_status(Status(StatusCode.ERROR, f"{outcome}: {exc}"))
+        span.end()
+
+
+class _ConnectionWatch:
+    """Follows one connection's states: the state gauge, recoveries and their duration."""
+
+    __slots__ = ("instrumentation", "since", "state")
+
+    def __init__(self, instrumentation: Instrumentation, state: State) -> None:
+        self.instrumentation = instrumentation
+        self.state = state
+        self.since: float | None = None
+        instrumentation.connection_state.add(1, {A_STATE: state.value})
+
+    def __call__(self, state: State, _cause: AMQPError | None) -> None:
+        instrumentation = self.instrumentation
+        instrumentation.connection_state.add(-1, {A_STATE: self.state.value})
+        instrumentation.connection_state.add(1, {A_STATE: state.value})
+        self.state = state
+        if state is State.RECOVERING:
+            if self.since is None:
+                self.since = time.monotonic()
+        elif self.since is not None:
+            outcome = "recovered" if state is State.OPEN else "failed"
+            instrumentation.recoveries.add(1, {A_OUTCOME: outcome})
+            instrumentation.recovery_duration.record(
+                time.monotonic() - self.since, {A_OUTCOME: outcome}
+            )
+            self.since = None
