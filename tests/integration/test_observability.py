@@ -304,7 +304,7 @@ def test_metrics_equal_the_counts_of_a_known_workload(
     assert value("rabbitry.publisher.confirmed", **destination) == 12
     assert value("rabbitry.publisher.in_flight", **destination) == 0
     assert value("rabbitry.publisher.confirm.duration", **destination) == 12
-    assert value("rabbitry.publisher.nacked", **destination) is None
+    assert value("rabbitry.publisher.nacked", **destination) == 0
     of_queue = {"messaging__destination__name": queue}
     assert value("rabbitry.consumer.delivered", **of_queue) == 12
     assert value("rabbitry.consumer.acked", **of_queue) == 9
@@ -400,3 +400,22 @@ def test_the_prometheus_endpoint_serves_the_workload_counters(url: str, names: N
     assert f'rabbitry_consumer_parked_total{{messaging_destination_name="{queue}"}} 2' in lines
     assert "# TYPE rabbitry_publisher_confirmed_total counter" in lines
     assert "# TYPE rabbitry_consumer_process_duration_seconds histogram" in lines
+
+
+async def test_without_an_sdk_instrumenting_leaves_messages_untouched(
+    conn: AsyncConnection, names: Names
+) -> None:
+    """With only the API's no-op providers there is nothing to propagate: no headers."""
+    queue = names.queue()
+    await Topology(queues=[Queue(queue)]).aapply(conn)
+    observability.instrument()
+    try:
+        async with await conn.publisher() as publisher:
+            await (await publisher.publish(b"m", routing_key=queue))
+    finally:
+        observability.uninstrument()
+    channel = await conn.channel()
+    message = await channel.basic_get(queue, no_ack=True)
+    assert message is not None
+    assert message.properties.headers is None
+    assert message.properties.message_id is not None

@@ -36,7 +36,7 @@ from ..protocol.spec import BasicProperties
 from ..recovery import State
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Callable, Iterable
 
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import Span, TracerProvider
@@ -58,6 +58,15 @@ DURATION_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
     0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
+#: Publish outcomes exported as ``rabbitry.publisher.<outcome>``.
+PUBLISH_OUTCOMES = {
+    "confirmed": "messages the broker confirmed (basic.ack)",
+    "nacked": "messages the broker refused with basic.nack",
+    "returned": "mandatory messages returned unroutable",
+    "refused": "messages whose channel the broker closed because of them",
+    "failed": "messages with no confirm: deadline passed, channel or connection lost",
+}
+_OUTCOME_INDEX = {outcome: index for index, outcome in enumerate(PUBLISH_OUTCOMES, start=2)}
 #: ``ConsumerStats`` counters exported as ``rabbitry.consumer.<name>``.
 CONSUMER_COUNTERS = {
     "delivered": "deliveries received",
@@ -154,6 +163,8 @@ class Instrumentation:
         self._tracer = trace.get_tracer("rabbitry", __version__, tracer_provider)
         meter = metrics.get_meter("rabbitry", __version__, meter_provider)
         self._closed = False
+        self._live = False
+        self._next_check = 0.0
         self._lock = threading.Lock()
         # Consumers started while instrumented: (weak consumer, queue, its stats); the
         # stats of consumers that are gone are folded into _retired (monotonic totals).
@@ -163,27 +174,32 @@ class Instrumentation:
         self._depth: dict[int, tuple[str, int, int]] = {}
         self._pollers: set[asyncio.Task[None]] = set()
 
-        self.published = meter.create_counter(
-            "rabbitry.publisher.published", "{message}", "messages handed to the channel"
+        # Publisher counts are kept here (one lock round per event) and exported by
+        # observable instruments: an SDK measurement per event would cost more than the
+        # publish itself. Per destination: [published, in flight, <outcomes>...].
+        self._publish_counts: dict[str, list[int]] = {}
+        self._publish_lock = threading.Lock()
+        meter.create_observable_counter(
+            "rabbitry.publisher.published",
+            [self._publish_callback(0)],
+            "{message}",
+            "messages handed to the channel",
         )
-        self._outcome_counters = {
-            outcome: meter.create_counter(f"rabbitry.publisher.{outcome}", "{message}", text)
-            for outcome, text in (
-                ("confirmed", "messages the broker confirmed (basic.ack)"),
-                ("nacked", "messages the broker refused with basic.nack"),
-                ("returned", "mandatory messages returned unroutable"),
-                ("refused", "messages whose channel the broker closed because of them"),
-                ("failed", "messages with no confirm: deadline, channel or connection lost"),
+        for index, (outcome, text) in enumerate(PUBLISH_OUTCOMES.items(), start=2):
+            meter.create_observable_counter(
+                f"rabbitry.publisher.{outcome}", [self._publish_callback(index)], "{message}", text
             )
-        }
+        meter.create_observable_up_down_counter(
+            "rabbitry.publisher.in_flight",
+            [self._publish_callback(1)],
+            "{message}",
+            "messages sent and not yet settled",
+        )
         self.confirm_duration = meter.create_histogram(
             "rabbitry.publisher.confirm.duration",
             "s",
             "from publish to the broker's ack, nack or return",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
-        )
-        self.in_flight = meter.create_up_down_counter(
-            "rabbitry.publisher.in_flight", "{message}", "messages sent and not yet settled"
         )
         for name, text in CONSUMER_COUNTERS.items():
             meter.create_observable_counter(
@@ -229,6 +245,22 @@ class Instrumentation:
             "consumers of a consumed queue (consumer_lag_interval)",
         )
 
+    def _providers_live(self, now: float) -> bool:
+        """An SDK (or another implementation) backs the tracer or the meter provider.
+
+        Until one does, spans and measurements would all be dropped by the API's no-op
+        defaults, so the hooks skip them. Asking the API costs microseconds, so it is
+        asked at most once a second; a global provider can be set once only, so the
+        answer is kept once it is yes.
+        """
+        if now < self._next_check:
+            return False
+        self._next_check = now + 1.0
+        tracer_provider = self.tracer_provider or trace.get_tracer_provider()
+        meter_provider = self.meter_provider or metrics.get_meter_provider()
+        self._live = not (_api_default(tracer_provider) and _api_default(meter_provider))
+        return self._live
+
     def close(self) -> None:
         """Stop the pollers and report nothing more from the observable instruments."""
         self._closed = True
@@ -243,37 +275,71 @@ class Instrumentation:
         exchange: str,
         routing_key: str,
         properties: BasicProperties | None,
-    ) -> tuple[BasicProperties, Callable[[Any], None]]:
-        props = BasicProperties() if properties is None else copy.copy(properties)
-        if props.message_id is None:
-            props.message_id = f"{publisher._id_prefix}{next(publisher._ids)}"
+    ) -> tuple[BasicProperties | None, Callable[[Any], None]]:
+        if not self._live and not self._providers_live(time.monotonic()):
+            return properties, _ignore
         destination = exchange or DEFAULT_EXCHANGE
-        attributes: dict[str, AttributeValue] = {
-            A_SYSTEM: SYSTEM,
-            A_OPERATION_NAME: "publish",
-            A_OPERATION_TYPE: "send",
-            A_DESTINATION: destination,
-            A_MESSAGE_ID: props.message_id,
-        }
-        if routing_key:
-            attributes[A_ROUTING_KEY] = routing_key
-        if props.correlation_id:
-            attributes[A_CONVERSATION_ID] = props.correlation_id
-        params = publisher._conn.params
-        attributes[A_SERVER_ADDRESS] = params.host
-        attributes[A_SERVER_PORT] = params.port
-        span = self._tracer.start_span(
-            f"publish {destination}", kind=SpanKind.PRODUCER, attributes=attributes
-        )
-        headers = dict(props.headers) if props.headers else {}
-        propagate.inject(headers, context=trace.set_span_in_context(span))
-        props.headers = headers
-        watch = _PublishWatch(self, span, {A_DESTINATION: destination}, publisher._confirm)
-        return props, watch
+        span = self._tracer.start_span(f"publish {destination}", kind=SpanKind.PRODUCER)
+        if span.get_span_context().is_valid:  # else no SDK: nothing to record or propagate
+            props = BasicProperties() if properties is None else copy.copy(properties)
+            if props.message_id is None:
+                props.message_id = f"{publisher._id_prefix}{next(publisher._ids)}"
+            if span.is_recording():
+                params = publisher._conn.params
+                attributes: dict[str, AttributeValue] = {
+                    A_SYSTEM: SYSTEM,
+                    A_OPERATION_NAME: "publish",
+                    A_OPERATION_TYPE: "send",
+                    A_DESTINATION: destination,
+                    A_MESSAGE_ID: props.message_id,
+                    A_SERVER_ADDRESS: params.host,
+                    A_SERVER_PORT: params.port,
+                }
+                if routing_key:
+                    attributes[A_ROUTING_KEY] = routing_key
+                if props.correlation_id:
+                    attributes[A_CONVERSATION_ID] = props.correlation_id
+                span.set_attributes(attributes)
+            headers = dict(props.headers) if props.headers else {}
+            propagate.inject(headers, context=trace.set_span_in_context(span))
+            props.headers = headers
+            properties = props
+        return properties, _PublishWatch(self, span, destination, publisher._confirm)
+
+    def _count_publish(self, destination: str, index: int | None) -> None:
+        """One more published message (index 0), or a settled one: its outcome's index,
+        or ``None`` without confirms. The in-flight count (index 1) follows."""
+        with self._publish_lock:
+            counts = self._publish_counts.get(destination)
+            if counts is None:
+                counts = self._publish_counts[destination] = [0] * (2 + len(PUBLISH_OUTCOMES))
+            if index == 0:
+                counts[0] += 1
+                counts[1] += 1
+            else:
+                counts[1] -= 1
+                if index is not None:
+                    counts[index] += 1
+
+    def _publish_callback(self, index: int) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            if self._closed:
+                return []
+            with self._publish_lock:
+                rows = [(dest, counts[index]) for dest, counts in self._publish_counts.items()]
+            return [Observation(value, {A_DESTINATION: dest}) for dest, value in rows]
+
+        return observe
 
     # ------------------------------------------------------------------ consumer
 
     async def process(self, consumer: AsyncConsumer, work: Message | list[Message]) -> None:
+        if not self._live and not self._providers_live(time.monotonic()):
+            if isinstance(work, list):
+                await consumer._handle_batch(work)
+            else:
+                await consumer._handle(work)
+            return
         queue = consumer.queue
         attributes: dict[str, AttributeValue] = {
             A_SYSTEM: SYSTEM,
@@ -456,52 +522,57 @@ class Instrumentation:
         return observe
 
 
+def _api_default(provider: object) -> bool:
+    """``provider`` is the OpenTelemetry API's own (proxy or no-op): nothing records."""
+    return type(provider).__module__.startswith(("opentelemetry.trace", "opentelemetry.metrics"))
+
+
+def _ignore(_future: Any) -> None:
+    """The publish hook's ``finish`` while no SDK is configured."""
+
+
 class _PublishWatch:
     """Ends a publish span and counts the outcome when the publish future settles."""
 
-    __slots__ = ("attributes", "confirm", "instrumentation", "span", "start")
+    __slots__ = ("confirm", "destination", "instrumentation", "span", "start")
 
     def __init__(
-        self,
-        instrumentation: Instrumentation,
-        span: Span,
-        attributes: Mapping[str, AttributeValue],
-        confirm: bool,
+        self, instrumentation: Instrumentation, span: Span, destination: str, confirm: bool
     ) -> None:
         self.instrumentation = instrumentation
         self.span = span
-        self.attributes = attributes
+        self.destination = destination
         self.confirm = confirm
         self.start = time.perf_counter()
 
     def __call__(self, future: Any) -> None:
         """``future`` was handed to the caller: the message is on its way."""
-        instrumentation = self.instrumentation
-        instrumentation.published.add(1, self.attributes)
-        instrumentation.in_flight.add(1, self.attributes)
+        self.instrumentation._count_publish(self.destination, 0)
         future.add_done_callback(self._settled)
 
     def _settled(self, future: Any) -> None:
         instrumentation = self.instrumentation
         span = self.span
-        instrumentation.in_flight.add(-1, self.attributes)
         exc: BaseException | None
         exc = asyncio.CancelledError() if future.cancelled() else future.exception()
         if not self.confirm and exc is None:
+            instrumentation._count_publish(self.destination, None)
             span.set_attribute(A_OUTCOME, "sent")
             span.end()
             return
         outcome = publish_outcome(exc)
-        instrumentation._outcome_counters[outcome].add(1, self.attributes)
+        instrumentation._count_publish(self.destination, _OUTCOME_INDEX[outcome])
         if outcome != "failed":  # the broker answered: that took the confirm latency
             instrumentation.confirm_duration.record(
-                time.perf_counter() - self.start, {**self.attributes, A_OUTCOME: outcome}
+                time.perf_counter() - self.start,
+                {A_DESTINATION: self.destination, A_OUTCOME: outcome},
             )
-        span.set_attribute(A_OUTCOME, outcome)
-        if exc is not None:
-            kind = type(exc).__qualname__
-            span.set_attribute(A_ERROR_TYPE, kind)
-            span.set_status(Status(StatusCode.ERROR, f"{outcome}: {exc}"))
+        if span.is_recording():
+            span.set_attribute(A_OUTCOME, outcome)
+            if exc is not None:
+                kind = type(exc).__qualname__
+                span.set_attribute(A_ERROR_TYPE, kind)
+                span.set_status(Status(StatusCode.ERROR, f"{outcome}: {exc}"))
         span.end()
 
 

@@ -30,7 +30,7 @@ class Hooks(Protocol):
         exchange: str,
         routing_key: str,
         properties: BasicProperties | None,
-    ) -> tuple[BasicProperties, Callable[[Any], None]]:
+    ) -> tuple[BasicProperties | None, Callable[[Any], None]]:
         """Start a publish span, inject its context; returns the properties to send
         and ``finish(future)`` to call with the future of the outcome."""
         ...
