@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
+from opentelemetry.metrics import Meter, NoOpMeter, NoOpMeterProvider
 from opentelemetry.sdk.metrics import MeterProvider
 
 from rabbitry import observability
 from rabbitry.exceptions import ConfigurationError
 from rabbitry.observability import _state
+from rabbitry.observability._otel import A_OUTCOME, A_STATE, Instrumentation
 from rabbitry.observability.prometheus import PrometheusReader
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "observability.md"
+DASHBOARD = ROOT / "docs" / "grafana" / "rabbitry.json"
 
 
 def test_importing_rabbitry_does_not_import_opentelemetry() -> None:
@@ -78,3 +88,62 @@ def test_the_exposition_has_counters_gauges_and_cumulative_histogram_buckets() -
     assert 'a_duration_seconds_bucket{ok="true",le="+Inf"} 3' in lines
     assert 'a_duration_seconds_sum{ok="true"} 5.55' in lines
     assert 'a_duration_seconds_count{ok="true"} 3' in lines
+
+
+class _RecordingMeter(NoOpMeter):
+    """A no-op meter that remembers what was created: (name, unit, kind)."""
+
+    def __init__(self) -> None:
+        super().__init__("rabbitry")
+        self.created: list[tuple[str, str, str]] = []
+
+    def __getattribute__(self, attribute: str) -> Any:
+        value = super().__getattribute__(attribute)
+        if not attribute.startswith("create_"):
+            return value
+
+        def create(name: str, *args: Any, **kwargs: Any) -> Any:
+            # (name, unit, description) or (name, callbacks, unit, description)
+            at = 1 if attribute.startswith("create_observable_") else 0
+            unit = args[at] if len(args) > at else kwargs.get("unit", "")
+            self.created.append((name, unit, attribute.removeprefix("create_")))
+            return value(name, *args, **kwargs)
+
+        return create
+
+
+class _RecordingMeterProvider(NoOpMeterProvider):
+    def __init__(self) -> None:
+        self.meter = _RecordingMeter()
+
+    def get_meter(self, name: str, *args: Any, **kwargs: Any) -> Meter:
+        return self.meter
+
+
+def _prometheus_name(name: str, unit: str, kind: str) -> str:
+    base = name.replace(".", "_") + ("_seconds" if unit == "s" else "")
+    return base + "_total" if kind in ("counter", "observable_counter") else base
+
+
+def test_every_metric_is_documented_and_the_dashboard_uses_only_real_metrics() -> None:
+    provider = _RecordingMeterProvider()
+    Instrumentation(meter_provider=provider)
+    created = provider.meter.created
+    metric_row = r"^\| `(rabbitry\.[a-z_.]+)` \| (?:counter|up-down counter|histogram, s|gauge) \|"
+    documented = set(re.findall(metric_row, DOC.read_text(), re.M))
+    assert {name for name, _unit, _kind in created} == documented
+    exposed = {_prometheus_name(*row) for row in created}
+    histograms = {
+        _prometheus_name(name, unit, kind) for name, unit, kind in created if kind == "histogram"
+    }
+    exposed |= {f"{name}_bucket" for name in histograms}
+    dashboard = json.loads(DASHBOARD.read_text())
+    used = set()
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            used |= set(re.findall(r"\b(rabbitry_[a-z_]+)", target["expr"]))
+    for variable in dashboard["templating"]["list"]:
+        used |= set(re.findall(r"\b(rabbitry_[a-z_]+)", variable.get("definition", "")))
+    used -= {A_OUTCOME.replace(".", "_"), A_STATE.replace(".", "_")}  # label names
+    assert used, "the dashboard queries no rabbitry metric"
+    assert used <= exposed, f"the dashboard uses unknown metrics: {sorted(used - exposed)}"
