@@ -33,11 +33,13 @@ from tests.support.broker_ctl import rabbitmqctl
 import rabbitry
 from rabbitry import AsyncConnection, Connection, Message, observability
 from rabbitry.exceptions import Reject
+from rabbitry.outbox import SQLiteOutbox
 from rabbitry.recovery import RecoveryPolicy, State
 from rabbitry.topology import Exchange, Queue, RetryPolicy, Topology
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
+    from pathlib import Path
 
     from tests.integration.conftest import Names
 
@@ -373,6 +375,27 @@ async def test_consumer_lag_exports_the_depth_of_the_consumed_queue(
     finally:
         observability.uninstrument()
         telemetry.meter_provider.shutdown()
+
+
+async def test_outbox_metrics_follow_the_outbox_publisher(
+    conn: AsyncConnection, names: Names, telemetry: Telemetry, tmp_path: Path
+) -> None:
+    queue = names.queue()
+    exchange = names.exchange()
+    await Topology(queues=[Queue(queue)], exchanges=[Exchange(exchange, "direct")]).aapply(conn)
+    path = str(tmp_path / "outbox.db")
+    async with await conn.publisher(outbox=SQLiteOutbox(path), timeout=WAIT) as publisher:
+        for body in (b"1", b"2", b"3"):
+            await publisher.publish(body, routing_key=queue)
+        await publisher.publish(b"lost", exchange=exchange, routing_key="nowhere", mandatory=True)
+        await publisher.flush(timeout=WAIT)
+        outbox = {"rabbitry__outbox": path}
+        assert telemetry.value("rabbitry.outbox.stored", **outbox) == 4
+        assert telemetry.value("rabbitry.outbox.dead", **outbox) == 1
+        assert telemetry.value("rabbitry.outbox.pending", **outbox) == 0
+        assert telemetry.value("rabbitry.outbox.oldest_age", **outbox) == 0
+        assert telemetry.value("rabbitry.outbox.acked", **outbox) == publisher.stats().acked
+    assert telemetry.value("rabbitry.outbox.stored", **outbox) == 4  # closed: kept
 
 
 # --------------------------------------------------------------------------- Prometheus

@@ -17,6 +17,7 @@ from rabbitry import observability
 from rabbitry.exceptions import ConfigurationError
 from rabbitry.observability import _state
 from rabbitry.observability._otel import A_OUTCOME, A_STATE, Instrumentation
+from rabbitry.observability._outbox import A_OUTBOX
 from rabbitry.observability.prometheus import PrometheusReader
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,7 +122,7 @@ class _RecordingMeterProvider(NoOpMeterProvider):
 
 
 def _prometheus_name(name: str, unit: str, kind: str) -> str:
-    base = name.replace(".", "_") + ("_seconds" if unit == "s" else "")
+    base = name.replace(".", "_") + {"s": "_seconds", "By": "_bytes"}.get(unit, "")
     return base + "_total" if kind in ("counter", "observable_counter") else base
 
 
@@ -129,7 +130,8 @@ def test_every_metric_is_documented_and_the_dashboard_uses_only_real_metrics() -
     provider = _RecordingMeterProvider()
     Instrumentation(meter_provider=provider)
     created = provider.meter.created
-    metric_row = r"^\| `(rabbitry\.[a-z_.]+)` \| (?:counter|up-down counter|histogram, s|gauge) \|"
+    kinds = "counter|up-down counter|histogram, s|gauge|gauge, s"
+    metric_row = rf"^\| `(rabbitry\.[a-z_.]+)` \| (?:{kinds}) \|"
     documented = set(re.findall(metric_row, DOC.read_text(), re.M))
     assert {name for name, _unit, _kind in created} == documented
     exposed = {_prometheus_name(*row) for row in created}
@@ -144,6 +146,6 @@ def test_every_metric_is_documented_and_the_dashboard_uses_only_real_metrics() -
             used |= set(re.findall(r"\b(rabbitry_[a-z_]+)", target["expr"]))
     for variable in dashboard["templating"]["list"]:
         used |= set(re.findall(r"\b(rabbitry_[a-z_]+)", variable.get("definition", "")))
-    used -= {A_OUTCOME.replace(".", "_"), A_STATE.replace(".", "_")}  # label names
+    used -= {name.replace(".", "_") for name in (A_OUTCOME, A_STATE, A_OUTBOX)}  # labels
     assert used, "the dashboard queries no rabbitry metric"
     assert used <= exposed, f"the dashboard uses unknown metrics: {sorted(used - exposed)}"

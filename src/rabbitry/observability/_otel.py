@@ -34,6 +34,7 @@ from .. import __version__
 from ..exceptions import AMQPError, Nacked, PublishRefused, Unroutable
 from ..protocol.spec import BasicProperties
 from ..recovery import State
+from ._outbox import OutboxMetrics
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 
     from ..aio.connection import AsyncConnection
     from ..consumer import AsyncConsumer, ConsumerStats
+    from ..outbox_publisher import AsyncOutboxPublisher
     from ..protocol.message import Message
     from ..publisher import AsyncPublisher
     from ..topology import RetryDecision
@@ -232,6 +234,7 @@ class Instrumentation:
             "{connection}",
             "connections in each state (connecting, open, recovering, closed)",
         )
+        self._outboxes = OutboxMetrics(meter, lambda: self._closed)
         meter.create_observable_gauge(
             "rabbitry.queue.messages",
             [self._depth_callback(1)],
@@ -472,6 +475,9 @@ class Instrumentation:
                     pass
 
     # ------------------------------------------------------------------ connection
+
+    def outbox_started(self, publisher: AsyncOutboxPublisher) -> None:
+        self._outboxes.follow(publisher)
 
     def connection_created(self, connection: AsyncConnection) -> None:
         connection.on_state_change(_ConnectionWatch(self, connection.state))

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from ..aio.connection import AsyncConnection
     from ..consumer import AsyncConsumer
+    from ..outbox_publisher import AsyncOutboxPublisher
     from ..protocol.message import Message
     from ..protocol.spec import BasicProperties
     from ..publisher import AsyncPublisher
@@ -55,6 +56,10 @@ class Hooks(Protocol):
 
     def consumer_started(self, consumer: AsyncConsumer) -> None:
         """``consumer`` subscribed (loop thread)."""
+        ...
+
+    def outbox_started(self, publisher: AsyncOutboxPublisher) -> None:
+        """An outbox publisher started delivering (loop thread)."""
         ...
 
     def connection_created(self, connection: AsyncConnection) -> None:

@@ -3,8 +3,9 @@
 :class:`PrometheusReader` is an SDK metric reader that collects when scraped and renders
 the Prometheus text exposition format (version 0.0.4); :class:`PrometheusServer` serves
 it over HTTP from a daemon thread. Names follow the usual OpenTelemetry to Prometheus
-mapping: dots become underscores, a unit of seconds adds ``_seconds``, a monotonic sum
-adds ``_total``; attribute names become label names the same way.
+mapping: dots become underscores, a unit of seconds (bytes) adds ``_seconds``
+(``_bytes``), a monotonic sum adds ``_total``; attribute names become label names the
+same way.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ __all__ = ["PrometheusReader", "PrometheusServer", "render"]
 
 _INVALID = re.compile(r"[^a-zA-Z0-9_:]")
 _INVALID_LABEL = re.compile(r"[^a-zA-Z0-9_]")
+_UNIT_SUFFIXES = {"s": "_seconds", "By": "_bytes"}
 _CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -99,8 +101,9 @@ def render(data: MetricsData | None) -> str:
 
 def _family(metric: Any, families: dict[str, tuple[str, str, list[str]]]) -> None:
     base = _INVALID.sub("_", metric.name)
-    if metric.unit == "s" and not base.endswith("_seconds"):
-        base += "_seconds"
+    suffix = _UNIT_SUFFIXES.get(metric.unit or "")
+    if suffix and not base.endswith(suffix):
+        base += suffix
     point_data = metric.data
     if isinstance(point_data, Sum):
         kind = "counter" if point_data.is_monotonic else "gauge"
