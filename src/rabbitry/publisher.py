@@ -663,6 +663,11 @@ class AsyncPublisher:
             InvalidStateError: the publisher or its connection is closed before the
                 first message was sent (later, the unsent messages get it as outcome).
         """
+        traced = _obs.active
+        if traced is not None:  # rabbitry.observability: a span per message
+            messages, finish = traced.publish_batch(
+                self, messages, exchange, routing_key, properties
+            )
         encoded = self._encode_batch(
             messages, exchange, routing_key, properties, mandatory, persistent, expiration
         )
@@ -693,6 +698,8 @@ class AsyncPublisher:
                 count = 1 + extra
             self._send_batch(encoded[start : start + count], batch, start, deadline, release)
             start += count
+        if traced is not None:
+            finish(done)
         return await asyncio.shield(done)
 
     async def wait_for_confirms(self, *, timeout: float | None = None) -> None:

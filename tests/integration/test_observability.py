@@ -34,6 +34,7 @@ import rabbitry
 from rabbitry import AsyncConnection, Connection, Message, observability
 from rabbitry.exceptions import Reject
 from rabbitry.outbox import SQLiteOutbox
+from rabbitry.publisher import OutgoingMessage
 from rabbitry.recovery import RecoveryPolicy, State
 from rabbitry.topology import Exchange, Queue, RetryPolicy, Topology
 
@@ -258,6 +259,58 @@ async def test_a_nacked_publish_ends_its_span_with_error_status(
     assert span.attributes["rabbitry.outcome"] == "nacked"
     assert telemetry.value("rabbitry.publisher.nacked") == 1
     assert telemetry.value("rabbitry.publisher.confirm.duration", rabbitry__outcome="nacked") == 1
+
+
+async def test_publish_batch_has_a_span_per_message_with_its_own_outcome(
+    conn: AsyncConnection, names: Names, telemetry: Telemetry
+) -> None:
+    queue = names.queue()
+    exchange = names.exchange()
+    await Topology(queues=[Queue(queue)], exchanges=[Exchange(exchange, "direct")]).aapply(conn)
+    lost = OutgoingMessage(b"lost", exchange=exchange, routing_key="nowhere", mandatory=True)
+    async with await conn.publisher() as publisher:
+        outcomes = await publisher.publish_batch([b"a", lost, b"b"], routing_key=queue)
+    assert outcomes[0] is None and outcomes[2] is None
+    assert isinstance(outcomes[1], rabbitry.Unroutable)
+    (returned,) = telemetry.finished(f"publish {exchange}")
+    assert returned.status.status_code is StatusCode.ERROR
+    assert returned.attributes["rabbitry.outcome"] == "returned"
+    confirmed = telemetry.finished("publish amq.default")
+    assert [s.attributes["rabbitry.outcome"] for s in confirmed] == ["confirmed"] * 2
+    channel = await conn.channel()
+    got = [await channel.basic_get(queue, no_ack=True) for _ in range(2)]
+    ids = {s.context.span_id for s in confirmed}
+    assert {_parent_span_id(m) for m in got if m is not None} == ids
+    default = {"messaging__destination__name": "amq.default"}
+    assert telemetry.value("rabbitry.publisher.published", **default) == 2
+    assert telemetry.value("rabbitry.publisher.confirmed", **default) == 2
+    assert (
+        telemetry.value("rabbitry.publisher.returned", messaging__destination__name=exchange) == 1
+    )
+
+
+def test_the_sync_publish_batch_has_a_span_per_message(
+    url: str, names: Names, telemetry: Telemetry
+) -> None:
+    queue = names.queue()
+    with Connection(url) as conn:
+        Topology(queues=[Queue(queue)]).apply(conn)
+        with conn.publisher() as publisher:
+            assert publisher.publish_batch([b"a", b"b", b"c"], routing_key=queue) == [None] * 3
+    spans = telemetry.finished("publish amq.default")
+    assert [s.attributes["rabbitry.outcome"] for s in spans] == ["confirmed"] * 3
+    assert len({s.attributes["messaging.message.id"] for s in spans}) == 3
+    default = {"messaging__destination__name": "amq.default"}
+    assert telemetry.value("rabbitry.publisher.published", **default) == 3
+    assert telemetry.value("rabbitry.publisher.in_flight", **default) == 0
+
+
+def _parent_span_id(message: Message) -> int:
+    """The span id in the message's ``traceparent`` header."""
+    headers = message.properties.headers or {}
+    value = headers["traceparent"]
+    text = value.decode() if isinstance(value, bytes) else value
+    return int(text.split("-")[2], 16)
 
 
 # --------------------------------------------------------------------------- metrics

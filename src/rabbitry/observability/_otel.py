@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import copy
+import dataclasses
 import logging
 import threading
 import time
@@ -33,6 +34,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from .. import __version__
 from ..exceptions import AMQPError, Nacked, PublishRefused, Unroutable
 from ..protocol.spec import BasicProperties
+from ..publisher import OutgoingMessage
 from ..recovery import State
 from ._outbox import OutboxMetrics
 
@@ -47,7 +49,7 @@ if TYPE_CHECKING:
     from ..consumer import AsyncConsumer, ConsumerStats
     from ..outbox_publisher import AsyncOutboxPublisher
     from ..protocol.message import Message
-    from ..publisher import AsyncPublisher
+    from ..publisher import AsyncPublisher, Body
     from ..topology import RetryDecision
 
 logger = logging.getLogger("rabbitry.observability")
@@ -309,6 +311,36 @@ class Instrumentation:
             properties = props
         return properties, _PublishWatch(self, span, destination, publisher._confirm)
 
+    def publish_batch(
+        self,
+        publisher: AsyncPublisher,
+        messages: Iterable[OutgoingMessage | Body],
+        exchange: str,
+        routing_key: str,
+        properties: BasicProperties | None,
+    ) -> tuple[Iterable[OutgoingMessage | Body], Callable[[Any], None]]:
+        if isinstance(messages, bytes | bytearray | memoryview | str | OutgoingMessage):
+            return messages, _ignore  # publish_batch refuses one message itself
+        if not self._live and not self._providers_live(time.monotonic()):
+            return messages, _ignore
+        out: list[OutgoingMessage | Body] = []
+        watches: list[_PublishWatch] = []
+        for message in messages:
+            if isinstance(message, OutgoingMessage):
+                props, watch = self.publish(
+                    publisher,
+                    exchange if message.exchange is None else message.exchange,
+                    routing_key if message.routing_key is None else message.routing_key,
+                    properties if message.properties is None else message.properties,
+                )
+                out.append(dataclasses.replace(message, properties=props))
+            else:
+                props, watch = self.publish(publisher, exchange, routing_key, properties)
+                out.append(OutgoingMessage(message, properties=props))
+            assert isinstance(watch, _PublishWatch)
+            watches.append(watch)
+        return out, _BatchWatch(watches)
+
     def _count_publish(self, destination: str, index: int | None) -> None:
         """One more published message (index 0), or a settled one: its outcome's index,
         or ``None`` without confirms. The in-flight count (index 1) follows."""
@@ -557,10 +589,12 @@ class _PublishWatch:
         future.add_done_callback(self._settled)
 
     def _settled(self, future: Any) -> None:
+        self.settle(asyncio.CancelledError() if future.cancelled() else future.exception())
+
+    def settle(self, exc: BaseException | None) -> None:
+        """The broker (or the channel's end) settled the message: ``exc`` is why not."""
         instrumentation = self.instrumentation
         span = self.span
-        exc: BaseException | None
-        exc = asyncio.CancelledError() if future.cancelled() else future.exception()
         if not self.confirm and exc is None:
             instrumentation._count_publish(self.destination, None)
             span.set_attribute(A_OUTCOME, "sent")
@@ -580,6 +614,31 @@ class _PublishWatch:
                 span.set_attribute(A_ERROR_TYPE, kind)
                 span.set_status(Status(StatusCode.ERROR, f"{outcome}: {exc}"))
         span.end()
+
+
+class _BatchWatch:
+    """The :class:`_PublishWatch` of every message of a batch, settled together from the
+    batch's list of outcomes (their spans end when the whole batch is settled)."""
+
+    __slots__ = ("watches",)
+
+    def __init__(self, watches: list[_PublishWatch]) -> None:
+        self.watches = watches
+
+    def __call__(self, future: Any) -> None:
+        for watch in self.watches:
+            watch.instrumentation._count_publish(watch.destination, 0)
+        future.add_done_callback(self._settled)
+
+    def _settled(self, future: Any) -> None:
+        outcomes: list[BaseException | None]
+        if future.cancelled() or future.exception() is not None:
+            error = asyncio.CancelledError() if future.cancelled() else future.exception()
+            outcomes = [error] * len(self.watches)
+        else:
+            outcomes = future.result()
+        for watch, outcome in zip(self.watches, outcomes, strict=True):
+            watch.settle(outcome)
 
 
 class _ConnectionWatch:

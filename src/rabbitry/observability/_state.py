@@ -11,14 +11,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from ..aio.connection import AsyncConnection
     from ..consumer import AsyncConsumer
     from ..outbox_publisher import AsyncOutboxPublisher
     from ..protocol.message import Message
     from ..protocol.spec import BasicProperties
-    from ..publisher import AsyncPublisher
+    from ..publisher import AsyncPublisher, Body, OutgoingMessage
     from ..topology import RetryDecision
 
 
@@ -34,6 +34,18 @@ class Hooks(Protocol):
     ) -> tuple[BasicProperties | None, Callable[[Any], None]]:
         """Start a publish span, inject its context; returns the properties to send
         and ``finish(future)`` to call with the future of the outcome."""
+        ...
+
+    def publish_batch(
+        self,
+        publisher: AsyncPublisher,
+        messages: Iterable[OutgoingMessage | Body],
+        exchange: str,
+        routing_key: str,
+        properties: BasicProperties | None,
+    ) -> tuple[Iterable[OutgoingMessage | Body], Callable[[Any], None]]:
+        """As :meth:`publish` for each message of a batch; ``finish(future)`` takes the
+        future of the list of outcomes."""
         ...
 
     async def process(self, consumer: AsyncConsumer, work: Message | list[Message]) -> None:

@@ -238,6 +238,11 @@ class Publisher:
             InvalidStateError: the publisher is closed.
         """
         engine = self._async
+        traced = _obs.active
+        if traced is not None:  # rabbitry.observability: a span per message
+            messages, finish = traced.publish_batch(
+                engine, messages, exchange, routing_key, properties
+            )
         encoded = engine._encode_batch(
             messages, exchange, routing_key, properties, mandatory, persistent, expiration
         )
@@ -286,6 +291,8 @@ class Publisher:
                 size=sum(sum(map(len, frames)) for frames, _id, _mandatory in chunk),
             )
             start += count
+        if traced is not None:
+            finish(done)
         wait = None if deadline is None else max(0.0, deadline - time.monotonic()) + 1.0
         try:
             return done.result(wait)
