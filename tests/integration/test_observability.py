@@ -7,10 +7,14 @@ uninstruments it afterwards.
 * One message whose handler always fails is retried twice and parked: one trace holds
   the publish span and the three process spans (children of it), whose events name
   each move with its attempt number; for the broker-driven and the republish retry path.
-* A returned (mandatory, unroutable) or nacked publish ends its span with error status.
-* The publisher, consumer and recovery metrics equal the counts of a known workload.
+* A handler's own spans are children of the process span, in the sync consumer's worker
+  threads too.
+* A returned (mandatory, unroutable), nacked or refused publish ends its span with error
+  status; ``publish_batch`` gets one span per message, with its own outcome.
+* The publisher, consumer, outbox and recovery metrics equal the counts of a known
+  workload; consumer lag is the depth of the consumed queue.
 * ``serve_prometheus`` serves those counters over HTTP.
-* Consumer lag: the depth of a consumed queue is exported when asked for.
+* Instrumented without an SDK, messages go out untouched (nothing to propagate).
 """
 
 from __future__ import annotations
@@ -311,6 +315,22 @@ def _parent_span_id(message: Message) -> int:
     value = headers["traceparent"]
     text = value.decode() if isinstance(value, bytes) else value
     return int(text.split("-")[2], 16)
+
+
+async def test_a_refused_publish_ends_its_span_with_error_status(
+    conn: AsyncConnection, names: Names, telemetry: Telemetry
+) -> None:
+    missing = names.exchange("never-declared")
+    async with await conn.publisher() as publisher:
+        with pytest.raises(rabbitry.PublishRefused):
+            await (await publisher.publish(b"m", exchange=missing, routing_key="k"))
+    (span,) = telemetry.finished(f"publish {missing}")
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.attributes["rabbitry.outcome"] == "refused"
+    assert telemetry.value("rabbitry.publisher.refused", messaging__destination__name=missing) == 1
+    assert (
+        telemetry.value("rabbitry.publisher.in_flight", messaging__destination__name=missing) == 0
+    )
 
 
 # --------------------------------------------------------------------------- metrics

@@ -270,7 +270,10 @@ class Instrumentation:
         """Stop the pollers and report nothing more from the observable instruments."""
         self._closed = True
         for task in list(self._pollers):
-            task.get_loop().call_soon_threadsafe(task.cancel)
+            try:
+                task.get_loop().call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # its loop is closed: the task is gone with it
+                pass
 
     # ------------------------------------------------------------------ publisher
 
@@ -480,7 +483,7 @@ class Instrumentation:
         channel = None
         failures = 0
         try:
-            while not self._closed and consumer.is_running:
+            while not self._closed and consumer.is_running and not connection.is_closed:
                 try:
                     if channel is None or channel.is_closed:
                         channel = await connection.channel(timeout=interval)
