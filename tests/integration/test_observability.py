@@ -394,6 +394,25 @@ def test_metrics_equal_the_counts_of_a_known_workload(
     assert value("rabbitry.connection.state", rabbitry__connection__state="open") == 0
 
 
+async def test_instrumenting_again_with_the_same_meter_provider_keeps_counting(
+    conn: AsyncConnection, names: Names, telemetry: Telemetry
+) -> None:
+    queue = names.queue()
+    await Topology(queues=[Queue(queue)]).aapply(conn)
+    default = {"messaging__destination__name": "amq.default"}
+    async with await conn.publisher() as publisher:
+        await (await publisher.publish(b"1", routing_key=queue))
+        observability.uninstrument()
+        assert telemetry.value("rabbitry.publisher.published", **default) is None
+        await (await publisher.publish(b"not counted", routing_key=queue))
+        observability.instrument(telemetry.tracer_provider, telemetry.meter_provider)
+        observability.instrument(telemetry.tracer_provider, telemetry.meter_provider)
+        await (await publisher.publish(b"2", routing_key=queue))
+    assert telemetry.value("rabbitry.publisher.published", **default) == 2
+    assert telemetry.value("rabbitry.publisher.confirmed", **default) == 2
+    assert len(telemetry.finished("publish amq.default")) == 2
+
+
 async def test_a_recovery_is_counted_with_its_duration(
     url: str, names: Names, telemetry: Telemetry
 ) -> None:

@@ -20,14 +20,11 @@ import contextvars
 import copy
 import dataclasses
 import logging
-import threading
 import time
-import weakref
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
-from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
@@ -36,7 +33,7 @@ from ..exceptions import AMQPError, Nacked, PublishRefused, Unroutable
 from ..protocol.spec import BasicProperties
 from ..publisher import OutgoingMessage
 from ..recovery import State
-from ._outbox import OutboxMetrics
+from ._metrics import _OUTCOME_INDEX, A_DESTINATION, A_OUTCOME, A_STATE, metrics_for
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -46,7 +43,7 @@ if TYPE_CHECKING:
     from opentelemetry.util.types import AttributeValue
 
     from ..aio.connection import AsyncConnection
-    from ..consumer import AsyncConsumer, ConsumerStats
+    from ..consumer import AsyncConsumer
     from ..outbox_publisher import AsyncOutboxPublisher
     from ..protocol.message import Message
     from ..publisher import AsyncPublisher, Body
@@ -57,39 +54,11 @@ logger = logging.getLogger("rabbitry.observability")
 SYSTEM = "rabbitmq"
 #: The destination name of the default exchange ("").
 DEFAULT_EXCHANGE = "amq.default"
-#: Histogram buckets in seconds: sub-millisecond confirms up to slow handlers.
-DURATION_BUCKETS = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-)  # fmt: skip
-#: Publish outcomes exported as ``rabbitry.publisher.<outcome>``.
-PUBLISH_OUTCOMES = {
-    "confirmed": "messages the broker confirmed (basic.ack)",
-    "nacked": "messages the broker refused with basic.nack",
-    "returned": "mandatory messages returned unroutable",
-    "refused": "messages whose channel the broker closed because of them",
-    "failed": "messages with no confirm: deadline passed, channel or connection lost",
-}
-_OUTCOME_INDEX = {outcome: index for index, outcome in enumerate(PUBLISH_OUTCOMES, start=2)}
-#: ``ConsumerStats`` counters exported as ``rabbitry.consumer.<name>``.
-CONSUMER_COUNTERS = {
-    "delivered": "deliveries received",
-    "acked": "messages acknowledged after the handler succeeded",
-    "failed": "handler failures",
-    "retried": "failed messages sent to a retry queue",
-    "parked": "failed messages moved to the parking lot",
-    "dropped": "failed messages dropped (no parking lot or dead-letter exchange)",
-    "requeued": "messages put back on their queue (Requeue, or a failed move)",
-    "released": "prefetched messages handed back on stop",
-    "deduplicated": "redelivered duplicates acked without calling the handler",
-    "resubscribed": "subscriptions renewed after a broker cancel or channel error",
-}
 
 # Attribute names (OpenTelemetry semantic conventions, messaging).
 A_SYSTEM = "messaging.system"
 A_OPERATION_NAME = "messaging.operation.name"
 A_OPERATION_TYPE = "messaging.operation.type"
-A_DESTINATION = "messaging.destination.name"
 A_ROUTING_KEY = "messaging.rabbitmq.destination.routing_key"
 A_DELIVERY_TAG = "messaging.rabbitmq.message.delivery_tag"
 A_MESSAGE_ID = "messaging.message.id"
@@ -101,11 +70,9 @@ A_SERVER_ADDRESS = "server.address"
 A_SERVER_PORT = "server.port"
 A_ERROR_TYPE = "error.type"
 # rabbitry's own.
-A_OUTCOME = "rabbitry.outcome"
 A_ATTEMPT = "rabbitry.attempt"
 A_REDELIVERED = "rabbitry.redelivered"
 A_DELAY = "rabbitry.retry.delay"
-A_STATE = "rabbitry.connection.state"
 
 #: The error type of the handler failure in the running process span (per task).
 _handler_error: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -165,90 +132,13 @@ class Instrumentation:
         self.meter_provider = meter_provider
         self.consumer_lag_interval = consumer_lag_interval
         self._tracer = trace.get_tracer("rabbitry", __version__, tracer_provider)
-        meter = metrics.get_meter("rabbitry", __version__, meter_provider)
+        self.metrics = metrics_for(meter_provider)
+        self.metrics.enabled = True
+        self.metrics.owner = self
         self._closed = False
         self._live = False
         self._next_check = 0.0
-        self._lock = threading.Lock()
-        # Consumers started while instrumented: (weak consumer, queue, its stats); the
-        # stats of consumers that are gone are folded into _retired (monotonic totals).
-        self._consumers: list[tuple[weakref.ref[AsyncConsumer], str, ConsumerStats]] = []
-        self._retired: dict[str, dict[str, int]] = {}
-        # Queue depth polled for consumer lag: consumer id -> (queue, ready, consumers).
-        self._depth: dict[int, tuple[str, int, int]] = {}
         self._pollers: set[asyncio.Task[None]] = set()
-
-        # Publisher counts are kept here (one lock round per event) and exported by
-        # observable instruments: an SDK measurement per event would cost more than the
-        # publish itself. Per destination: [published, in flight, <outcomes>...].
-        self._publish_counts: dict[str, list[int]] = {}
-        self._publish_lock = threading.Lock()
-        meter.create_observable_counter(
-            "rabbitry.publisher.published",
-            [self._publish_callback(0)],
-            "{message}",
-            "messages handed to the channel",
-        )
-        for index, (outcome, text) in enumerate(PUBLISH_OUTCOMES.items(), start=2):
-            meter.create_observable_counter(
-                f"rabbitry.publisher.{outcome}", [self._publish_callback(index)], "{message}", text
-            )
-        meter.create_observable_up_down_counter(
-            "rabbitry.publisher.in_flight",
-            [self._publish_callback(1)],
-            "{message}",
-            "messages sent and not yet settled",
-        )
-        self.confirm_duration = meter.create_histogram(
-            "rabbitry.publisher.confirm.duration",
-            "s",
-            "from publish to the broker's ack, nack or return",
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
-        )
-        for name, text in CONSUMER_COUNTERS.items():
-            meter.create_observable_counter(
-                f"rabbitry.consumer.{name}", [self._stats_callback(name)], "{message}", text
-            )
-        self.redelivered = meter.create_counter(
-            "rabbitry.consumer.redelivered",
-            "{message}",
-            "deliveries flagged redelivered by the broker",
-        )
-        self.process_duration = meter.create_histogram(
-            "rabbitry.consumer.process.duration",
-            "s",
-            "handler time, its ack or retry/parking move included",
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
-        )
-        self.recoveries = meter.create_counter(
-            "rabbitry.connection.recoveries",
-            "{recovery}",
-            "connection recoveries ended, by outcome (recovered, failed)",
-        )
-        self.recovery_duration = meter.create_histogram(
-            "rabbitry.connection.recovery.duration",
-            "s",
-            "from the connection's loss to its recovery (or to giving up)",
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
-        )
-        self.connection_state = meter.create_up_down_counter(
-            "rabbitry.connection.state",
-            "{connection}",
-            "connections in each state (connecting, open, recovering, closed)",
-        )
-        self._outboxes = OutboxMetrics(meter, lambda: self._closed)
-        meter.create_observable_gauge(
-            "rabbitry.queue.messages",
-            [self._depth_callback(1)],
-            "{message}",
-            "messages ready in a consumed queue (consumer lag; consumer_lag_interval)",
-        )
-        meter.create_observable_gauge(
-            "rabbitry.queue.consumers",
-            [self._depth_callback(2)],
-            "{consumer}",
-            "consumers of a consumed queue (consumer_lag_interval)",
-        )
 
     def _providers_live(self, now: float) -> bool:
         """An SDK (or another implementation) backs the tracer or the meter provider.
@@ -269,6 +159,8 @@ class Instrumentation:
     def close(self) -> None:
         """Stop the pollers and report nothing more from the observable instruments."""
         self._closed = True
+        if self.metrics.owner is self:
+            self.metrics.enabled = False
         for task in list(self._pollers):
             try:
                 task.get_loop().call_soon_threadsafe(task.cancel)
@@ -344,31 +236,6 @@ class Instrumentation:
             watches.append(watch)
         return out, _BatchWatch(watches)
 
-    def _count_publish(self, destination: str, index: int | None) -> None:
-        """One more published message (index 0), or a settled one: its outcome's index,
-        or ``None`` without confirms. The in-flight count (index 1) follows."""
-        with self._publish_lock:
-            counts = self._publish_counts.get(destination)
-            if counts is None:
-                counts = self._publish_counts[destination] = [0] * (2 + len(PUBLISH_OUTCOMES))
-            if index == 0:
-                counts[0] += 1
-                counts[1] += 1
-            else:
-                counts[1] -= 1
-                if index is not None:
-                    counts[index] += 1
-
-    def _publish_callback(self, index: int) -> Callable[[CallbackOptions], Iterable[Observation]]:
-        def observe(_options: CallbackOptions) -> Iterable[Observation]:
-            if self._closed:
-                return []
-            with self._publish_lock:
-                rows = [(dest, counts[index]) for dest, counts in self._publish_counts.items()]
-            return [Observation(value, {A_DESTINATION: dest}) for dest, value in rows]
-
-        return observe
-
     # ------------------------------------------------------------------ consumer
 
     async def process(self, consumer: AsyncConsumer, work: Message | list[Message]) -> None:
@@ -391,7 +258,7 @@ class Instrumentation:
             links = []
             for message in work:
                 if message.redelivered:
-                    self.redelivered.add(1, metric_attributes)
+                    self.metrics.redelivered.add(1, metric_attributes)
                 context = trace.get_current_span(self._extract(message)).get_span_context()
                 if context.is_valid:
                     links.append(Link(context))
@@ -403,7 +270,7 @@ class Instrumentation:
         else:
             message = work
             if message.redelivered:
-                self.redelivered.add(1, metric_attributes)
+                self.metrics.redelivered.add(1, metric_attributes)
             if message.routing_key:
                 attributes[A_ROUTING_KEY] = message.routing_key
             message_id = message.properties.message_id
@@ -432,7 +299,7 @@ class Instrumentation:
             otel_context.detach(token)
             if failed is not None:
                 metric_attributes[A_ERROR_TYPE] = failed
-            self.process_duration.record(time.perf_counter() - start, metric_attributes)
+            self.metrics.process_duration.record(time.perf_counter() - start, metric_attributes)
             span.end()
 
     @staticmethod
@@ -468,8 +335,7 @@ class Instrumentation:
         span.set_attribute(A_OUTCOME, outcome)
 
     def consumer_started(self, consumer: AsyncConsumer) -> None:
-        with self._lock:
-            self._consumers.append((weakref.ref(consumer), consumer.queue, consumer.stats))
+        self.metrics.follow_consumer(consumer)
         interval = self.consumer_lag_interval
         if interval is not None:
             task = asyncio.get_running_loop().create_task(self._poll_depth(consumer, interval))
@@ -488,10 +354,10 @@ class Instrumentation:
                     if channel is None or channel.is_closed:
                         channel = await connection.channel(timeout=interval)
                     ok = await channel.queue_declare(consumer.queue, passive=True, timeout=interval)
-                    self._depth[key] = (consumer.queue, ok.message_count, ok.consumer_count)
+                    self.metrics.set_depth(key, consumer.queue, ok.message_count, ok.consumer_count)
                     failures = 0
                 except AMQPError as exc:
-                    self._depth.pop(key, None)
+                    self.metrics.drop_depth(key)
                     failures += 1
                     if failures == 1:
                         logger.warning(
@@ -502,7 +368,7 @@ class Instrumentation:
                         )
                 await asyncio.sleep(interval)
         finally:
-            self._depth.pop(key, None)
+            self.metrics.drop_depth(key)
             if channel is not None and not channel.is_closed and connection.is_open:
                 try:
                     await channel.close()
@@ -512,55 +378,10 @@ class Instrumentation:
     # ------------------------------------------------------------------ connection
 
     def outbox_started(self, publisher: AsyncOutboxPublisher) -> None:
-        self._outboxes.follow(publisher)
+        self.metrics.outboxes.follow(publisher)
 
     def connection_created(self, connection: AsyncConnection) -> None:
         connection.on_state_change(_ConnectionWatch(self, connection.state))
-
-    # ------------------------------------------------------------------ observables
-
-    def _stats_callback(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
-        def observe(_options: CallbackOptions) -> Iterable[Observation]:
-            if self._closed:
-                return []
-            totals = self._consumer_totals()
-            return [
-                Observation(values[name], {A_DESTINATION: queue})
-                for queue, values in totals.items()
-            ]
-
-        return observe
-
-    def _consumer_totals(self) -> dict[str, dict[str, int]]:
-        """Per queue: the counters of every consumer started while instrumented."""
-        with self._lock:
-            live = []
-            for entry in self._consumers:
-                ref, queue, stats = entry
-                if ref() is None:  # gone: keep its counts so the totals stay monotonic
-                    retired = self._retired.setdefault(queue, dict.fromkeys(CONSUMER_COUNTERS, 0))
-                    for name in CONSUMER_COUNTERS:
-                        retired[name] += getattr(stats, name)
-                else:
-                    live.append(entry)
-            self._consumers = live
-            totals = {queue: dict(values) for queue, values in self._retired.items()}
-            for _ref, queue, stats in live:
-                values = totals.setdefault(queue, dict.fromkeys(CONSUMER_COUNTERS, 0))
-                for name in CONSUMER_COUNTERS:
-                    values[name] += getattr(stats, name)
-        return totals
-
-    def _depth_callback(self, index: int) -> Callable[[CallbackOptions], Iterable[Observation]]:
-        def observe(_options: CallbackOptions) -> Iterable[Observation]:
-            if self._closed:
-                return []
-            latest: dict[str, int] = {}
-            for queue, ready, consumers in list(self._depth.values()):
-                latest[queue] = ready if index == 1 else consumers
-            return [Observation(value, {A_DESTINATION: queue}) for queue, value in latest.items()]
-
-        return observe
 
 
 def _api_default(provider: object) -> bool:
@@ -588,7 +409,7 @@ class _PublishWatch:
 
     def __call__(self, future: Any) -> None:
         """``future`` was handed to the caller: the message is on its way."""
-        self.instrumentation._count_publish(self.destination, 0)
+        self.instrumentation.metrics.count_publish(self.destination, 0)
         future.add_done_callback(self._settled)
 
     def _settled(self, future: Any) -> None:
@@ -599,14 +420,14 @@ class _PublishWatch:
         instrumentation = self.instrumentation
         span = self.span
         if not self.confirm and exc is None:
-            instrumentation._count_publish(self.destination, None)
+            instrumentation.metrics.count_publish(self.destination, None)
             span.set_attribute(A_OUTCOME, "sent")
             span.end()
             return
         outcome = publish_outcome(exc)
-        instrumentation._count_publish(self.destination, _OUTCOME_INDEX[outcome])
+        instrumentation.metrics.count_publish(self.destination, _OUTCOME_INDEX[outcome])
         if outcome != "failed":  # the broker answered: that took the confirm latency
-            instrumentation.confirm_duration.record(
+            instrumentation.metrics.confirm_duration.record(
                 time.perf_counter() - self.start,
                 {A_DESTINATION: self.destination, A_OUTCOME: outcome},
             )
@@ -630,7 +451,7 @@ class _BatchWatch:
 
     def __call__(self, future: Any) -> None:
         for watch in self.watches:
-            watch.instrumentation._count_publish(watch.destination, 0)
+            watch.instrumentation.metrics.count_publish(watch.destination, 0)
         future.add_done_callback(self._settled)
 
     def _settled(self, future: Any) -> None:
@@ -653,20 +474,20 @@ class _ConnectionWatch:
         self.instrumentation = instrumentation
         self.state = state
         self.since: float | None = None
-        instrumentation.connection_state.add(1, {A_STATE: state.value})
+        instrumentation.metrics.connection_state.add(1, {A_STATE: state.value})
 
     def __call__(self, state: State, _cause: AMQPError | None) -> None:
         instrumentation = self.instrumentation
-        instrumentation.connection_state.add(-1, {A_STATE: self.state.value})
-        instrumentation.connection_state.add(1, {A_STATE: state.value})
+        instrumentation.metrics.connection_state.add(-1, {A_STATE: self.state.value})
+        instrumentation.metrics.connection_state.add(1, {A_STATE: state.value})
         self.state = state
         if state is State.RECOVERING:
             if self.since is None:
                 self.since = time.monotonic()
         elif self.since is not None:
             outcome = "recovered" if state is State.OPEN else "failed"
-            instrumentation.recoveries.add(1, {A_OUTCOME: outcome})
-            instrumentation.recovery_duration.record(
+            instrumentation.metrics.recoveries.add(1, {A_OUTCOME: outcome})
+            instrumentation.metrics.recovery_duration.record(
                 time.monotonic() - self.since, {A_OUTCOME: outcome}
             )
             self.since = None
