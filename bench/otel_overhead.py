@@ -1,8 +1,10 @@
-"""Client CPU per confirmed publish with and without rabbitry.observability.
+"""Client CPU per message, publishing and consuming, with and without rabbitry.observability.
 
-Runs the same confirmed publish loop (``AsyncPublisher``, window 1000, 64-byte bodies,
-to an exclusive queue capped at 1,000 messages) once per mode, each mode in a fresh
-Python process (the OpenTelemetry global providers can be set only once):
+Runs the same two loops once per mode, each mode in a fresh Python process (the
+OpenTelemetry global providers can be set only once): a confirmed publish loop
+(``AsyncPublisher``, window 1000, 64-byte bodies, to an exclusive queue capped at 1,000
+messages), then an ``AsyncConsumer`` (prefetch 1000, manual acks, a handler that only
+counts) draining as many messages published beforehand. The modes:
 
 * ``off``: not instrumented (the hot paths see ``_state.active is None``);
 * ``noop``: ``instrument()`` with no SDK configured (the API's no-op providers);
@@ -12,8 +14,8 @@ Python process (the OpenTelemetry global providers can be set only once):
   into a ``BatchSpanProcessor`` whose exporter discards them, and a meter provider with
   an in-memory reader.
 
-CPU is ``time.process_time()`` (all threads of the process) around the loop, divided by
-the message count; the median of ``--repeats`` runs is printed. Usage::
+CPU is ``time.process_time()`` (all threads of the process) around each loop, divided
+by the message count; the median of ``--repeats`` runs is printed. Usage::
 
     .venv/bin/python bench/otel_overhead.py                # all modes, 20,000 messages
     .venv/bin/python bench/otel_overhead.py --messages 5000 --repeats 1 --modes off,sdk
@@ -82,13 +84,40 @@ async def publish_loop(url: str, messages: int) -> float:
             return (time.process_time() - start) / messages
 
 
+async def consume_loop(url: str, messages: int) -> float:
+    """Client CPU per message of an ``AsyncConsumer`` (prefetch 1000, a handler that
+    only counts, manual acks) draining ``messages`` published beforehand."""
+    import rabbitry
+
+    async with rabbitry.AsyncConnection(url) as conn:
+        channel = await conn.channel()
+        ok = await channel.queue_declare("", exclusive=True)
+        async with await conn.publisher(max_in_flight=1000) as publisher:
+            await publisher.publish_batch([b"x" * 64] * messages, routing_key=ok.queue)
+        done = asyncio.Event()
+        seen = 0
+
+        async def handler(message: rabbitry.Message) -> None:
+            nonlocal seen
+            seen += 1
+            if seen == messages:
+                done.set()
+
+        consumer = conn.consumer(ok.queue, handler, prefetch=1000)
+        start = time.process_time()
+        async with consumer:
+            await done.wait()
+        return (time.process_time() - start) / messages
+
+
 def child(mode: str, url: str, messages: int) -> None:
     keep = configure(mode)
-    per_message = asyncio.run(publish_loop(url, messages))
+    publish = asyncio.run(publish_loop(url, messages))
+    consume = asyncio.run(consume_loop(url, messages))
     if keep is not None:
         for provider in keep:
             provider.shutdown()
-    print(json.dumps({"mode": mode, "us_per_message": per_message * 1e6}))
+    print(json.dumps({"publish": publish * 1e6, "consume": consume * 1e6}))
 
 
 def main() -> None:
@@ -104,7 +133,7 @@ def main() -> None:
     if args.child:
         child(args.child, args.url, args.messages)
         return
-    results: dict[str, list[float]] = {}
+    results: dict[tuple[str, str], list[float]] = {}
     modes = args.modes.split(",")
     for _ in range(args.repeats):
         for mode in modes:  # interleaved, so a busy moment hurts every mode alike
@@ -113,14 +142,17 @@ def main() -> None:
                  "--messages", str(args.messages)],
                 check=True, capture_output=True, text=True,
             )  # fmt: skip
-            results.setdefault(mode, []).append(json.loads(out.stdout)["us_per_message"])
-    base = statistics.median(results["off"]) if "off" in results else None
-    print(f"{'mode':6} {'CPU µs/msg (median)':>20} {'runs':>30} {'vs off':>8}")
-    for mode in modes:
-        median = statistics.median(results[mode])
-        runs = ", ".join(f"{v:.1f}" for v in results[mode])
-        ratio = f"{median / base:.2f}×" if base else ""
-        print(f"{mode:6} {median:20.1f} {runs:>30} {ratio:>8}")
+            for loop, value in json.loads(out.stdout).items():
+                results.setdefault((loop, mode), []).append(value)
+    print(f"{'loop':8} {'mode':8} {'CPU µs/msg (median)':>20} {'runs':>30} {'vs off':>8}")
+    for loop in ("publish", "consume"):
+        base = results.get((loop, "off"))
+        for mode in modes:
+            values = results[(loop, mode)]
+            median = statistics.median(values)
+            runs = ", ".join(f"{v:.1f}" for v in values)
+            ratio = f"{median / statistics.median(base):.2f}×" if base else ""
+            print(f"{loop:8} {mode:8} {median:20.1f} {runs:>30} {ratio:>8}")
 
 
 if __name__ == "__main__":

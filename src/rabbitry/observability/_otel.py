@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.propagators.textmap import Getter
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace import INVALID_SPAN, Link, SpanKind, Status, StatusCode
 
 from .. import __version__
 from ..exceptions import AMQPError, Nacked, PublishRefused, Unroutable
@@ -136,25 +136,26 @@ class Instrumentation:
         self.metrics.enabled = True
         self.metrics.owner = self
         self._closed = False
-        self._live = False
+        # Whether an SDK (or another implementation) backs each provider; until both
+        # do, asked again at most once a second (_refresh).
+        self._tracing = self._metering = self._complete = False
         self._next_check = 0.0
         self._pollers: set[asyncio.Task[None]] = set()
 
-    def _providers_live(self, now: float) -> bool:
-        """An SDK (or another implementation) backs the tracer or the meter provider.
+    def _refresh(self) -> None:
+        """Find out whether spans and measurements would be recorded.
 
-        Until one does, spans and measurements would all be dropped by the API's no-op
-        defaults, so the hooks skip them. Asking the API costs microseconds, so it is
-        asked at most once a second; a global provider can be set once only, so the
-        answer is kept once it is yes.
+        With the API's own (proxy or no-op) providers they would all be dropped, so the
+        hooks skip that work. Asking the API costs microseconds, so it is asked at most
+        once a second; a global provider can be set once only, so a yes is kept.
         """
+        now = time.monotonic()
         if now < self._next_check:
-            return False
+            return
         self._next_check = now + 1.0
-        tracer_provider = self.tracer_provider or trace.get_tracer_provider()
-        meter_provider = self.meter_provider or metrics.get_meter_provider()
-        self._live = not (_api_default(tracer_provider) and _api_default(meter_provider))
-        return self._live
+        self._tracing = not _api_default(self.tracer_provider or trace.get_tracer_provider())
+        self._metering = not _api_default(self.meter_provider or metrics.get_meter_provider())
+        self._complete = self._tracing and self._metering
 
     def close(self) -> None:
         """Stop the pollers and report nothing more from the observable instruments."""
@@ -176,11 +177,15 @@ class Instrumentation:
         routing_key: str,
         properties: BasicProperties | None,
     ) -> tuple[BasicProperties | None, Callable[[Any], None]]:
-        if not self._live and not self._providers_live(time.monotonic()):
-            return properties, _ignore
+        if not self._complete:
+            self._refresh()
+            if not (self._tracing or self._metering):
+                return properties, _ignore
         destination = exchange or DEFAULT_EXCHANGE
+        if not self._tracing:
+            return properties, _PublishWatch(self, INVALID_SPAN, destination, publisher._confirm)
         span = self._tracer.start_span(f"publish {destination}", kind=SpanKind.PRODUCER)
-        if span.get_span_context().is_valid:  # else no SDK: nothing to record or propagate
+        if span.get_span_context().is_valid:  # e.g. a sampler that drops it without a trace
             props = BasicProperties() if properties is None else copy.copy(properties)
             if props.message_id is None:
                 props.message_id = f"{publisher._id_prefix}{next(publisher._ids)}"
@@ -216,8 +221,10 @@ class Instrumentation:
     ) -> tuple[Iterable[OutgoingMessage | Body], Callable[[Any], None]]:
         if isinstance(messages, bytes | bytearray | memoryview | str | OutgoingMessage):
             return messages, _ignore  # publish_batch refuses one message itself
-        if not self._live and not self._providers_live(time.monotonic()):
-            return messages, _ignore
+        if not self._complete:
+            self._refresh()
+            if not (self._tracing or self._metering):
+                return messages, _ignore
         out: list[OutgoingMessage | Body] = []
         watches: list[_PublishWatch] = []
         for message in messages:
@@ -239,12 +246,44 @@ class Instrumentation:
     # ------------------------------------------------------------------ consumer
 
     async def process(self, consumer: AsyncConsumer, work: Message | list[Message]) -> None:
-        if not self._live and not self._providers_live(time.monotonic()):
-            if isinstance(work, list):
-                await consumer._handle_batch(work)
-            else:
-                await consumer._handle(work)
-            return
+        if not self._complete:
+            self._refresh()
+            if not (self._tracing or self._metering):
+                if isinstance(work, list):
+                    await consumer._handle_batch(work)
+                else:
+                    await consumer._handle(work)
+                return
+        metric_attributes = {A_DESTINATION: consumer.queue}
+        if isinstance(work, list):
+            handling = consumer._handle_batch(work)
+            redelivered = sum(message.redelivered for message in work)
+        else:
+            handling = consumer._handle(work)
+            redelivered = work.redelivered
+        if redelivered and self._metering:
+            self.metrics.redelivered.add(redelivered, metric_attributes)
+        span = self._process_span(consumer, work) if self._tracing else None
+        token = None if span is None else otel_context.attach(trace.set_span_in_context(span))
+        error = _handler_error.set(None)
+        start = time.perf_counter()
+        try:
+            await handling
+        finally:
+            failed = _handler_error.get()
+            _handler_error.reset(error)
+            if self._metering:
+                if failed is not None:
+                    metric_attributes[A_ERROR_TYPE] = failed
+                self.metrics.process_duration.record(time.perf_counter() - start, metric_attributes)
+            if span is not None:
+                assert token is not None
+                otel_context.detach(token)
+                span.end()
+
+    def _process_span(self, consumer: AsyncConsumer, work: Message | list[Message]) -> Span:
+        """Start the ``process`` span of one delivery (a child of the context it carries)
+        or of a batch (linked to theirs)."""
         queue = consumer.queue
         attributes: dict[str, AttributeValue] = {
             A_SYSTEM: SYSTEM,
@@ -253,54 +292,33 @@ class Instrumentation:
             A_DESTINATION: queue,
             A_CONSUMER_GROUP: queue,
         }
-        metric_attributes = {A_DESTINATION: queue}
         if isinstance(work, list):
             links = []
             for message in work:
-                if message.redelivered:
-                    self.metrics.redelivered.add(1, metric_attributes)
                 context = trace.get_current_span(self._extract(message)).get_span_context()
                 if context.is_valid:
                     links.append(Link(context))
             attributes[A_BATCH_COUNT] = len(work)
-            span = self._tracer.start_span(
+            return self._tracer.start_span(
                 f"process {queue}", kind=SpanKind.CONSUMER, links=links, attributes=attributes
             )
-            handling = consumer._handle_batch(work)
-        else:
-            message = work
-            if message.redelivered:
-                self.metrics.redelivered.add(1, metric_attributes)
-            if message.routing_key:
-                attributes[A_ROUTING_KEY] = message.routing_key
-            message_id = message.properties.message_id
-            if message_id:
-                attributes[A_MESSAGE_ID] = message_id
-            attributes[A_DELIVERY_TAG] = message.delivery_tag
-            attributes[A_BODY_SIZE] = len(message.body)
-            attributes[A_REDELIVERED] = message.redelivered
-            if consumer.retry is not None:
-                attributes[A_ATTEMPT] = consumer.retry.attempts(message, queue) + 1
-            span = self._tracer.start_span(
-                f"process {queue}",
-                context=self._extract(message),
-                kind=SpanKind.CONSUMER,
-                attributes=attributes,
-            )
-            handling = consumer._handle(message)
-        token = otel_context.attach(trace.set_span_in_context(span))
-        error = _handler_error.set(None)
-        start = time.perf_counter()
-        try:
-            await handling
-        finally:
-            failed = _handler_error.get()
-            _handler_error.reset(error)
-            otel_context.detach(token)
-            if failed is not None:
-                metric_attributes[A_ERROR_TYPE] = failed
-            self.metrics.process_duration.record(time.perf_counter() - start, metric_attributes)
-            span.end()
+        message = work
+        if message.routing_key:
+            attributes[A_ROUTING_KEY] = message.routing_key
+        message_id = message.properties.message_id
+        if message_id:
+            attributes[A_MESSAGE_ID] = message_id
+        attributes[A_DELIVERY_TAG] = message.delivery_tag
+        attributes[A_BODY_SIZE] = len(message.body)
+        attributes[A_REDELIVERED] = message.redelivered
+        if consumer.retry is not None:
+            attributes[A_ATTEMPT] = consumer.retry.attempts(message, queue) + 1
+        return self._tracer.start_span(
+            f"process {queue}",
+            context=self._extract(message),
+            kind=SpanKind.CONSUMER,
+            attributes=attributes,
+        )
 
     @staticmethod
     def _extract(message: Message) -> otel_context.Context:
