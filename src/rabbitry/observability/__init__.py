@@ -104,7 +104,7 @@ def is_instrumented() -> bool:
     return _state.active is not None
 
 
-def current() -> Instrumentation | None:
+def _current() -> Instrumentation | None:
     """The installed instrumentation (its providers and options), or ``None``."""
     active = _state.active
     if active is None:
@@ -149,7 +149,7 @@ def serve_prometheus(
         raise ConfigurationError(_MISSING) from exc
     if reader is None:
         reader = PrometheusReader()
-        active = current()
+        active = _current()
         instrument(
             active.tracer_provider if active is not None else None,
             SdkMeterProvider(metric_readers=[reader]),
