@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from opentelemetry.metrics import Meter, NoOpMeter, NoOpMeterProvider
 from opentelemetry.sdk.metrics import MeterProvider
+from prometheus_client.parser import text_string_to_metric_families
 
 from rabbitry import observability
 from rabbitry.exceptions import ConfigurationError
@@ -149,3 +150,32 @@ def test_every_metric_is_documented_and_the_dashboard_uses_only_real_metrics() -
     used -= {name.replace(".", "_") for name in (A_OUTCOME, A_STATE, A_OUTBOX)}  # labels
     assert used, "the dashboard queries no rabbitry metric"
     assert used <= exposed, f"the dashboard uses unknown metrics: {sorted(used - exposed)}"
+
+
+def test_the_exposition_of_every_rabbitry_metric_parses_as_prometheus_text() -> None:
+    reader = PrometheusReader()
+    provider = MeterProvider(metric_readers=[reader])
+    instrumentation = Instrumentation(meter_provider=provider)
+    metrics = instrumentation.metrics
+    metrics.count_publish("orders", 0)
+    metrics.count_publish("orders", 2)
+    metrics.confirm_duration.record(0.002, {"messaging.destination.name": "orders"})
+    metrics.process_duration.record(0.01, {"messaging.destination.name": 'a "quoted"\nq'})
+    metrics.connection_state.add(1, {"rabbitry.connection.state": "open"})
+    metrics.set_depth(1, "orders", 7, 2)
+    text = reader.render()
+    instrumentation.close()
+    provider.shutdown()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    # The parser names counters without their _total suffix.
+    assert families["rabbitry_publisher_published"].type == "counter"
+    assert families["rabbitry_publisher_in_flight"].type == "gauge"
+    assert families["rabbitry_publisher_confirm_duration_seconds"].type == "histogram"
+    assert families["rabbitry_queue_messages"].samples[0].value == 7
+    (sample,) = [
+        s
+        for s in families["rabbitry_consumer_process_duration_seconds"].samples
+        if s.name.endswith("_count")
+    ]
+    assert sample.labels == {"messaging_destination_name": 'a "quoted"\nq'}
+    assert sample.value == 1
