@@ -343,9 +343,10 @@ class Instrumentation:
         attributes: dict[str, AttributeValue] = {A_DELIVERY_TAG: message.delivery_tag}
         if decision is not None:
             attributes[A_ATTEMPT] = decision.attempts
-            attributes[A_DESTINATION] = decision.exchange or DEFAULT_EXCHANGE
-            if decision.routing_key:
-                attributes[A_ROUTING_KEY] = decision.routing_key
+            if outcome != "drop":  # where the message went
+                attributes[A_DESTINATION] = decision.exchange or DEFAULT_EXCHANGE
+                if decision.routing_key:
+                    attributes[A_ROUTING_KEY] = decision.routing_key
             if decision.delay is not None:
                 attributes[A_DELAY] = decision.delay
         span = trace.get_current_span()
