@@ -11,8 +11,9 @@ uninstruments it afterwards.
   threads too.
 * A returned (mandatory, unroutable), nacked or refused publish ends its span with error
   status; ``publish_batch`` gets one span per message, with its own outcome.
-* The publisher, consumer, outbox and recovery metrics equal the counts of a known
-  workload; consumer lag is the depth of the consumed queue.
+* The publisher, consumer, outbox and recovery metrics (a recovery and one that gives
+  up) equal the counts of a known workload; consumer lag is the depth of the consumed
+  queue; instrumenting again with the same meter provider keeps counting.
 * ``serve_prometheus`` serves those counters over HTTP.
 * Instrumented without an SDK, messages go out untouched (nothing to propagate).
 """
@@ -33,9 +34,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from tests.support.broker_ctl import rabbitmqctl
+from tests.support.proxy import TcpProxy
 
 import rabbitry
 from rabbitry import AsyncConnection, Connection, Message, observability
+from rabbitry.config import parse_urls
 from rabbitry.exceptions import Reject
 from rabbitry.outbox import SQLiteOutbox
 from rabbitry.publisher import OutgoingMessage
@@ -434,6 +437,27 @@ async def test_a_recovery_is_counted_with_its_duration(
         state = "rabbitry__connection__state"
         assert telemetry.value("rabbitry.connection.state", **{state: "open"}) == 1
         assert telemetry.value("rabbitry.connection.state", **{state: "recovering"}) == 0
+
+
+async def test_a_recovery_that_gives_up_is_counted_as_failed(
+    url: str, telemetry: Telemetry
+) -> None:
+    params = parse_urls(url)[0]
+    with TcpProxy(params.host, params.port) as proxy:
+        policy = RecoveryPolicy(initial_delay=0.05, max_delay=0.1, max_attempts=2)
+        conn = AsyncConnection(proxy.url(), connection_timeout=1, recovery=policy)
+        await conn.connect()
+        proxy.refuse(True)
+        proxy.reset()
+        await conn.wait_closed(WAIT)
+        await conn.close()
+    failed = {"rabbitry__outcome": "failed"}
+    assert telemetry.value("rabbitry.connection.recoveries", **failed) == 1
+    assert telemetry.value("rabbitry.connection.recovery.duration", **failed) == 1
+    assert telemetry.value("rabbitry.connection.recoveries", rabbitry__outcome="recovered") is None
+    state = "rabbitry__connection__state"
+    assert telemetry.value("rabbitry.connection.state", **{state: "closed"}) == 1
+    assert telemetry.value("rabbitry.connection.state", **{state: "recovering"}) == 0
 
 
 async def test_consumer_lag_exports_the_depth_of_the_consumed_queue(
