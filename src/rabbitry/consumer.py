@@ -52,6 +52,7 @@ from .exceptions import (
     Requeue,
     Retry,
 )
+from .observability import _state as _obs
 from .protocol.message import Message
 from .streams import STREAM_OFFSET, check_consume
 
@@ -386,6 +387,8 @@ class AsyncConsumer:
         except BaseException:
             self._started = False
             raise
+        if _obs.active is not None:  # rabbitry.observability: stats, queue depth
+            _obs.active.consumer_started(self)
 
     async def _check_failure_path(self, timeout: float | None) -> None:
         """Passive-check that failed messages have somewhere to go (see :meth:`start`)."""
@@ -588,7 +591,10 @@ class AsyncConsumer:
             work = inbox.popleft()
             if self._bounded:
                 self._handed_out(work)
-            if isinstance(work, list):
+            traced = _obs.active
+            if traced is not None:  # rabbitry.observability: a process span around it
+                await traced.process(self, work)
+            elif isinstance(work, list):
                 await self._handle_batch(work)
             else:
                 await self._handle(work)
@@ -798,6 +804,8 @@ class AsyncConsumer:
         see :class:`~rabbitry._failure_log.FailureLog`), in words.
         """
         self.stats.failed += 1
+        if _obs.active is not None:
+            _obs.active.handler_failed(self, message, exc)
         tag = message.delivery_tag
         if not self._manual:
             self._failures.failure(
@@ -868,6 +876,8 @@ class AsyncConsumer:
                 self.stats.requeued += 1
             return
         message.settled = True
+        if _obs.active is not None:
+            _obs.active.moved(self, message, outcome, decision)
         if outcome == "park":
             self.stats.parked += 1
         elif outcome == "retry":

@@ -53,6 +53,7 @@ from .exceptions import (
     PublishTimeout,
     Unroutable,
 )
+from .observability import _state as _obs
 from .outbox import Outbox, OutboxBatch, OutboxRecord, OutboxStatus
 from .protocol.channel import ChannelState
 from .protocol.frames import content_frames
@@ -286,6 +287,8 @@ class AsyncOutboxPublisher:
         ]
         for task in self._tasks:
             task.add_done_callback(self._task_done)
+        if _obs.active is not None:  # rabbitry.observability: the rabbitry.outbox.* metrics
+            _obs.active.outbox_started(self)
         return self
 
     def _task_done(self, task: asyncio.Task[None]) -> None:

@@ -57,6 +57,7 @@ from .exceptions import (
     PublishTimeout,
     Unroutable,
 )
+from .observability import _state as _obs
 from .protocol import spec
 from .protocol.channel import ChannelState
 from .protocol.frames import content_frames, method_frame
@@ -591,6 +592,9 @@ class AsyncPublisher:
         """
         if mandatory is None:
             mandatory = self._mandatory
+        traced = _obs.active
+        if traced is not None:  # rabbitry.observability: a span, its context in headers
+            properties, finish = traced.publish(self, exchange, routing_key, properties)
         frames, message_id = self._encode(
             body, exchange, routing_key, properties, mandatory, persistent, expiration
         )
@@ -619,6 +623,8 @@ class AsyncPublisher:
             self._conn._kick()
         else:
             self._send(frames, future, message_id, mandatory, deadline, release)
+        if traced is not None:
+            finish(future)
         return future
 
     async def publish_batch(
@@ -657,6 +663,11 @@ class AsyncPublisher:
             InvalidStateError: the publisher or its connection is closed before the
                 first message was sent (later, the unsent messages get it as outcome).
         """
+        traced = _obs.active
+        if traced is not None:  # rabbitry.observability: a span per message
+            messages, finish = traced.publish_batch(
+                self, messages, exchange, routing_key, properties
+            )
         encoded = self._encode_batch(
             messages, exchange, routing_key, properties, mandatory, persistent, expiration
         )
@@ -687,6 +698,8 @@ class AsyncPublisher:
                 count = 1 + extra
             self._send_batch(encoded[start : start + count], batch, start, deadline, release)
             start += count
+        if traced is not None:
+            finish(done)
         return await asyncio.shield(done)
 
     async def wait_for_confirms(self, *, timeout: float | None = None) -> None:

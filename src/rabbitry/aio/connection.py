@@ -36,6 +36,7 @@ from ..exceptions import (
     Timeout,
     TLSError,
 )
+from ..observability import _state as _obs
 from ..protocol import spec
 from ..protocol.connection import ConnectionProtocol, ConnectionState
 from ..protocol.events import (
@@ -231,6 +232,8 @@ class AsyncConnection:
         self._rename_callbacks: list[Callable[[str, str], Any]] = []
         self._recovery_error_callbacks: list[Callable[[str, str, AMQPError], Any]] = []
         self._pid = os.getpid()
+        if _obs.active is not None:  # rabbitry.observability: state and recovery metrics
+            _obs.active.connection_created(self)
 
     def __repr__(self) -> str:
         state = self._proto.state.value if self._proto else "new"

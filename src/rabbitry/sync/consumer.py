@@ -11,11 +11,13 @@ the handler thread is safe (the consumer then does not ack it again).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..consumer import AsyncConsumer, ConsumerStats, DedupStore, SyncHandler, is_async_callable
 from ..exceptions import ConfigurationError
+from ..observability import _state as _obs
 from .channel import _wait
 
 if TYPE_CHECKING:
@@ -225,6 +227,9 @@ class Consumer:
         assert self._executor is not None
         loop = asyncio.get_running_loop()
         try:
+            if _obs.active is not None:  # the handler runs inside the process span
+                run = contextvars.copy_context().run
+                return await loop.run_in_executor(self._executor, run, self._user_handler, work)
             return await loop.run_in_executor(self._executor, self._user_handler, work)
         finally:
             for message in messages:  # back to the engine's channel for the consumer

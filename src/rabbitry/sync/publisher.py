@@ -22,6 +22,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..exceptions import AMQPError, InvalidStateError, PublishTimeout
+from ..observability import _state as _obs
 from ..publisher import _Batch
 from ._portal import ConfirmFuture
 from .channel import _wait
@@ -158,6 +159,9 @@ class Publisher:
         engine = self._async
         if mandatory is None:
             mandatory = engine._mandatory
+        traced = _obs.active
+        if traced is not None:  # rabbitry.observability: a span, its context in headers
+            properties, finish = traced.publish(engine, exchange, routing_key, properties)
         frames, message_id = engine._encode(
             body, exchange, routing_key, properties, mandatory, persistent, expiration
         )
@@ -181,6 +185,8 @@ class Publisher:
                 None,
                 size=sum(map(len, frames)),
             )
+            if traced is not None:
+                finish(_SENT)
             return _SENT
         if not self._slots.acquire(True, _remaining(deadline)):
             if engine._closing:  # closed while this thread waited for room
@@ -206,6 +212,8 @@ class Publisher:
         except BaseException:
             self._slots.release()  # not handed over: give the slot back from here
             raise
+        if traced is not None:
+            finish(future)
         return future
 
     def publish_batch(
@@ -230,6 +238,11 @@ class Publisher:
             InvalidStateError: the publisher is closed.
         """
         engine = self._async
+        traced = _obs.active
+        if traced is not None:  # rabbitry.observability: a span per message
+            messages, finish = traced.publish_batch(
+                engine, messages, exchange, routing_key, properties
+            )
         encoded = engine._encode_batch(
             messages, exchange, routing_key, properties, mandatory, persistent, expiration
         )
@@ -278,6 +291,8 @@ class Publisher:
                 size=sum(sum(map(len, frames)) for frames, _id, _mandatory in chunk),
             )
             start += count
+        if traced is not None:
+            finish(done)
         wait = None if deadline is None else max(0.0, deadline - time.monotonic()) + 1.0
         try:
             return done.result(wait)

@@ -1,0 +1,254 @@
+"""The metric instruments and what they read, one set per meter provider.
+
+Instruments are created once per meter provider and kept (``metrics_for``): the SDK
+refuses a second instrument of the same name, so an ``instrument()`` after an
+``uninstrument()`` (or a second one) with the same provider must find the first set.
+Counts that would cost an SDK measurement per message (the publisher's counters, the
+consumers' stats) are kept in plain integers here and read by observable instruments
+when the metrics are collected.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from .. import __version__
+from ._outbox import OutboxMetrics
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from opentelemetry.metrics import MeterProvider
+
+    from ..consumer import AsyncConsumer, ConsumerStats
+
+#: Histogram buckets in seconds: sub-millisecond confirms up to slow handlers.
+DURATION_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+#: Publish outcomes exported as ``rabbitry.publisher.<outcome>``.
+PUBLISH_OUTCOMES = {
+    "confirmed": "messages the broker confirmed (basic.ack)",
+    "nacked": "messages the broker refused with basic.nack",
+    "returned": "mandatory messages returned unroutable",
+    "refused": "messages whose channel the broker closed because of them",
+    "failed": "messages with no confirm: deadline passed, channel or connection lost",
+}
+_OUTCOME_INDEX = {outcome: index for index, outcome in enumerate(PUBLISH_OUTCOMES, start=2)}
+#: ``ConsumerStats`` counters exported as ``rabbitry.consumer.<name>``.
+CONSUMER_COUNTERS = {
+    "delivered": "deliveries received",
+    "acked": "messages acknowledged after the handler succeeded",
+    "failed": "handler failures",
+    "retried": "failed messages sent to a retry queue",
+    "parked": "failed messages moved to the parking lot",
+    "dropped": "failed messages dropped (no parking lot or dead-letter exchange)",
+    "requeued": "messages put back on their queue (Requeue, or a failed move)",
+    "released": "prefetched messages handed back on stop",
+    "deduplicated": "redelivered duplicates acked without calling the handler",
+    "resubscribed": "subscriptions renewed after a broker cancel or channel error",
+}
+
+#: The attribute naming the destination (exchange or queue) of a measurement.
+A_DESTINATION = "messaging.destination.name"
+#: The attribute naming an outcome (publish outcome, recovery outcome).
+A_OUTCOME = "rabbitry.outcome"
+#: The attribute naming a connection state.
+A_STATE = "rabbitry.connection.state"
+
+
+class Metrics:
+    """rabbitry's instruments on one meter provider, and the counts they report.
+
+    ``enabled`` is False while no instrumentation uses them: the observable
+    instruments then report nothing.
+    """
+
+    def __init__(self, meter_provider: MeterProvider | None) -> None:
+        meter = metrics.get_meter("rabbitry", __version__, meter_provider)
+        self.enabled = True
+        #: The instrumentation using these instruments (it alone may disable them).
+        self.owner: object = None
+        self._lock = threading.Lock()
+        # Consumers started while instrumented: (weak consumer, queue, its stats); the
+        # stats of consumers that are gone are folded into _retired (monotonic totals).
+        self._consumers: list[tuple[weakref.ref[AsyncConsumer], str, ConsumerStats]] = []
+        self._retired: dict[str, dict[str, int]] = {}
+        # Queue depth polled for consumer lag: consumer id -> (queue, ready, consumers).
+        self._depth: dict[int, tuple[str, int, int]] = {}
+
+        # Publisher counts are kept here (one lock round per event) and exported by
+        # observable instruments: an SDK measurement per event would cost more than the
+        # publish itself. Per destination: [published, in flight, <outcomes>...].
+        self._publish_counts: dict[str, list[int]] = {}
+        self._publish_lock = threading.Lock()
+        meter.create_observable_counter(
+            "rabbitry.publisher.published",
+            [self._publish_callback(0)],
+            "{message}",
+            "messages handed to the channel",
+        )
+        for index, (outcome, text) in enumerate(PUBLISH_OUTCOMES.items(), start=2):
+            meter.create_observable_counter(
+                f"rabbitry.publisher.{outcome}", [self._publish_callback(index)], "{message}", text
+            )
+        meter.create_observable_up_down_counter(
+            "rabbitry.publisher.in_flight",
+            [self._publish_callback(1)],
+            "{message}",
+            "messages sent and not yet settled",
+        )
+        self.confirm_duration = meter.create_histogram(
+            "rabbitry.publisher.confirm.duration",
+            "s",
+            "from publish to the broker's ack, nack or return",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        for name, text in CONSUMER_COUNTERS.items():
+            meter.create_observable_counter(
+                f"rabbitry.consumer.{name}", [self._stats_callback(name)], "{message}", text
+            )
+        self.redelivered = meter.create_counter(
+            "rabbitry.consumer.redelivered",
+            "{message}",
+            "deliveries flagged redelivered by the broker",
+        )
+        self.process_duration = meter.create_histogram(
+            "rabbitry.consumer.process.duration",
+            "s",
+            "handler time, its ack or retry/parking move included",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self.recoveries = meter.create_counter(
+            "rabbitry.connection.recoveries",
+            "{recovery}",
+            "connection recoveries ended, by outcome (recovered, failed)",
+        )
+        self.recovery_duration = meter.create_histogram(
+            "rabbitry.connection.recovery.duration",
+            "s",
+            "from the connection's loss to its recovery (or to giving up)",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self.connection_state = meter.create_up_down_counter(
+            "rabbitry.connection.state",
+            "{connection}",
+            "connections in each state (connecting, open, recovering, closed)",
+        )
+        self.outboxes = OutboxMetrics(meter, lambda: not self.enabled)
+        meter.create_observable_gauge(
+            "rabbitry.queue.messages",
+            [self._depth_callback(1)],
+            "{message}",
+            "messages ready in a consumed queue (consumer lag; consumer_lag_interval)",
+        )
+        meter.create_observable_gauge(
+            "rabbitry.queue.consumers",
+            [self._depth_callback(2)],
+            "{consumer}",
+            "consumers of a consumed queue (consumer_lag_interval)",
+        )
+
+    def follow_consumer(self, consumer: AsyncConsumer) -> None:
+        """Report ``consumer.stats`` from now on (summed per queue)."""
+        with self._lock:
+            self._consumers.append((weakref.ref(consumer), consumer.queue, consumer.stats))
+
+    def set_depth(self, key: int, queue: str, ready: int, consumers: int) -> None:
+        """The latest passive declare of ``queue`` by the poller ``key``."""
+        self._depth[key] = (queue, ready, consumers)
+
+    def drop_depth(self, key: int) -> None:
+        self._depth.pop(key, None)
+
+    def count_publish(self, destination: str, index: int | None) -> None:
+        """One more published message (index 0), or a settled one: its outcome's index,
+        or ``None`` without confirms. The in-flight count (index 1) follows."""
+        with self._publish_lock:
+            counts = self._publish_counts.get(destination)
+            if counts is None:
+                counts = self._publish_counts[destination] = [0] * (2 + len(PUBLISH_OUTCOMES))
+            if index == 0:
+                counts[0] += 1
+                counts[1] += 1
+            else:
+                counts[1] -= 1
+                if index is not None:
+                    counts[index] += 1
+
+    def _publish_callback(self, index: int) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            if not self.enabled:
+                return []
+            with self._publish_lock:
+                rows = [(dest, counts[index]) for dest, counts in self._publish_counts.items()]
+            return [Observation(value, {A_DESTINATION: dest}) for dest, value in rows]
+
+        return observe
+
+    def _stats_callback(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            if not self.enabled:
+                return []
+            totals = self._consumer_totals()
+            return [
+                Observation(values[name], {A_DESTINATION: queue})
+                for queue, values in totals.items()
+            ]
+
+        return observe
+
+    def _consumer_totals(self) -> dict[str, dict[str, int]]:
+        """Per queue: the counters of every consumer started while instrumented."""
+        with self._lock:
+            live = []
+            for entry in self._consumers:
+                ref, queue, stats = entry
+                if ref() is None:  # gone: keep its counts so the totals stay monotonic
+                    retired = self._retired.setdefault(queue, dict.fromkeys(CONSUMER_COUNTERS, 0))
+                    for name in CONSUMER_COUNTERS:
+                        retired[name] += getattr(stats, name)
+                else:
+                    live.append(entry)
+            self._consumers = live
+            totals = {queue: dict(values) for queue, values in self._retired.items()}
+            for _ref, queue, stats in live:
+                values = totals.setdefault(queue, dict.fromkeys(CONSUMER_COUNTERS, 0))
+                for name in CONSUMER_COUNTERS:
+                    values[name] += getattr(stats, name)
+        return totals
+
+    def _depth_callback(self, index: int) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            if not self.enabled:
+                return []
+            latest: dict[str, int] = {}
+            for queue, ready, consumers in list(self._depth.values()):
+                latest[queue] = ready if index == 1 else consumers
+            return [Observation(value, {A_DESTINATION: queue}) for queue, value in latest.items()]
+
+        return observe
+
+
+_by_provider: weakref.WeakKeyDictionary[Any, Metrics] = weakref.WeakKeyDictionary()
+_global: list[Metrics] = []
+_lock = threading.Lock()
+
+
+def metrics_for(meter_provider: MeterProvider | None) -> Metrics:
+    """The instruments on ``meter_provider`` (``None``: the global one), made once."""
+    with _lock:
+        if meter_provider is None:
+            if not _global:
+                _global.append(Metrics(None))
+            return _global[0]
+        found = _by_provider.get(meter_provider)
+        if found is None:
+            found = _by_provider[meter_provider] = Metrics(meter_provider)
+        return found

@@ -1,0 +1,83 @@
+"""The one switch the library's hot paths look at: ``active`` is ``None`` until
+:func:`rabbitry.observability.instrument` installs the hooks.
+
+This module imports nothing, so the publisher, the consumer and the connection can read
+``_state.active`` on every message for the price of an attribute load and a ``None``
+check, with or without OpenTelemetry installed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from ..aio.connection import AsyncConnection
+    from ..consumer import AsyncConsumer
+    from ..outbox_publisher import AsyncOutboxPublisher
+    from ..protocol.message import Message
+    from ..protocol.spec import BasicProperties
+    from ..publisher import AsyncPublisher, Body, OutgoingMessage
+    from ..topology import RetryDecision
+
+
+class Hooks(Protocol):
+    """What the library calls while instrumented (see ``observability._otel``)."""
+
+    def publish(
+        self,
+        publisher: AsyncPublisher,
+        exchange: str,
+        routing_key: str,
+        properties: BasicProperties | None,
+    ) -> tuple[BasicProperties | None, Callable[[Any], None]]:
+        """Start a publish span, inject its context; returns the properties to send
+        and ``finish(future)`` to call with the future of the outcome."""
+        ...
+
+    def publish_batch(
+        self,
+        publisher: AsyncPublisher,
+        messages: Iterable[OutgoingMessage | Body],
+        exchange: str,
+        routing_key: str,
+        properties: BasicProperties | None,
+    ) -> tuple[Iterable[OutgoingMessage | Body], Callable[[Any], None]]:
+        """As :meth:`publish` for each message of a batch; ``finish(future)`` takes the
+        future of the list of outcomes."""
+        ...
+
+    async def process(self, consumer: AsyncConsumer, work: Message | list[Message]) -> None:
+        """Run ``consumer``'s handling of ``work`` inside a process span."""
+        ...
+
+    def handler_failed(self, consumer: AsyncConsumer, message: Message, exc: BaseException) -> None:
+        """The handler raised ``exc`` for ``message`` (inside its process span)."""
+        ...
+
+    def moved(
+        self,
+        consumer: AsyncConsumer,
+        message: Message,
+        outcome: str,
+        decision: RetryDecision | None,
+    ) -> None:
+        """The retry policy retried, parked or dropped ``message``."""
+        ...
+
+    def consumer_started(self, consumer: AsyncConsumer) -> None:
+        """``consumer`` subscribed (loop thread)."""
+        ...
+
+    def outbox_started(self, publisher: AsyncOutboxPublisher) -> None:
+        """An outbox publisher started delivering (loop thread)."""
+        ...
+
+    def connection_created(self, connection: AsyncConnection) -> None:
+        """``connection`` was made (any thread)."""
+        ...
+
+
+#: The installed hooks, or ``None`` (not instrumented).
+active: Hooks | None = None
