@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from rabbitry import AsyncChannel, AsyncConnection, Channel, Connection
+from rabbitry.batching_publisher import AsyncBatchingPublisher, BatchingPublisher
 from rabbitry.consumer import AsyncConsumer
 from rabbitry.management import AsyncManagementClient, ManagementClient
 from rabbitry.outbox_publisher import AsyncOutboxPublisher
@@ -35,6 +36,7 @@ from rabbitry.sharding import (
     ShardedConsumer,
     ShardedPublisher,
 )
+from rabbitry.sharded_queue import AsyncShardedQueueConsumer, ShardedQueueConsumer
 from rabbitry.shovel import AsyncShovel, Shovel
 from rabbitry.sync.consumer import Consumer
 from rabbitry.sync.outbox_publisher import OutboxPublisher
@@ -69,6 +71,8 @@ PAIRS = [
     (AsyncConsumer, Consumer),
     (AsyncShardedPublisher, ShardedPublisher),
     (AsyncShardedConsumer, ShardedConsumer),
+    (AsyncShardedQueueConsumer, ShardedQueueConsumer),
+    (AsyncBatchingPublisher, BatchingPublisher),
     (AsyncShovel, Shovel),
     (AsyncManagementClient, ManagementClient),
 ]

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from ..batching import iter_delivery
 from ..exceptions import (
     AMQPError,
     ChannelClosedByBroker,
@@ -700,7 +701,8 @@ class AsyncChannel:
                     return
                 if isinstance(item, BaseException):
                     raise item
-                yield item
+                for handed in iter_delivery(item, no_ack):  # batch envelopes: records
+                    yield handed
         finally:
             await self._abandon_consumer(tag)
             # Deliveries that reached us but were never handed out go back to the queue

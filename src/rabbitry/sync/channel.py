@@ -16,6 +16,7 @@ from __future__ import annotations
 import queue as queue_module
 from typing import TYPE_CHECKING, Any
 
+from ..batching import iter_delivery
 from ..exceptions import AMQPError, ConsumerCancelled, InvalidStateError
 from ..protocol.message import Message
 from ._portal import ConfirmFuture
@@ -465,7 +466,7 @@ class Channel:
                     return
                 if isinstance(item, BaseException):
                     raise item
-                yield item
+                yield from iter_delivery(item, no_ack)  # batch envelopes: records
         finally:
             # Cancelled now if the channel is open; forgotten if the connection is
             # recovering, so recovery never subscribes it again into a dead inbox.
