@@ -30,13 +30,13 @@ from rabbitry.management import AsyncManagementClient, ManagementClient
 from rabbitry.outbox_publisher import AsyncOutboxPublisher
 from rabbitry.pool import AsyncChannelPool
 from rabbitry.publisher import AsyncPublisher
+from rabbitry.sharded_queue import AsyncShardedQueueConsumer, ShardedQueueConsumer
 from rabbitry.sharding import (
     AsyncShardedConsumer,
     AsyncShardedPublisher,
     ShardedConsumer,
     ShardedPublisher,
 )
-from rabbitry.sharded_queue import AsyncShardedQueueConsumer, ShardedQueueConsumer
 from rabbitry.shovel import AsyncShovel, Shovel
 from rabbitry.sync.consumer import Consumer
 from rabbitry.sync.outbox_publisher import OutboxPublisher
