@@ -26,20 +26,22 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import copy
 import functools
 import logging
+import struct
 import threading
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Final
 
-from .batching import encode_records, envelope_headers
+from .batching import envelope_headers
 from .exceptions import ConfigurationError, InvalidStateError, LocalProtocolError
 from .protocol import spec
+from .sync._portal import ConfirmFuture
 
 if TYPE_CHECKING:
+    import concurrent.futures
     from datetime import timedelta
 
     from .publisher import AsyncPublisher, Body
@@ -62,6 +64,7 @@ DEFAULT_BATCH_BYTES: Final = 128 * 1024
 MAX_BATCH_BYTES: Final = 8 * 1024 * 1024
 _MAX_RECORDS: Final = 100_000
 _MAX_LINGER: Final = 60.0
+_pack_length = struct.Struct(">I").pack
 
 
 class BatchingStats:
@@ -126,13 +129,14 @@ def _check_target(exchange: object, routing_key: object) -> tuple[str, str]:
 
 
 class _Batch:
-    """An open or sealed batch: its target, records and their futures."""
+    """An open or sealed batch: its target, records (each after its length field, ready
+    to be joined into an envelope body) and their futures."""
 
-    __slots__ = ("bodies", "futures", "size", "target")
+    __slots__ = ("futures", "parts", "size", "target")
 
     def __init__(self, target: tuple[str, str]) -> None:
         self.target = target
-        self.bodies: list[bytes] = []
+        self.parts: list[bytes] = []
         self.futures: list[Any] = []
         self.size = 0
 
@@ -148,20 +152,27 @@ class _Accumulator:
         self.stats = BatchingStats()
 
     def add(self, target: tuple[str, str], body: bytes, future: Any) -> bool:
-        """Add a record; True when it opened a new batch (the linger clock starts)."""
+        """Add a record; True when it opened a new batch (the linger clock starts).
+
+        The target of a batch's first record is checked (a later record with an equal
+        target needs no check); a full batch is moved to ``sealed``.
+        """
         size = 4 + len(body)
         batch = self.open
-        if batch is not None and (batch.target != target or batch.size + size > self.max_bytes):
-            self.seal()
-            batch = None
-        opened = batch is None
-        if batch is None:
+        opened = False
+        if batch is None or batch.target != target or batch.size + size > self.max_bytes:
+            if batch is not None:
+                self.seal()
+            _check_target(*target)
             batch = self.open = _Batch(target)
-        batch.bodies.append(body)
+            opened = True
+        parts = batch.parts
+        parts.append(_pack_length(size - 4))
+        parts.append(body)
         batch.futures.append(future)
         batch.size += size
         self.stats.records += 1
-        if len(batch.bodies) >= self.max_records or batch.size >= self.max_bytes:
+        if len(batch.futures) >= self.max_records or batch.size >= self.max_bytes:
             self.seal()
         return opened
 
@@ -195,11 +206,12 @@ class _EnvelopeOptions:
         self.timeout = timeout
 
     def message(self, batch: _Batch) -> tuple[bytes, spec.BasicProperties]:
-        if len(batch.bodies) == 1:
-            return batch.bodies[0], self.base
+        count = len(batch.futures)
+        if count == 1:
+            return batch.parts[1], self.base
         props = copy.copy(self.base)
-        props.headers = envelope_headers(self.base.headers, len(batch.bodies))
-        return encode_records(batch.bodies), props
+        props.headers = envelope_headers(self.base.headers, count)
+        return b"".join(batch.parts), props
 
     def publish_options(self, batch: _Batch, props: spec.BasicProperties) -> dict[str, Any]:
         exchange, routing_key = batch.target
@@ -283,6 +295,7 @@ class AsyncBatchingPublisher:
         self.linger = float(linger)
         self._options = _EnvelopeOptions(properties, persistent, expiration, mandatory, timeout)
         self._acc = _Accumulator(batch_records, batch_bytes)
+        self._loop = publisher._loop
         self._lock = asyncio.Lock()
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -314,13 +327,12 @@ class AsyncBatchingPublisher:
         """
         if self._closed:
             raise InvalidStateError("this batching publisher is closed")
-        record = _record_bytes(body)
-        target = _check_target(exchange, routing_key)
-        loop = self.publisher._loop
-        future: asyncio.Future[None] = loop.create_future()
+        if type(body) is not bytes:
+            body = _record_bytes(body)
+        future: asyncio.Future[None] = self._loop.create_future()
         acc = self._acc
-        if acc.add(target, record, future) and acc.open is not None:
-            self._start_timer(loop)
+        if acc.add((exchange, routing_key), body, future) and acc.open is not None:
+            self._start_timer()
         if acc.sealed:
             if acc.open is None:
                 self._cancel_timer()
@@ -349,12 +361,12 @@ class AsyncBatchingPublisher:
 
     # ------------------------------------------------------------------ internals
 
-    def _start_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _start_timer(self) -> None:
         self._cancel_timer()
         if self.linger:
-            self._timer = loop.call_later(self.linger, self._on_linger)
+            self._timer = self._loop.call_later(self.linger, self._on_linger)
         else:
-            self._timer = loop.call_soon(self._on_linger)  # type: ignore[assignment]
+            self._timer = self._loop.call_soon(self._on_linger)  # type: ignore[assignment]
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:
@@ -451,14 +463,14 @@ class BatchingPublisher:
         self, body: Body, *, exchange: str = "", routing_key: str = ""
     ) -> concurrent.futures.Future[None]:
         """Add a record; returns its future (see :meth:`AsyncBatchingPublisher.publish`)."""
-        record = _record_bytes(body)
-        target = _check_target(exchange, routing_key)
-        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        if type(body) is not bytes:
+            body = _record_bytes(body)
+        future: concurrent.futures.Future[None] = ConfirmFuture()
         with self._lock:
             if self._closed:
                 raise InvalidStateError("this batching publisher is closed")
             acc = self._acc
-            if acc.add(target, record, future) and acc.open is not None:
+            if acc.add((exchange, routing_key), body, future) and acc.open is not None:
                 self._deadline = time.monotonic() + self.linger
                 if self._thread is None:
                     self._thread = threading.Thread(

@@ -208,16 +208,19 @@ def test_accumulator_seals_on_count_bytes_and_target() -> None:
     for i in range(3):
         acc.add(target, b"%03d" % i, i)
     assert len(acc.sealed) == 1 and acc.open is None  # three records: full by count
+    assert _split_by_hand(b"".join(acc.sealed[0].parts)) == [b"000", b"001", b"002"]
     acc = _Accumulator(batch_records=100, batch_bytes=20)
     acc.add(target, b"0123456789", 0)  # 14 bytes
     acc.add(target, b"0123456789", 1)  # would be 28 > 20: the first batch is sealed
-    assert [len(b.bodies) for b in acc.sealed] == [1]
-    assert acc.open is not None and acc.open.bodies == [b"0123456789"]
+    assert [len(b.futures) for b in acc.sealed] == [1]
+    assert acc.open is not None and acc.open.futures == [1]
     acc.add(("", "other"), b"x", 2)  # another routing key: sealed again
-    assert [len(b.bodies) for b in acc.sealed] == [1, 1]
+    assert [b.futures for b in acc.sealed] == [[0], [1]]
     acc.add(("", "other"), b"y" * 50, 3)  # larger than batch_bytes alone: sent alone
-    assert [b.bodies for b in acc.sealed][-2:] == [[b"x"], [b"y" * 50]]
-    assert all(b.size <= 20 for b in acc.sealed if len(b.bodies) > 1)
+    assert [b.futures for b in acc.sealed][-2:] == [[2], [3]]
+    assert all(b.size <= 20 for b in acc.sealed if len(b.futures) > 1)
+    # What an envelope body will be: the documented layout.
+    assert b"".join(acc.sealed[0].parts) == _by_hand(b"0123456789")
 
 
 @pytest.mark.parametrize(
