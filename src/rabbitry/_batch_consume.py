@@ -8,6 +8,11 @@ after it are not handed out, and a retry hands every record out again, the ones 
 had succeeded included (at-least-once, per record). An envelope that cannot be split
 (:class:`~rabbitry.exceptions.BatchFormatError`, a :class:`~rabbitry.exceptions.Reject`)
 is parked or dead-lettered without retrying.
+
+A consumer with ``batch_size`` (a list handler) gets the records of the envelopes of
+its batch in the list, in place of the envelopes, between the plain messages; an
+envelope is acked when none of its records failed, and goes down the failure path
+(once) when any did. Its plain messages are acked one by one in such a batch.
 """
 
 from __future__ import annotations
@@ -16,14 +21,14 @@ import asyncio
 import inspect
 from typing import TYPE_CHECKING, Any
 
-from .batching import settler_of, unpack
+from .batching import is_envelope, settler_of, unpack
 from .exceptions import BatchFormatError
 
 if TYPE_CHECKING:
     from .consumer import AsyncConsumer
     from .protocol.message import Message
 
-__all__ = ["handle_envelope"]
+__all__ = ["handle_batch_with_envelopes", "handle_envelope"]
 
 
 async def handle_envelope(consumer: AsyncConsumer, envelope: Message) -> None:
@@ -68,3 +73,66 @@ async def handle_envelope(consumer: AsyncConsumer, envelope: Message) -> None:
             record.ack()
     if dedup is not None and message_id and envelope.settled:
         dedup.add(message_id)
+
+
+def _settle_for(consumer: AsyncConsumer, envelope: Message) -> Any:
+    def settle(how: str, *, multiple: bool = False, requeue: bool = True) -> None:
+        if how == "ack":
+            consumer._ack(envelope)
+        else:
+            consumer._settle(envelope, how, requeue=requeue)
+
+    return settle
+
+
+async def handle_batch_with_envelopes(consumer: AsyncConsumer, batch: list[Message]) -> None:
+    """A list handler's batch that holds envelopes: records in their place (see above)."""
+    items: list[Message] = []
+    owner: dict[int, Message] = {}
+    envelopes: list[Message] = []
+    for message in batch:
+        if not is_envelope(message):
+            items.append(message)
+            continue
+        try:
+            records = unpack(message, _settle_for(consumer, message))
+        except BatchFormatError as exc:
+            await consumer._fail(message, exc)
+            continue
+        envelopes.append(message)
+        for record in records:
+            owner[id(record)] = message
+        items.extend(records)
+    failed: list[tuple[Message, BaseException]] = []
+    if items:
+        try:
+            result: Any = consumer._handler(items)
+            if inspect.isawaitable(result):
+                result = await result
+            if result is not None:
+                failed = consumer._failed_items(items, result)
+        except asyncio.CancelledError:
+            if consumer._release_on_cancel:
+                for message in (*envelopes, *(m for m in items if id(m) not in owner)):
+                    consumer._settle(message, "nack", requeue=True)
+            raise
+        except Exception as exc:
+            failed = [(message, exc) for message in items]
+    failed_envelopes: dict[int, tuple[Message, BaseException]] = {}
+    failed_plain: set[int] = set()
+    for message, error in failed:
+        envelope = owner.get(id(message))
+        if envelope is None:
+            failed_plain.add(id(message))
+            await consumer._fail(message, error)
+        else:
+            failed_envelopes.setdefault(id(envelope), (envelope, error))
+    for envelope, error in failed_envelopes.values():
+        if not envelope.settled:
+            await consumer._fail(envelope, error)
+    for message in items:
+        if id(message) not in owner and id(message) not in failed_plain:
+            consumer._ack(message)  # no-op when the handler settled it
+    for envelope in envelopes:
+        if id(envelope) not in failed_envelopes:
+            consumer._ack(envelope)

@@ -39,7 +39,7 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
-from ._batch_consume import handle_envelope
+from ._batch_consume import handle_batch_with_envelopes, handle_envelope
 from ._failure_log import FailureLog
 from .aio._recovery import redeclare_queue
 from .batching import BATCH_FORMAT_HEADER
@@ -667,6 +667,9 @@ class AsyncConsumer:
             self.dedup.add(message_id)
 
     async def _handle_batch(self, batch: list[Message]) -> None:
+        if any(m.properties.headers and BATCH_FORMAT_HEADER in m.properties.headers for m in batch):
+            await handle_batch_with_envelopes(self, batch)  # records in the envelopes' place
+            return
         if self.dedup is not None:
             batch = self._drop_duplicates(batch)
             if not batch:

@@ -325,3 +325,53 @@ async def test_a_truncated_envelope_is_refused_by_the_iterator(
         async for _ in channel.consume(queue, timeout=5):
             pass
     await publisher.close()
+
+
+async def test_list_handlers_get_records_and_a_failed_record_parks_its_envelope(
+    conn: AsyncConnection, names: Names
+) -> None:
+    queue = names.queue("work")
+    policy = RetryPolicy(max_attempts=1, queue=queue)  # no retries: straight to the lot
+    retry_names = policy.names(queue)
+    names.track_exchange(retry_names.dlx)
+    for extra in (*retry_names.retry_queues, retry_names.parking_lot):
+        assert extra is not None
+        names.track_queue(extra)
+    await Topology(queues=[Queue(queue)]).with_retry(queue, policy).aapply(conn)
+    publisher = await conn.publisher()
+    async with AsyncBatchingPublisher(publisher, batch_records=3) as batching:
+        for body in (b"a0", b"a1", b"a2", b"b0", b"b1", b"b2"):
+            await batching.publish(body, routing_key=queue)
+    await batching.wait_for_confirms(timeout=WAIT)
+    await (await publisher.publish(b"plain", routing_key=queue))
+    seen: list[list[bytes]] = []
+    done = asyncio.Event()
+
+    async def handle(messages: list[Message]) -> list[Message]:
+        seen.append([m.body for m in messages])
+        if sum(map(len, seen)) >= 7:
+            done.set()
+        return [m for m in messages if m.body == b"b1"]  # one record of envelope b fails
+
+    async with conn.consumer(
+        queue, handle, batch_size=10, batch_timeout=0.5, retry=policy
+    ) as consumer:
+        await asyncio.wait_for(done.wait(), WAIT)
+        deadline = time.monotonic() + WAIT
+        while consumer.stats.parked < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    assert [b for batch in seen for b in batch] == [
+        b"a0",
+        b"a1",
+        b"a2",
+        b"b0",
+        b"b1",
+        b"b2",
+        b"plain",
+    ]
+    assert consumer.stats.parked == 1
+    channel = await conn.channel()
+    parked = await channel.basic_get(retry_names.parking_lot, no_ack=True)
+    assert parked is not None and split_by_hand(parked.body) == [b"b0", b"b1", b"b2"]
+    assert (await channel.queue_declare(queue, passive=True)).message_count == 0
+    await publisher.close()
