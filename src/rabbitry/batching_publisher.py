@@ -65,6 +65,7 @@ MAX_BATCH_BYTES: Final = 8 * 1024 * 1024
 _MAX_RECORDS: Final = 100_000
 _MAX_LINGER: Final = 60.0
 _pack_length = struct.Struct(">I").pack
+_PROPERTIES_CACHE: Final = 256
 
 
 class BatchingStats:
@@ -200,6 +201,7 @@ class _EnvelopeOptions:
         base = properties if properties is not None else spec.BasicProperties()
         base.encode()  # validated now, not at the first envelope
         self.base = base
+        self._by_count: dict[int, spec.BasicProperties] = {}
         self.persistent = persistent
         self.expiration = expiration
         self.mandatory = mandatory
@@ -209,8 +211,14 @@ class _EnvelopeOptions:
         count = len(batch.futures)
         if count == 1:
             return batch.parts[1], self.base
-        props = copy.copy(self.base)
-        props.headers = envelope_headers(self.base.headers, count)
+        props = self._by_count.get(count)
+        if props is None:
+            # One properties object per record count (the publisher copies it to add the
+            # message_id), so an envelope costs no copy of its own.
+            props = copy.copy(self.base)
+            props.headers = envelope_headers(self.base.headers, count)
+            if len(self._by_count) < _PROPERTIES_CACHE:
+                self._by_count[count] = props
         return b"".join(batch.parts), props
 
     def publish_options(self, batch: _Batch, props: spec.BasicProperties) -> dict[str, Any]:
