@@ -29,6 +29,7 @@ from rabbitry import (
     Unroutable,
 )
 from rabbitry.batching import BatchRecord
+from rabbitry.shovel import Shovel
 
 if TYPE_CHECKING:
     from tests.integration.conftest import Names
@@ -375,3 +376,24 @@ async def test_list_handlers_get_records_and_a_failed_record_parks_its_envelope(
     assert parked is not None and split_by_hand(parked.body) == [b"b0", b"b1", b"b2"]
     assert (await channel.queue_declare(queue, passive=True)).message_count == 0
     await publisher.close()
+
+
+def test_a_shovel_moves_envelopes_unchanged_and_raw_iteration_sees_them(
+    url: str, names: Names
+) -> None:
+    source, target = names.queue("from"), names.queue("to")
+    with rabbitry.Connection(url) as conn:
+        channel = conn.channel()
+        channel.queue_declare(source)
+        channel.queue_declare(target)
+        with conn.publisher() as publisher:
+            with BatchingPublisher(publisher, batch_records=3) as batching:
+                for i in range(3):
+                    batching.publish(b"m%d" % i, routing_key=source)
+            batching.wait_for_confirms(timeout=WAIT)
+        moved = Shovel(url, source, url, "", target, idle_timeout=0.5).run()
+        assert moved.moved == 1  # one message: the envelope
+        (raw,) = list(channel.consume(target, timeout=1, unpack_batches=False))
+        assert split_by_hand(raw.body) == [b"m0", b"m1", b"m2"]
+        assert raw.properties.headers == {"springBatchFormat": "lengthHeader4", "amqp_batchSize": 3}
+        raw.ack()

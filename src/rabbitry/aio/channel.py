@@ -653,6 +653,7 @@ class AsyncChannel:
         no_ack: bool = False,
         exclusive: bool = False,
         arguments: Mapping[str, Any] | None = None,
+        unpack_batches: bool = True,
     ) -> AsyncIterator[Message]:
         """Iterate over deliveries: ``async for message in channel.consume("q"): ...``.
 
@@ -664,6 +665,9 @@ class AsyncChannel:
             no_ack: automatic acknowledgement.
             exclusive: exclusive consumer.
             arguments: consumer arguments.
+            unpack_batches: hand out the records of batch envelopes one by one
+                (:mod:`rabbitry.batching`); ``False`` hands out every message as
+                delivered (to move messages unchanged).
 
         The consumer is cancelled when the iteration ends; to end it early and at once,
         wrap the iterator in ``contextlib.aclosing``.
@@ -701,6 +705,9 @@ class AsyncChannel:
                     return
                 if isinstance(item, BaseException):
                     raise item
+                if not unpack_batches:
+                    yield item
+                    continue
                 for handed in iter_delivery(item, no_ack):  # batch envelopes: records
                     yield handed
         finally:
