@@ -18,9 +18,10 @@ if TYPE_CHECKING:
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from rabbitry.spark._core import QueueConsumer
-from rabbitry.spark._options import parse_read_options
+from rabbitry.spark._core import PublishFailed, QueueConsumer
+from rabbitry.spark._options import parse_read_options, parse_write_options
 from rabbitry.spark._rows import message_rows
+from rabbitry.spark._write import publish_rows
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -91,3 +92,52 @@ def test_spark_batch_read_returns_records_and_leaves_the_queue(
     assert [bytes(r.body) for r in rows] == records
     assert [r.offset for r in rows] == [0, 0, 0, 1, 1, 1, 2]  # the message's position
     assert depth(conn, queue) == 3  # two envelopes and the plain message, left as they were
+
+
+def test_publish_rows_with_batch_records_sends_envelopes_with_stable_ids(
+    url: str, conn: rabbitry.Connection, make_queue: Callable[..., str]
+) -> None:
+    queue = make_queue()
+    options = parse_write_options({"url": url, "routingKey": queue, "batchRecords": "4"})
+    rows = [{"body": b"w%d" % i} for i in range(10)]
+    result = publish_rows(options, rows, "job:3", 3, 0)
+    assert (result.published, result.confirmed) == (10, 10)  # rows, not envelopes
+    channel = conn.channel()
+    raw = []
+    while (message := channel.basic_get(queue, no_ack=True)) is not None:
+        raw.append(message)
+    assert [m.properties.message_id for m in raw] == ["job:3:0", "job:3:4", "job:3:8"]
+    assert [[bytes(r) for r in _split_by_hand(m.body)] for m in raw] == [
+        [b"w0", b"w1", b"w2", b"w3"],
+        [b"w4", b"w5", b"w6", b"w7"],
+        [b"w8", b"w9"],
+    ]
+    assert all(m.properties.headers["springBatchFormat"] == "lengthHeader4" for m in raw)
+    with pytest.raises(PublishFailed, match="option batchRecords: row 0 has a 'headers'"):
+        publish_rows(options, [{"body": b"x", "headers": {"a": "b"}}], "job:4", 4, 0)
+
+
+def test_spark_write_with_batch_records_round_trips_through_a_read(
+    spark: Any, conn: rabbitry.Connection, make_queue: Callable[..., str]
+) -> None:
+    queue = make_queue()
+    df = spark.createDataFrame([(f"v{i}",) for i in range(25)], "value STRING").coalesce(1)
+    df.write.format("rabbitmq").option("routingKey", queue).option("batchRecords", "10").mode(
+        "append"
+    ).save()
+    assert depth(conn, queue) == 3  # 10 + 10 + 5 records
+    rows = spark.read.format("rabbitmq").option("queue", queue).load().collect()
+    assert sorted(bytes(r.body) for r in rows) == sorted(b"v%d" % i for i in range(25))
+    with pytest.raises(Exception, match="option batchRecords"):
+        spark.createDataFrame([("a", "id")], "value STRING, message_id STRING").write.format(
+            "rabbitmq"
+        ).option("routingKey", queue).option("batchRecords", "10").mode("append").save()
+
+
+def _split_by_hand(body: bytes) -> list[bytes]:
+    out, offset = [], 0
+    while offset < len(body):
+        (size,) = struct.unpack_from(">I", body, offset)
+        out.append(body[offset + 4 : offset + 4 + size])
+        offset += 4 + size
+    return out
