@@ -10,7 +10,12 @@ import sys
 import pytest
 
 from rabbitry import AsyncConnection, ManagementError, ManagementNotFound
-from rabbitry.exceptions import ConfigurationError, TopologyError, TopologyValidationError
+from rabbitry.exceptions import (
+    ConfigurationError,
+    LocalProtocolError,
+    TopologyError,
+    TopologyValidationError,
+)
 from rabbitry.management import AsyncManagementClient, ManagementClient, MissingExtraError, _ops
 from rabbitry.shovel import AsyncShovel, Endpoint, Shovel, parse_destination, parse_source
 from rabbitry.topology import (
@@ -521,3 +526,30 @@ def test_management_client_takes_a_ca_bundle_path(tmp_path: object) -> None:
     ca.cert_pem.write_to_path(str(bundle))
     with ManagementClient("https://broker.example:15671", verify=str(bundle)) as client:
         assert client.url == "https://broker.example:15671"
+
+
+def test_publish_request_is_built_and_validated_without_io() -> None:
+    from rabbitry.protocol.spec import BasicProperties
+
+    request = _ops.publish(
+        "", "jobs", b"\x00\xff", BasicProperties(headers={"n": 1}), True, 1500, "/"
+    )
+    assert (request.method, request.path, request.reads_answer) == (
+        "POST",
+        "/exchanges/%2F/amq.default/publish",
+        True,
+    )
+    assert request.body == {
+        "properties": {"headers": {"n": 1}, "delivery_mode": 2, "expiration": "1500"},
+        "routing_key": "jobs",
+        "payload": "AP8=",
+        "payload_encoding": "base64",
+    }
+    assert _ops.publish("x y", "k", "text", None, None, None, "v/h").body["payload_encoding"] == (
+        "string"
+    )
+    assert request.parse({"routed": False}) is False
+    with pytest.raises(ManagementError, match="no 'routed' flag"):
+        request.parse({})
+    with pytest.raises(LocalProtocolError, match=r"^basic\.properties\.priority"):
+        _ops.publish("", "q", b"", BasicProperties(priority=300), None, None, "/")
