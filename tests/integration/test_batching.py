@@ -22,6 +22,7 @@ from rabbitry import (
     BatchFormatError,
     BatchingPublisher,
     Message,
+    Nacked,
     Properties,
     Queue,
     RetryPolicy,
@@ -107,6 +108,13 @@ async def test_async_iterator_and_consumer_hand_out_records(
         assert isinstance(message, BatchRecord) == (message.body != b"plain")
         message.ack()
     assert got == [b"r%d" % i for i in range(20)] + [b"plain"]
+    # Linger alone sends a batch that never fills.
+    lingering = AsyncBatchingPublisher(publisher, batch_records=100, linger=0.05)
+    last = [await lingering.publish(b"l%d" % i, routing_key=queue) for i in range(3)][-1]
+    await asyncio.wait_for(last, WAIT)
+    assert lingering.stats.envelopes == 1
+    async for message in channel.consume(queue, timeout=1):
+        message.ack()
     assert (await channel.queue_declare(queue, passive=True)).message_count == 0
     # The handler-based consumer: one record per call, envelopes acked when done.
     async with AsyncBatchingPublisher(publisher, batch_records=7, linger=0.01) as batching:
@@ -230,6 +238,14 @@ async def test_a_returned_envelope_fails_every_record(conn: AsyncConnection, nam
     assert all(isinstance(o, Unroutable) for o in outcomes)
     assert len({id(o) for o in outcomes}) == 1  # the envelope's one return
     assert batching.stats.envelopes == 1
+    # A nack (a full queue refusing publishes) fails every record of the envelope too.
+    full = names.queue("full")
+    channel = await conn.channel()
+    await channel.queue_declare(full, arguments={"x-max-length": 0, "x-overflow": "reject-publish"})
+    async with AsyncBatchingPublisher(publisher, batch_records=4) as batching:
+        futures = [await batching.publish(b"y", routing_key=full) for _ in range(4)]
+    outcomes = await asyncio.gather(*futures, return_exceptions=True)
+    assert all(isinstance(o, Nacked) for o in outcomes), outcomes
     await publisher.close()
 
 
