@@ -426,7 +426,11 @@ class BatchingPublisher:
 
     Any thread may publish. A batch is handed to the publisher by the thread whose
     record filled it, by :meth:`flush`, or by a linger thread (started with the first
-    record) when ``linger`` passes. Same options as the async twin.
+    record) when ``linger`` passes; that thread waits while the publisher's window is
+    full, and other publishing threads wait with it. Record futures are settled on the
+    connection's IO thread, as the publisher's are: callbacks added to them must be
+    quick and must not publish (the IO thread would wait for a window that only it can
+    free). Same options as the async twin.
     """
 
     def __init__(
