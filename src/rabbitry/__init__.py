@@ -9,6 +9,7 @@ API their twins :class:`Connection` / :class:`Channel`; messages are
 import logging
 
 from .aio import AsyncChannel, AsyncConnection
+from .batching_publisher import AsyncBatchingPublisher, BatchingPublisher
 from .config import ConnectionParameters, parse_url, parse_urls
 from .consumer import AsyncConsumer, ConsumerStats, DedupStore, MemoryDedupStore
 from .exceptions import (
@@ -16,6 +17,7 @@ from .exceptions import (
     AMQPConnectionError,
     AMQPError,
     AuthenticationError,
+    BatchFormatError,
     ChannelClosed,
     ChannelClosedByBroker,
     ChannelClosedByClient,
@@ -95,6 +97,7 @@ __all__ = [
     "AMQPConnectionError",
     "AMQPError",
     "AccessRefused",
+    "AsyncBatchingPublisher",
     "AsyncChannel",
     "AsyncChannelPool",
     "AsyncConnection",
@@ -102,6 +105,8 @@ __all__ = [
     "AsyncOutboxPublisher",
     "AsyncPublisher",
     "AuthenticationError",
+    "BatchFormatError",
+    "BatchingPublisher",
     "Binding",
     "Channel",
     "ChannelClosed",

@@ -39,8 +39,10 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
+from ._batch_consume import handle_batch_with_envelopes, handle_envelope
 from ._failure_log import FailureLog
 from .aio._recovery import redeclare_queue
+from .batching import BATCH_FORMAT_HEADER
 from .exceptions import (
     AMQPConnectionError,
     AMQPError,
@@ -641,6 +643,10 @@ class AsyncConsumer:
             self._idle.set()
 
     async def _handle(self, message: Message) -> None:
+        headers = message.properties.headers
+        if headers and BATCH_FORMAT_HEADER in headers:  # a batch envelope: its records
+            await handle_envelope(self, message)
+            return
         message_id = message.properties.message_id
         if self.dedup is not None and message_id and self.dedup.seen(message_id):
             # Already processed: ack it without calling the handler.
@@ -667,6 +673,9 @@ class AsyncConsumer:
             self.dedup.add(message_id)
 
     async def _handle_batch(self, batch: list[Message]) -> None:
+        if any(m.properties.headers and BATCH_FORMAT_HEADER in m.properties.headers for m in batch):
+            await handle_batch_with_envelopes(self, batch)  # records in the envelopes' place
+            return
         if self.dedup is not None:
             batch = self._drop_duplicates(batch)
             if not batch:

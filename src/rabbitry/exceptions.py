@@ -37,6 +37,8 @@ The tree::
     ├── HandlerSignal                      raised by consumer handlers to steer a message
     │   ├── Retry                          take the retry path
     │   ├── Reject                         park (or dead-letter) without retrying
+    │   │   └── BatchFormatError (ValueError)  a batch envelope is malformed or of a format
+    │   │                                     this client does not know
     │   └── Requeue                        put it back on its queue
     ├── PublishError
     │   ├── Nacked                         the broker nacked a confirmed publish
@@ -78,6 +80,7 @@ __all__ = [
     "AMQPSyntaxError",
     "AccessRefused",
     "AuthenticationError",
+    "BatchFormatError",
     "ChannelClosed",
     "ChannelClosedByBroker",
     "ChannelClosedByClient",
@@ -544,6 +547,23 @@ class Retry(HandlerSignal):
 
 class Reject(HandlerSignal):
     """Raise from a handler to park (or dead-letter) the message without retrying."""
+
+
+class BatchFormatError(Reject, ValueError):
+    """A batch envelope (``springBatchFormat`` header) cannot be split into its records.
+
+    Its body is truncated or malformed, or its format is not one rabbitry knows. Being a
+    :class:`Reject`, a consumer parks (or dead-letters) the envelope without retrying and
+    logs it at ERROR; the iterators (``channel.consume()``) raise it with the envelope
+    unsettled, for the caller to reject.
+
+    Attributes:
+        message: the envelope as delivered, when there is one.
+    """
+
+    def __init__(self, text: str, message: Message | None = None) -> None:
+        super().__init__(text)
+        self.message = message
 
 
 class Requeue(HandlerSignal):

@@ -478,7 +478,10 @@ class AsyncShovel:
     ) -> None:
         while not self._done(target):
             deliveries = channel.consume(
-                self.queue, prefetch=self.window, timeout=self.idle_timeout
+                self.queue,
+                prefetch=self.window,
+                timeout=self.idle_timeout,
+                unpack_batches=False,  # batch envelopes move as they are
             )
             async with contextlib.aclosing(deliveries) as stream:  # type: ignore[type-var]
                 async for message in stream:

@@ -688,6 +688,69 @@ class FaultModel(RuleBasedStateMachine):
         self.checker.fail(f"{self.prefix}-m{len(self.sent) - 1}", errors[0])
         self._after_fault("close_from_another_thread")
 
+    @rule()
+    def vhost_deleted_under_a_second_connection(self) -> None:
+        """A connection whose virtual host is deleted gives up at once, with the cause.
+
+        It must not stay RECOVERING, retrying something no retry can heal; the model's
+        own connection, on another virtual host, is not touched.
+        """
+        node = self.world.node
+        vhost = self._name("vhost")
+        node.ctl("add_vhost", vhost)
+        node.ctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+        side = rabbitry.Connection(
+            self.world.proxy.url(vhost=vhost),
+            connection_name=f"{self.prefix}-vhost",
+            recovery=FAST,
+        )
+        side.connect(timeout=WAIT)
+        try:
+            side.channel().queue_declare(self._name("vq"))
+            node.ctl("delete_vhost", vhost)
+            assert _eventually(lambda: side.state is State.CLOSED), (
+                f"still {side.state} after its virtual host was deleted"
+            )
+            assert isinstance(side.close_exc, AMQPError), side.close_exc
+        finally:
+            side.close(timeout=5)
+        self._after_fault("vhost_deleted")
+
+    @rule(queue=queues, count=st.integers(min_value=1, max_value=10))
+    def publish_through_a_resource_alarm(self, queue: ModelQueue, count: int) -> None:
+        """Confirmed publishes while a memory alarm blocks the node's publishers.
+
+        The connection is blocked, not broken: no recovery, and once the alarm clears
+        every publish is confirmed and owed like any other.
+        """
+        assume(not queue.deleted)
+        node = self.world.node
+        opens = self.opens
+        pending = [self._new_message("", queue.name) for _ in range(count)]
+        futures: list[Any] = []
+
+        def produce() -> None:
+            # After the first publish the broker blocks the connection: the rest wait
+            # in publish() (the publisher's own deadline is WAIT) until it clears.
+            for mid in pending:
+                futures.append(
+                    self.publisher.publish(mid.encode(), routing_key=queue.name, persistent=True)
+                )
+
+        node.set_alarm("memory")
+        thread = threading.Thread(target=produce, name=f"{self.prefix}-blocked")
+        try:
+            thread.start()
+            assert _eventually(lambda: self.conn.is_blocked), "connection.blocked never came"
+        finally:
+            node.clear_alarm("memory")
+        thread.join(WAIT)
+        assert not thread.is_alive(), "publish() still waits after the alarm cleared"
+        for mid, future in zip(pending, futures, strict=True):
+            self._settle(mid, future)
+        assert self.opens == opens, "a resource alarm made the connection reconnect"
+        self._after_fault("resource_alarm")
+
     # ------------------------------------------------------------------ publish rules
 
     @rule(

@@ -1,9 +1,10 @@
-"""Fixtures for the operations tests: management API, policies, shovel.
+"""Fixtures for the operations tests: management API, policies, shovel, sharding plugin.
 
-They need the management plugin, which the shared broker on 127.0.0.1:5672 does not
-have and must not get. So the session starts one throw-away node of its own
-(:class:`tests.support.node.BrokerNode`) with ``rabbitmq_management`` enabled before it
-boots, listening on a port of the node's private block (never 15672), and
+They need the management plugin (and the sharding tests ``rabbitmq_sharding``), which
+the shared broker on 127.0.0.1:5672 does not have and must not get. So the session
+starts one throw-away node of its own (:class:`tests.support.node.BrokerNode`) with
+``rabbitmq_management`` and ``rabbitmq_sharding`` enabled before it boots, the API
+listening on a port of the node's private block (never 15672), and
 ``collect_statistics_interval`` lowered so queue counts in the API follow quickly.
 The node boots once (about 8-10 s) and is stopped at the end of the session.
 
@@ -39,7 +40,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def mgmt_node() -> Iterator[BrokerNode]:
-    """A running node with the management plugin (``node.url``; the API on
+    """A running node with the management and sharding plugins (``node.url``; the API on
     ``mgmt_url``)."""
     if find_scripts_dir() is None:
         pytest.fail(
@@ -49,7 +50,7 @@ def mgmt_node() -> Iterator[BrokerNode]:
             pytrace=False,
         )
     node = BrokerNode(
-        plugins=["rabbitmq_management"],
+        plugins=["rabbitmq_management", "rabbitmq_sharding"],
         config={"collect_statistics_interval": "500"},
     )
     try:

@@ -24,11 +24,13 @@ from typing import Any
 import pytest
 
 from rabbitry import AsyncChannel, AsyncConnection, Channel, Connection
+from rabbitry.batching_publisher import AsyncBatchingPublisher, BatchingPublisher
 from rabbitry.consumer import AsyncConsumer
 from rabbitry.management import AsyncManagementClient, ManagementClient
 from rabbitry.outbox_publisher import AsyncOutboxPublisher
 from rabbitry.pool import AsyncChannelPool
 from rabbitry.publisher import AsyncPublisher
+from rabbitry.sharded_queue import AsyncShardedQueueConsumer, ShardedQueueConsumer
 from rabbitry.sharding import (
     AsyncShardedConsumer,
     AsyncShardedPublisher,
@@ -69,6 +71,8 @@ PAIRS = [
     (AsyncConsumer, Consumer),
     (AsyncShardedPublisher, ShardedPublisher),
     (AsyncShardedConsumer, ShardedConsumer),
+    (AsyncShardedQueueConsumer, ShardedQueueConsumer),
+    (AsyncBatchingPublisher, BatchingPublisher),
     (AsyncShovel, Shovel),
     (AsyncManagementClient, ManagementClient),
 ]

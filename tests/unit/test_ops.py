@@ -10,10 +10,25 @@ import sys
 import pytest
 
 from rabbitry import AsyncConnection, ManagementError, ManagementNotFound
-from rabbitry.exceptions import ConfigurationError, TopologyError, TopologyValidationError
+from rabbitry.exceptions import (
+    ConfigurationError,
+    LocalProtocolError,
+    TopologyError,
+    TopologyValidationError,
+)
 from rabbitry.management import AsyncManagementClient, ManagementClient, MissingExtraError, _ops
 from rabbitry.shovel import AsyncShovel, Endpoint, Shovel, parse_destination, parse_source
-from rabbitry.topology import ARGUMENT_WINS, LOWER_WINS, Policy, Queue, Topology
+from rabbitry.topology import (
+    ARGUMENT_WINS,
+    LOWER_WINS,
+    MODULUS_HASH,
+    PLUGIN_EXCHANGE_TYPES,
+    Binding,
+    Exchange,
+    Policy,
+    Queue,
+    Topology,
+)
 from rabbitry.topology._model import broker_policies
 
 # --------------------------------------------------------------------------- Policy
@@ -76,6 +91,14 @@ def test_policy_accepts_the_documented_keys() -> None:
          "definition['message-ttl']", "queue key"),
         ({"apply_to": "queues", "definition": {"alternate-exchange": "u"}},
          "definition['alternate-exchange']", "exchange key"),
+        ({"definition": {"shards-per-node": 0}}, "definition['shards-per-node']", ">= 1"),
+        ({"definition": {"shards-per-node": "2"}}, "definition['shards-per-node']", "integer"),
+        ({"definition": {"shards-per-node": 2, "routing-key": 7}},
+         "definition['routing-key']", "must be a str"),
+        ({"definition": {"routing-key": "k"}}, "definition['routing-key']",
+         "needs 'shards-per-node'"),
+        ({"apply_to": "queues", "definition": {"shards-per-node": 2}},
+         "definition['shards-per-node']", "exchange key"),
     ],
 )  # fmt: skip
 def test_policy_rules_name_the_field(changes: dict[str, object], field: str, rule: str) -> None:
@@ -86,6 +109,32 @@ def test_policy_rules_name_the_field(changes: dict[str, object], field: str, rul
     assert caught.value.field == field
     assert rule in caught.value.rule
     assert caught.value.entity.startswith("policy ")
+
+
+def test_sharding_policy_keys_and_with_sharding() -> None:
+    sharding = Policy(
+        "s", "^img$", apply_to="exchanges", definition={"shards-per-node": 2, "routing-key": "k"}
+    )
+    assert sharding.definition == {"shards-per-node": 2, "routing-key": "k"}
+    topology = Topology(exchanges=[Exchange("img.x", MODULUS_HASH)]).with_sharding("img.x", 4)
+    (policy,) = topology.policies
+    assert (policy.name, policy.apply_to, policy.definition) == (
+        "img.x.sharding",
+        "exchanges",
+        {"shards-per-node": 4},
+    )
+    assert policy.applies_to_exchange("img.x") and not policy.applies_to_exchange("imgXx")
+    assert topology.sharded_exchanges() == {"img.x": 4}
+    # A higher-priority policy without the key unshards it, as on the broker.
+    other = Policy("o", ".*", apply_to="exchanges", definition={"alternate-exchange": "u"},
+                   priority=5)  # fmt: skip
+    assert (topology + Topology(policies=[other])).sharded_exchanges() == {}
+    with pytest.raises(TopologyValidationError, match="not in this topology"):
+        Topology().with_sharding("img.x", 1)
+    with pytest.raises(TopologyValidationError) as caught:
+        topology + Topology(queues=[Queue("q")], bindings=[Binding("amq.direct", "img.x", "k")])
+    assert caught.value.field == "destination" and "sharded exchange" in caught.value.rule
+    assert PLUGIN_EXCHANGE_TYPES[MODULUS_HASH] == "rabbitmq_sharding"
 
 
 def test_broker_policies_keep_what_the_broker_accepted(caplog: pytest.LogCaptureFixture) -> None:
@@ -477,3 +526,30 @@ def test_management_client_takes_a_ca_bundle_path(tmp_path: object) -> None:
     ca.cert_pem.write_to_path(str(bundle))
     with ManagementClient("https://broker.example:15671", verify=str(bundle)) as client:
         assert client.url == "https://broker.example:15671"
+
+
+def test_publish_request_is_built_and_validated_without_io() -> None:
+    from rabbitry.protocol.spec import BasicProperties
+
+    request = _ops.publish(
+        "", "jobs", b"\x00\xff", BasicProperties(headers={"n": 1}), True, 1500, "/"
+    )
+    assert (request.method, request.path, request.reads_answer) == (
+        "POST",
+        "/exchanges/%2F/amq.default/publish",
+        True,
+    )
+    assert request.body == {
+        "properties": {"headers": {"n": 1}, "delivery_mode": 2, "expiration": "1500"},
+        "routing_key": "jobs",
+        "payload": "AP8=",
+        "payload_encoding": "base64",
+    }
+    assert _ops.publish("x y", "k", "text", None, None, None, "v/h").body["payload_encoding"] == (
+        "string"
+    )
+    assert request.parse({"routed": False}) is False
+    with pytest.raises(ManagementError, match="no 'routed' flag"):
+        request.parse({})
+    with pytest.raises(LocalProtocolError, match=r"^basic\.properties\.priority"):
+        _ops.publish("", "q", b"", BasicProperties(priority=300), None, None, "/")

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from ..batching import iter_delivery
 from ..exceptions import (
     AMQPError,
     ChannelClosedByBroker,
@@ -652,6 +653,7 @@ class AsyncChannel:
         no_ack: bool = False,
         exclusive: bool = False,
         arguments: Mapping[str, Any] | None = None,
+        unpack_batches: bool = True,
     ) -> AsyncIterator[Message]:
         """Iterate over deliveries: ``async for message in channel.consume("q"): ...``.
 
@@ -663,6 +665,9 @@ class AsyncChannel:
             no_ack: automatic acknowledgement.
             exclusive: exclusive consumer.
             arguments: consumer arguments.
+            unpack_batches: hand out the records of batch envelopes one by one
+                (:mod:`rabbitry.batching`); ``False`` hands out every message as
+                delivered (to move messages unchanged).
 
         The consumer is cancelled when the iteration ends; to end it early and at once,
         wrap the iterator in ``contextlib.aclosing``.
@@ -700,7 +705,11 @@ class AsyncChannel:
                     return
                 if isinstance(item, BaseException):
                     raise item
-                yield item
+                if not unpack_batches:
+                    yield item
+                    continue
+                for handed in iter_delivery(item, no_ack):  # batch envelopes: records
+                    yield handed
         finally:
             await self._abandon_consumer(tag)
             # Deliveries that reached us but were never handed out go back to the queue

@@ -33,7 +33,7 @@ from ._common import (
     progress,
 )
 from ._exit import ExitCode
-from ._mgmt import MANAGEMENT_URL, management_for
+from ._mgmt import MANAGEMENT_URL, management_client, management_for
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -181,6 +181,15 @@ def _read_bodies(bodies: tuple[str, ...], file: str | None, whole: bool) -> list
     show_default=True,
     help="Report messages no queue received as failures (exit 1).",
 )
+@click.option(
+    "--via",
+    type=click.Choice(["amqp", "http"]),
+    default="amqp",
+    show_default=True,
+    help="http: through the management API (one request per message, no confirm; "
+    "for operations and tests, not throughput).",
+)
+@MANAGEMENT_URL
 @handle_errors
 def publish(
     bodies: tuple[str, ...],
@@ -202,11 +211,15 @@ def publish(
     expiration: int | None,
     persistent: bool,
     mandatory: bool,
+    via: str,
+    management_url: str | None,
 ) -> None:
     """Publish messages with publisher confirms.
 
     Bodies come from the arguments, from --file (one per line) or from stdin lines.
-    Exits 1 if any message was nacked or (with --mandatory) unroutable.
+    Exits 1 if any message was nacked or (with --mandatory) unroutable. With --via http
+    the management API publishes them: "confirmed" then means the API accepted the
+    message, and a message no queue received counts as unroutable.
     """
     state = get_state()
     payloads = _read_bodies(bodies, file, whole)
@@ -224,30 +237,12 @@ def publish(
         app_id=app_id,
         priority=priority,
     )
-    futures: list[concurrent.futures.Future[None]] = []
-    conn = state.connect()
     started = time.monotonic()
-    try:
-        with conn.publisher(confirm=True, mandatory=mandatory, timeout=state.timeout) as pub:
-            with progress(state, total, "publishing") as advance:
-                for index in range(total):
-                    if rate is not None:
-                        delay = started + index / rate - time.monotonic()
-                        if delay > 0:
-                            time.sleep(delay)
-                    future = pub.publish(
-                        payloads[index % len(payloads)],
-                        exchange=exchange,
-                        routing_key=routing_key,
-                        properties=properties,
-                        persistent=persistent,
-                        expiration=expiration,
-                    )
-                    future.add_done_callback(lambda f: advance(1))
-                    futures.append(future)
-                concurrent.futures.wait(futures, timeout=state.timeout + 5)
-    finally:
-        conn.close()
+    send = _publish_http if via == "http" else _publish_amqp
+    futures = send(
+        state, management_url, payloads, total, rate, exchange, routing_key,
+        properties, persistent, expiration, mandatory,
+    )  # fmt: skip
     elapsed = time.monotonic() - started
     counts = {"acked": 0, "nacked": 0, "unroutable": 0, "failed": 0}
     first_error: BaseException | None = None
@@ -260,7 +255,7 @@ def publish(
             counts["acked"] += 1
             continue
         first_error = first_error or exc
-        if isinstance(exc, Unroutable):
+        if isinstance(exc, Unroutable | _NotRouted):
             counts["unroutable"] += 1
         elif isinstance(exc, Nacked):
             counts["nacked"] += 1
@@ -289,6 +284,95 @@ def publish(
             if first_error.__cause__ is not None:
                 reason += f" ({first_error.__cause__})"
         fail(f"{len(futures) - counts['acked']} of {len(futures)} not confirmed{reason}")
+
+
+class _NotRouted(Exception):
+    """--via http: the API answered ``routed: false``."""
+
+
+def _publish_amqp(
+    state: State,
+    management_url: str | None,
+    payloads: Sequence[bytes],
+    total: int,
+    rate: float | None,
+    exchange: str,
+    routing_key: str,
+    properties: BasicProperties,
+    persistent: bool,
+    expiration: int | None,
+    mandatory: bool,
+) -> list[concurrent.futures.Future[None]]:
+    futures: list[concurrent.futures.Future[None]] = []
+    conn = state.connect()
+    started = time.monotonic()
+    try:
+        with conn.publisher(confirm=True, mandatory=mandatory, timeout=state.timeout) as pub:
+            with progress(state, total, "publishing") as advance:
+                for index in range(total):
+                    if rate is not None:
+                        delay = started + index / rate - time.monotonic()
+                        if delay > 0:
+                            time.sleep(delay)
+                    future = pub.publish(
+                        payloads[index % len(payloads)],
+                        exchange=exchange,
+                        routing_key=routing_key,
+                        properties=properties,
+                        persistent=persistent,
+                        expiration=expiration,
+                    )
+                    future.add_done_callback(lambda f: advance(1))
+                    futures.append(future)
+                concurrent.futures.wait(futures, timeout=state.timeout + 5)
+    finally:
+        conn.close()
+    return futures
+
+
+def _publish_http(
+    state: State,
+    management_url: str | None,
+    payloads: Sequence[bytes],
+    total: int,
+    rate: float | None,
+    exchange: str,
+    routing_key: str,
+    properties: BasicProperties,
+    persistent: bool,
+    expiration: int | None,
+    mandatory: bool,
+) -> list[concurrent.futures.Future[None]]:
+    """Each message through the management API; a future per message, settled at once."""
+    vhost = state.params()[0].virtual_host
+    futures: list[concurrent.futures.Future[None]] = []
+    started = time.monotonic()
+    with management_client(management_url, "--via http needs the management API client") as api:
+        with progress(state, total, "publishing") as advance:
+            for index in range(total):
+                if rate is not None:
+                    delay = started + index / rate - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+                future: concurrent.futures.Future[None] = concurrent.futures.Future()
+                routed = api.publish(
+                    exchange,
+                    routing_key,
+                    payloads[index % len(payloads)],
+                    properties=properties,
+                    persistent=persistent,
+                    expiration=expiration,
+                    vhost=vhost,
+                )
+                if routed or not mandatory:
+                    future.set_result(None)
+                else:
+                    future.set_exception(
+                        _NotRouted("the management API routed the message to no queue")
+                    )
+                advance(1)
+                futures.append(future)
+    return futures
 
 
 # --------------------------------------------------------------------------- consume

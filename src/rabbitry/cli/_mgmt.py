@@ -13,7 +13,7 @@ from ._exit import ExitCode
 if TYPE_CHECKING:
     from ..management import ManagementClient
 
-__all__ = ["MANAGEMENT_URL", "management_for"]
+__all__ = ["MANAGEMENT_URL", "management_client", "management_for"]
 
 MANAGEMENT_URL = click.option(
     "--management-url",
@@ -26,6 +26,11 @@ def management_for(topology: Any, url: str | None) -> ManagementClient | None:
     """A management client when ``topology`` has policies (else ``None``)."""
     if not topology.policies:
         return None
+    return management_client(url, "the file has policies, which need the management API client")
+
+
+def management_client(url: str | None, why: str) -> ManagementClient:
+    """A management client of ``url`` (default: the first broker's host, port 15672)."""
     try:
         from ..management import ManagementClient
     except ImportError as exc:  # pragma: no cover - the import itself needs no extra
@@ -41,6 +46,6 @@ def management_for(topology: Any, url: str | None) -> ManagementClient | None:
         return ManagementClient(url, user, password, timeout=get_state().timeout)
     except ImportError as exc:
         raise CliError(
-            f"the file has policies, which need the management API client: {exc}",
+            f"{why}: {exc}",
             ExitCode.USAGE,
         ) from exc

@@ -12,8 +12,10 @@ from . import _ops
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from datetime import timedelta
     from types import ModuleType
 
+    from ..protocol.spec import BasicProperties
     from ..topology._model import Policy
     from ._ops import QueueInfo, Request
 
@@ -101,7 +103,7 @@ class _Base:
     def _answer(self, request: Request[T], response: Any) -> T:
         if response.status_code >= 400:
             raise _ops.error_for(response.status_code, response.text, request.method, request.path)
-        if request.method != "GET":
+        if request.method != "GET" and not request.reads_answer:
             return request.parse(None)
         try:
             data = response.json()
@@ -289,6 +291,45 @@ class ManagementClient(_Base):
         """Delete a policy. Raises :class:`ManagementNotFound` if it does not exist."""
         self._send(_ops.delete_policy(name, vhost))
 
+    def publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes | bytearray | memoryview | str,
+        *,
+        properties: BasicProperties | None = None,
+        persistent: bool | None = None,
+        expiration: int | timedelta | None = None,
+        vhost: str = "/",
+    ) -> bool:
+        """Publish one message through the API (``POST /api/exchanges/.../publish``).
+
+        A tool for operations and tests (a message from a shell, a probe, a fixture),
+        not for throughput: one HTTP request per message, no publisher confirm, and the
+        API holds the whole body in memory. ``exchange=""`` is the default exchange.
+
+        Args:
+            exchange: the exchange (``""``: the default exchange, routing by queue name).
+            routing_key: the routing key.
+            body: ``str`` is sent as text (UTF-8); bytes go base64-encoded and arrive
+                unchanged.
+            properties: the basic properties, validated as for ``basic.publish``;
+                headers must be JSON values (str, int, float, bool, list, dict).
+            persistent: ``True`` sends delivery mode 2, ``False`` mode 1.
+            expiration: per-message TTL, int milliseconds or a ``timedelta``.
+            vhost: the virtual host.
+
+        Returns:
+            Whether the broker routed the message to at least one queue.
+
+        Raises:
+            LocalProtocolError: a property or argument breaks a rule (the message names
+                it); nothing was sent.
+        """
+        return self._send(
+            _ops.publish(exchange, routing_key, body, properties, persistent, expiration, vhost)
+        )
+
 
 class AsyncManagementClient(_Base):
     """:class:`ManagementClient` for asyncio: the same methods, awaitable.
@@ -437,3 +478,42 @@ class AsyncManagementClient(_Base):
     async def delete_policy(self, name: str, vhost: str = "/") -> None:
         """Delete a policy. Raises :class:`ManagementNotFound` if it does not exist."""
         await self._send(_ops.delete_policy(name, vhost))
+
+    async def publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        body: bytes | bytearray | memoryview | str,
+        *,
+        properties: BasicProperties | None = None,
+        persistent: bool | None = None,
+        expiration: int | timedelta | None = None,
+        vhost: str = "/",
+    ) -> bool:
+        """Publish one message through the API (see :meth:`ManagementClient.publish`).
+
+        A tool for operations and tests (a message from a shell, a probe, a fixture),
+        not for throughput: one HTTP request per message, no publisher confirm, and the
+        API holds the whole body in memory. ``exchange=""`` is the default exchange.
+
+        Args:
+            exchange: the exchange (``""``: the default exchange, routing by queue name).
+            routing_key: the routing key.
+            body: ``str`` is sent as text (UTF-8); bytes go base64-encoded and arrive
+                unchanged.
+            properties: the basic properties, validated as for ``basic.publish``;
+                headers must be JSON values (str, int, float, bool, list, dict).
+            persistent: ``True`` sends delivery mode 2, ``False`` mode 1.
+            expiration: per-message TTL, int milliseconds or a ``timedelta``.
+            vhost: the virtual host.
+
+        Returns:
+            Whether the broker routed the message to at least one queue.
+
+        Raises:
+            LocalProtocolError: a property or argument breaks a rule (the message names
+                it); nothing was sent.
+        """
+        return await self._send(
+            _ops.publish(exchange, routing_key, body, properties, persistent, expiration, vhost)
+        )

@@ -12,16 +12,27 @@ the default vhost ``/`` is ``%2F``, as the API requires.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
-from ..exceptions import ManagementError, ManagementNotFound
+from ..exceptions import LocalProtocolError, ManagementError, ManagementNotFound
+from ..protocol.frames import split_timestamp
+from ..protocol.spec import BasicProperties
 from ..topology._model import Policy, broker_policies
 
-__all__ = ["QueueInfo", "Request", "error_for", "policy_from_api", "queue_from_api"]
+__all__ = [
+    "QueueInfo",
+    "Request",
+    "error_for",
+    "policy_from_api",
+    "publish",
+    "publish_properties",
+    "queue_from_api",
+]
 
 T = TypeVar("T")
 
@@ -38,6 +49,8 @@ class Request(Generic[T]):
     path: str
     parse: Callable[[Any], T]
     body: Any = None
+    #: The answer of a non-GET request is JSON that ``parse`` reads (``publish``).
+    reads_answer: bool = False
 
 
 def _raw(data: Any) -> Any:
@@ -256,6 +269,133 @@ def put_policy(item: Policy, vhost: str) -> Request[None]:
 
 def delete_policy(name: str, vhost: str) -> Request[None]:
     return Request("DELETE", f"/policies/{_seg(vhost)}/{_seg(name)}", _none)
+
+
+# --------------------------------------------------------------------------- publish
+
+#: The API's name of the default exchange (``""`` over AMQP).
+DEFAULT_EXCHANGE = "amq.default"
+_JSON_SCALARS = (str, bool, int, float)
+
+
+def _json_header(value: Any, path: str) -> Any:
+    """``value`` as JSON the API turns back into the same AMQP field, else an error.
+
+    The API maps JSON strings to longstr, integers to long, floats to double, booleans,
+    lists to arrays and objects to tables; anything else (bytes, datetime, Decimal,
+    ``None``, the typed ints such as ``Int8``) has no JSON form that keeps its type.
+    """
+    cls = type(value)
+    if cls in _JSON_SCALARS:
+        return value
+    if isinstance(value, Mapping):
+        return {
+            _json_key(key, path): _json_header(item, f"{path}[{key!r}]")
+            for key, item in value.items()
+        }
+    if cls is list or cls is tuple:
+        return [_json_header(item, f"{path}[{index}]") for index, item in enumerate(value)]
+    raise LocalProtocolError(
+        f"{path}: the management API carries headers as JSON (str, int, float, bool, "
+        f"list, dict), so a {cls.__name__} cannot keep its type; publish it over AMQP"
+    )
+
+
+def _json_key(key: Any, path: str) -> str:
+    if type(key) is not str:
+        raise LocalProtocolError(f"{path}: table keys must be str, got {type(key).__name__}")
+    return key
+
+
+def publish_properties(
+    properties: BasicProperties | None,
+    persistent: bool | None = None,
+    expiration: Any = None,
+) -> dict[str, Any]:
+    """The JSON ``properties`` of a management-API publish, validated as over AMQP.
+
+    ``properties`` goes through the same checks as a ``basic.publish`` (it is encoded
+    once, which raises :class:`~rabbitry.exceptions.LocalProtocolError` naming the field);
+    ``persistent`` and ``expiration`` are read as :meth:`rabbitry.Publisher.publish`
+    reads them. Headers must also have a JSON form (see :func:`_json_header`).
+    """
+    from ..publisher import expiration_ms
+
+    if properties is None:
+        properties = BasicProperties()
+    elif not isinstance(properties, BasicProperties):
+        raise LocalProtocolError(
+            f"basic.properties: must be a rabbitry.BasicProperties, got {type(properties).__name__}"
+        )
+    if persistent is not None and not isinstance(persistent, bool):
+        raise LocalProtocolError(f"persistent: must be a bool, got {type(persistent).__name__}")
+    properties.encode()  # the AMQP path's validation: types, ranges, lengths
+    out: dict[str, Any] = {}
+    for name in BasicProperties.FIELDS:
+        value = getattr(properties, name)
+        if value is None:
+            continue
+        if name == "headers":
+            value = _json_header(value, "basic.properties.headers")
+        elif name == "timestamp":
+            value = split_timestamp(value, "basic.properties.timestamp")
+        out[name] = value
+    if persistent is not None:
+        out["delivery_mode"] = 2 if persistent else 1
+    if expiration is not None:
+        out["expiration"] = expiration_ms(expiration)
+    return out
+
+
+def _routed(data: Any) -> bool:
+    if not isinstance(data, Mapping) or not isinstance(data.get("routed"), bool):
+        raise ManagementError(200, f"the publish answer has no 'routed' flag: {data!r}")
+    return bool(data["routed"])
+
+
+def publish(
+    exchange: str,
+    routing_key: str,
+    body: bytes | bytearray | memoryview | str,
+    properties: BasicProperties | None,
+    persistent: bool | None,
+    expiration: Any,
+    vhost: str,
+) -> Request[bool]:
+    """``POST /api/exchanges/{vhost}/{exchange}/publish``; the answer is ``routed``.
+
+    A ``str`` body is sent as UTF-8 text (``payload_encoding: string``); bytes are sent
+    base64-encoded, so any bytes arrive unchanged.
+    """
+    for field_name, value in (
+        ("exchange", exchange),
+        ("routing_key", routing_key),
+        ("vhost", vhost),
+    ):
+        if not isinstance(value, str):
+            raise LocalProtocolError(
+                f"basic.publish.{field_name}: must be a str, got {type(value).__name__}"
+            )
+        if field_name != "vhost" and len(value.encode("utf-8", "surrogateescape")) > 255:
+            raise LocalProtocolError(f"basic.publish.{field_name}: shortstr longer than 255 bytes")
+    if isinstance(body, str):
+        payload, encoding = body, "string"
+    elif isinstance(body, bytes | bytearray | memoryview):
+        payload, encoding = base64.b64encode(bytes(body)).decode("ascii"), "base64"
+    else:
+        raise LocalProtocolError(
+            "basic.publish.body: must be bytes, bytearray, memoryview or str, "
+            f"got {type(body).__name__}"
+        )
+    document = {
+        "properties": publish_properties(properties, persistent, expiration),
+        "routing_key": routing_key,
+        "payload": payload,
+        "payload_encoding": encoding,
+    }
+    name = exchange or DEFAULT_EXCHANGE
+    path = f"/exchanges/{_seg(vhost)}/{_seg(name)}/publish"
+    return Request("POST", path, _routed, document, reads_answer=True)
 
 
 # --------------------------------------------------------------------------- answers

@@ -38,7 +38,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import AccessRefused, ConfigurationError, NotFound
-from ._rows import message_to_row
+from ._rows import message_rows
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -223,7 +223,7 @@ def browse_share(options: ReadOptions, start: int, end: int) -> Iterator[Row]:
                 )
                 return
             if position >= start:
-                yield message_to_row(message, queue, position)
+                yield from message_rows(message, queue, position)
     finally:
         if channel is not None and channel.is_open:
             try:
@@ -261,7 +261,7 @@ def consume_share(options: ReadOptions, quota: int, first_offset: int) -> Iterat
                 message = inbox.get(timeout=options.poll_timeout)
             except queue_module.Empty:
                 break
-            yield message_to_row(message, options.queue, first_offset + index)
+            yield from message_rows(message, options.queue, first_offset + index)
             last_tag = message.delivery_tag
             unacked += 1
             if unacked >= step:

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import AMQPError, ConfigurationError, ConsumerCancelled, NotFound
-from ._rows import message_to_row
+from ._rows import message_rows
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -345,7 +345,9 @@ class QueueConsumer:
                 f"{self.options.queue!r} (queue deleted?)"
             ) from ConsumerCancelled(self.cancelled)
         queue = self.options.queue
-        rows = [message_to_row(m, queue, start + i) for i, m in enumerate(taken)]
+        rows: list[Row] = []
+        for message in taken:  # a batch envelope gives one row per record
+            rows.extend(message_rows(message, queue, start + len(rows), consecutive=True))
         end = start + len(rows)
         if taken:
             self._ledger.add(end, taken[-1].delivery_tag, epoch)
@@ -577,7 +579,7 @@ def read_stream_range(options: ReadOptions, start: int, end: int) -> Iterator[Ro
                 continue
             if offset >= end:
                 break
-            yield message_to_row(message, queue, offset)
+            yield from message_rows(message, queue, offset)
             if offset >= end - 1:
                 break
     finally:

@@ -349,6 +349,7 @@ class WriteOptions:
     job_id: str | None = None
     persistent: bool = True
     check_exchange: bool = True
+    batch_records: int = 1
 
 
 def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
@@ -371,6 +372,7 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         job_id=opts.text("jobId"),
         persistent=opts.flag("persistent", True),
         check_exchange=opts.flag("checkExchange", True),
+        batch_records=opts.integer("batchRecords", 1, 1, 10_000),
     )
 
 

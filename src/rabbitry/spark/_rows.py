@@ -9,6 +9,7 @@ import json
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from ..batching import is_envelope, unpack
 from ..exceptions import ConfigurationError
 from ..protocol.spec import BasicProperties
 
@@ -22,6 +23,7 @@ __all__ = [
     "READ_SCHEMA",
     "WRITE_COLUMNS",
     "check_write_columns",
+    "message_rows",
     "message_to_row",
     "row_to_message",
 ]
@@ -104,6 +106,32 @@ def message_to_row(
         headers_to_map(headers),
         tuple(getattr(props, name) for name, _ in PROPERTY_FIELDS),
     )
+
+
+def _no_settle(how: str, **options: object) -> None:
+    return None  # the source acknowledges envelopes by delivery tag itself
+
+
+def message_rows(
+    message: Message, queue: str, offset: int, *, consecutive: bool = False
+) -> list[tuple[Any, ...]]:
+    """The rows of one delivery: one, or one per record of a batch envelope.
+
+    The records of an envelope (``springBatchFormat`` header, see
+    :mod:`rabbitry.batching`) get the envelope's ``delivery_tag``, ``message_id`` and
+    properties (without the batch headers), and its ``offset`` (a message position), or
+    with ``consecutive`` one offset each from ``offset`` on (a row count).
+
+    Raises:
+        BatchFormatError: an envelope of an unknown format, or a malformed one.
+    """
+    if not is_envelope(message):
+        return [message_to_row(message, queue, offset)]
+    step = 1 if consecutive else 0
+    return [
+        message_to_row(record, queue, offset + index * step)
+        for index, record in enumerate(unpack(message, _no_settle))
+    ]
 
 
 def check_write_columns(columns: Iterable[str]) -> None:

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..exceptions import AMQPError, NotFound, Unroutable
+from ..batching import encode_records, envelope_headers
+from ..batching_publisher import DEFAULT_BATCH_BYTES
+from ..exceptions import AMQPError, ConfigurationError, NotFound, Unroutable
+from ..protocol.spec import BasicProperties
 from ._core import PublishFailed
 from ._rows import row_to_message
 
@@ -23,7 +27,7 @@ if TYPE_CHECKING:
 
     from ._options import WriteOptions
 
-__all__ = ["PublishResult", "UnroutableRows", "publish_rows"]
+__all__ = ["PublishResult", "UnroutableRows", "check_batch_columns", "publish_rows"]
 
 logger = logging.getLogger("rabbitry.spark")
 
@@ -69,22 +73,23 @@ class _Tally:
         self.routes: dict[tuple[str, str], int] = {}
         self.first_error: BaseException | None = None
 
-    def track(self, future: concurrent.futures.Future[None]) -> None:
+    def track(self, future: concurrent.futures.Future[None], rows: int = 1) -> None:
+        """Count ``rows`` rows sent in the message of ``future`` (more in an envelope)."""
         with self._lock:
-            self.sent += 1
-        future.add_done_callback(self._settle)
+            self.sent += rows
+        future.add_done_callback(functools.partial(self._settle, rows))
 
-    def _settle(self, future: concurrent.futures.Future[None]) -> None:
+    def _settle(self, rows: int, future: concurrent.futures.Future[None]) -> None:
         error = future.exception()
         with self._lock:
-            self.settled += 1
+            self.settled += rows
             if error is not None:
-                self.failed += 1
+                self.failed += rows
                 if isinstance(error, Unroutable):
-                    self.returned += 1
+                    self.returned += rows
                     route = (error.message.exchange, error.message.routing_key)
                     if route in self.routes or len(self.routes) < _MAX_NAMED_ROUTES:
-                        self.routes[route] = self.routes.get(route, 0) + 1
+                        self.routes[route] = self.routes.get(route, 0) + rows
                 if self.first_error is None:
                     self.first_error = error
             if self.settled == self.sent:
@@ -168,7 +173,9 @@ def publish_rows(
         publish = publisher.publish
         track = tally.track
         try:
-            for index, row in enumerate(rows):
+            if options.batch_records > 1:
+                first_id, last_id = _publish_envelopes(options, rows, id_prefix, publisher, tally)
+            for index, row in enumerate(rows if options.batch_records == 1 else ()):
                 if tally.failed:
                     break
                 body, to_exchange, key, props = row_to_message(
@@ -195,3 +202,89 @@ def publish_rows(
     finally:
         with contextlib.suppress(Exception):
             conn.close(timeout=5)
+
+
+_PER_ROW_COLUMNS = ("message_id", "headers", "properties")
+
+
+def check_batch_columns(options: WriteOptions, columns: Iterable[str]) -> None:
+    """Refuse per-row property columns in a write with ``batchRecords`` > 1 (driver side)."""
+    if options.batch_records == 1:
+        return
+    per_row = [c for c in columns if c in _PER_ROW_COLUMNS]
+    if per_row:
+        raise ConfigurationError(
+            f"option batchRecords: the rows of a batch envelope share its properties, so "
+            f"the column(s) {', '.join(per_row)} cannot be written with batchRecords="
+            f"{options.batch_records}; drop them or set batchRecords=1"
+        )
+
+
+def _publish_envelopes(
+    options: WriteOptions,
+    rows: Iterable[Mapping[str, Any]],
+    id_prefix: str,
+    publisher: Any,
+    tally: _Tally,
+) -> tuple[str | None, str | None]:
+    """``batchRecords`` > 1: consecutive rows of one target in batch envelopes.
+
+    An envelope holds up to ``batchRecords`` rows and at most
+    :data:`~rabbitry.batching_publisher.DEFAULT_BATCH_BYTES` of body (a larger row goes
+    alone, as a plain message); its ``message_id`` is ``<id prefix>:<index of its first
+    row>``, so a retried task sends the same envelopes with the same ids. Rows with a
+    ``message_id``, ``headers`` or ``properties`` value are refused: the records of an
+    envelope share its properties.
+    """
+    routing_key = options.routing_key or ""
+    mode = 2 if options.persistent else 1
+    limit = DEFAULT_BATCH_BYTES
+    first_id: str | None = None
+    last_id: str | None = None
+    bodies: list[bytes] = []
+    size = 0
+    target: tuple[str, str] | None = None
+    start = 0
+
+    def send() -> None:
+        nonlocal first_id, last_id
+        message_id = f"{id_prefix}:{start}"
+        first_id = first_id or message_id
+        last_id = message_id
+        assert target is not None
+        if len(bodies) == 1:
+            body, headers = bodies[0], None
+        else:
+            body, headers = encode_records(bodies), envelope_headers(None, len(bodies))
+        props = BasicProperties(message_id=message_id, delivery_mode=mode, headers=headers)
+        future = publisher.publish(
+            body, exchange=target[0], routing_key=target[1], properties=props
+        )
+        tally.track(future, len(bodies))
+
+    for index, row in enumerate(rows):
+        if tally.failed:
+            break
+        for column in _PER_ROW_COLUMNS:
+            if row.get(column) is not None:
+                raise PublishFailed(
+                    f"option batchRecords: row {index} has a {column!r} value, but the rows "
+                    "of an envelope share its properties; drop the column or set "
+                    "batchRecords=1"
+                )
+        body, to_exchange, key, _props = row_to_message(
+            row, routing_key, options.exchange, "", mode
+        )
+        where = (to_exchange, key)
+        if bodies and (
+            where != target or len(bodies) >= options.batch_records or size + 4 + len(body) > limit
+        ):
+            send()
+            bodies, size = [], 0
+        if not bodies:
+            target, start = where, index
+        bodies.append(body)
+        size += 4 + len(body)
+    if bodies and not tally.failed:
+        send()
+    return first_id, last_id

@@ -43,7 +43,7 @@ from ._core import (
 )
 from ._options import ReadOptions, WriteOptions, parse_read_options, parse_write_options
 from ._rows import READ_SCHEMA, check_write_columns
-from ._write import PublishResult, publish_rows
+from ._write import PublishResult, check_batch_columns, publish_rows
 
 try:  # Spark 4.2+: admission control and AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import (
@@ -137,6 +137,7 @@ class RabbitMQDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> BatchWriter:
         check_write_columns(schema.fieldNames())
         options = parse_write_options(self.options)
+        check_batch_columns(options, schema.fieldNames())
         # One id for the whole job, made here on the driver and pickled into every task,
         # so a retried task publishes the same message ids as its failed attempt.
         job_id = options.job_id or uuid.uuid4().hex
@@ -144,7 +145,9 @@ class RabbitMQDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         check_write_columns(schema.fieldNames())
-        return StreamWriter(parse_write_options(self.options))
+        options = parse_write_options(self.options)
+        check_batch_columns(options, schema.fieldNames())
+        return StreamWriter(options)
 
 
 def register(spark: SparkSession) -> None:

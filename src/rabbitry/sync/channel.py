@@ -16,6 +16,7 @@ from __future__ import annotations
 import queue as queue_module
 from typing import TYPE_CHECKING, Any
 
+from ..batching import iter_delivery
 from ..exceptions import AMQPError, ConsumerCancelled, InvalidStateError
 from ..protocol.message import Message
 from ._portal import ConfirmFuture
@@ -417,6 +418,7 @@ class Channel:
         no_ack: bool = False,
         exclusive: bool = False,
         arguments: Mapping[str, Any] | None = None,
+        unpack_batches: bool = True,
     ) -> Iterator[Message]:
         """Iterate over deliveries: ``for message in channel.consume("q", timeout=5): ...``.
 
@@ -428,6 +430,9 @@ class Channel:
             no_ack: automatic acknowledgement.
             exclusive: exclusive consumer.
             arguments: consumer arguments.
+            unpack_batches: hand out the records of batch envelopes one by one
+                (:mod:`rabbitry.batching`); ``False`` hands out every message as
+                delivered (to move messages unchanged).
 
         The consumer is cancelled when the loop ends (also on ``break``).
 
@@ -465,7 +470,10 @@ class Channel:
                     return
                 if isinstance(item, BaseException):
                     raise item
-                yield item
+                if unpack_batches:
+                    yield from iter_delivery(item, no_ack)  # batch envelopes: records
+                else:
+                    yield item
         finally:
             # Cancelled now if the channel is open; forgotten if the connection is
             # recovering, so recovery never subscribes it again into a dead inbox.

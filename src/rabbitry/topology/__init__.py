@@ -37,7 +37,9 @@ from ._apply import ApplyResult, VerifyReport, parse_inequivalent
 from ._diff import ARGUMENT_WINS, LOWER_WINS, PolicyOverlap
 from ._model import (
     BUILTIN_EXCHANGE_TYPES,
+    MODULUS_HASH,
     OVERFLOW_MODES,
+    PLUGIN_EXCHANGE_TYPES,
     POLICY_APPLY_TO,
     POLICY_KEYS,
     QUEUE_TYPES,
@@ -81,10 +83,12 @@ __all__ = [
     "HELPER_DELIVERY_LIMIT",
     "LAST_FAILURE_HEADER",
     "LOWER_WINS",
+    "MODULUS_HASH",
     "ORIGINAL_EXCHANGE_HEADER",
     "ORIGINAL_ROUTING_KEY_HEADER",
     "OVERFLOW_MODES",
     "PARKED_REASON_HEADER",
+    "PLUGIN_EXCHANGE_TYPES",
     "POLICY_APPLY_TO",
     "POLICY_KEYS",
     "QUEUE_TYPES",

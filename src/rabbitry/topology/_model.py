@@ -31,7 +31,9 @@ __all__ = [
     "BUILTIN_EXCHANGES",
     "BUILTIN_EXCHANGE_TYPES",
     "MAX_UINT32",
+    "MODULUS_HASH",
     "OVERFLOW_MODES",
+    "PLUGIN_EXCHANGE_TYPES",
     "POLICY_APPLY_TO",
     "POLICY_KEYS",
     "QUEUE_ARGUMENTS",
@@ -52,6 +54,18 @@ __all__ = [
 #: Largest TTL / expiry RabbitMQ accepts (its ``MAX_EXPIRY_TIMER``), in milliseconds.
 MAX_UINT32 = 2**32 - 1
 BUILTIN_EXCHANGE_TYPES = ("direct", "topic", "fanout", "headers")
+#: The exchange type of the ``rabbitmq_sharding`` plugin: the routing key's hash modulo
+#: the number of bound queues picks exactly one of them (binding keys are ignored).
+MODULUS_HASH = "x-modulus-hash"
+#: Exchange types that plugins shipped with RabbitMQ add, and the plugin to enable.
+PLUGIN_EXCHANGE_TYPES = {
+    "x-consistent-hash": "rabbitmq_consistent_hash_exchange",
+    MODULUS_HASH: "rabbitmq_sharding",
+    "x-random": "rabbitmq_random_exchange",
+    "x-recent-history": "rabbitmq_recent_history_exchange",
+    "x-jms-topic": "rabbitmq_jms_topic_exchange",
+    "x-delayed-message": "rabbitmq_delayed_message_exchange",
+}
 QUEUE_TYPES = ("classic", "quorum", "stream")
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 #: ``x-delivery-limit`` / ``delivery-limit`` value for "no limit" (RabbitMQ 4.0+, whose
@@ -210,8 +224,9 @@ class Exchange:
     Args:
         name: the exchange name (not empty, not ``amq.*``).
         type: ``direct``, ``topic``, ``fanout``, ``headers``, or a plugin type starting
-            with ``x-`` (``x-consistent-hash``, ``x-delayed-message``...). The plugin must
-            be enabled: RabbitMQ closes the whole connection on an unknown type.
+            with ``x-`` (``x-consistent-hash``, ``x-modulus-hash``, ``x-delayed-message``,
+            see :data:`PLUGIN_EXCHANGE_TYPES`). The plugin must be enabled: RabbitMQ
+            closes the whole connection on an unknown type.
         durable: survives a broker restart.
         auto_delete: deleted when its last binding is removed.
         internal: cannot be published to directly, only through exchange bindings.
@@ -683,6 +698,10 @@ POLICY_KEYS: dict[str, tuple[str, Any]] = {
     "alternate-exchange": ("x", _policy_str(empty=False)),
     "federation-upstream": ("qx", _policy_str(empty=False)),
     "federation-upstream-set": ("qx", _policy_str(empty=False)),
+    # rabbitmq_sharding: shard queues per node for the exchanges it matches, and the
+    # key they are bound with (it needs shards-per-node; x-modulus-hash ignores it).
+    "shards-per-node": ("x", _policy_int(1, None)),
+    "routing-key": ("x", _policy_str()),
 }
 #: Classic queue mirroring's keys. RabbitMQ 4.0 removed mirroring (its management API
 #: answers 400); a ``Policy`` refuses them, and one read from a 3.x broker keeps them.
@@ -830,6 +849,17 @@ class Policy:
                 raise TopologyValidationError(
                     entity, field, "is an exchange key but the policy applies to queues only"
                 )
+        if (
+            "routing-key" in definition
+            and "shards-per-node" not in definition
+            and not _BROKER_POLICIES.get()
+        ):
+            raise TopologyValidationError(
+                entity,
+                "definition['routing-key']",
+                "is a rabbitmq_sharding key and needs 'shards-per-node' in the same "
+                "policy (the plugin refuses it alone)",
+            )
         object.__setattr__(self, "definition", definition)
 
     @property

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..exceptions import TopologyError, TopologyValidationError
 from ._model import Binding, Exchange, Policy, Queue
+from ._sharding import add_sharding, check_sharded_names, sharded_exchanges
 
 if TYPE_CHECKING:
     import os
@@ -78,6 +79,8 @@ class Topology:
                     "destination",
                     "refers to a server-named queue that is not in this topology's queues",
                 )
+        sharded = sharded_exchanges(tuple(kept_exchanges), tuple(kept_policies))
+        check_sharded_names(sharded, tuple(kept_queues), tuple(kept_bindings))
         object.__setattr__(self, "exchanges", tuple(kept_exchanges))
         object.__setattr__(self, "queues", tuple(kept_queues))
         object.__setattr__(self, "bindings", tuple(kept_bindings))
@@ -235,6 +238,41 @@ class Topology:
         from ._retry import build_retry
 
         return build_retry(self, queue, policy, delivery_limit=delivery_limit)
+
+    def with_sharding(
+        self,
+        exchange: str,
+        shards_per_node: int,
+        *,
+        routing_key: str | None = None,
+        priority: int = 0,
+    ) -> Topology:
+        """A new topology that also holds a ``rabbitmq_sharding`` policy for ``exchange``.
+
+        The policy (``<exchange>.sharding``, matching that name only, applied to
+        exchanges) makes the plugin declare ``shards_per_node`` queues on every node,
+        ``sharding: <exchange> - <node> - <n>``, and bind them to the exchange; consume
+        from the exchange's name (:class:`rabbitry.sharded_queue.ShardedQueueConsumer`).
+        Give the exchange the plugin's type, :data:`MODULUS_HASH`, so that each message
+        goes to one shard. Policies are set through the management API: ``apply`` then
+        needs ``management=``.
+
+        Args:
+            exchange: the exchange (already in this topology).
+            shards_per_node: queues per node, at least 1.
+            routing_key: the key the shards are bound with (``x-modulus-hash`` and
+                ``fanout`` ignore it; a ``direct`` exchange then routes only that key).
+            priority: the policy's priority.
+
+        Raises:
+            TopologyValidationError: ``exchange`` is not in this topology, a value breaks
+                a rule, or a queue of this topology has the exchange's name.
+        """
+        return add_sharding(self, exchange, shards_per_node, routing_key, priority)
+
+    def sharded_exchanges(self) -> dict[str, int]:
+        """``{exchange: shards-per-node}`` for the exchanges this topology's policies shard."""
+        return sharded_exchanges(self.exchanges, self.policies)
 
     def diff(
         self,

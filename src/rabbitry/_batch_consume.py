@@ -1,0 +1,138 @@
+"""How :class:`rabbitry.consumer.AsyncConsumer` handles a batch envelope.
+
+Each record goes to the handler as a :class:`~rabbitry.batching.BatchRecord`, in order,
+one at a time (the envelope holds one handler slot). The envelope is acked once every
+record was handled; the first record whose handler raises sends the *whole envelope*
+down the consumer's failure path (its retry policy, or dead-lettering), the records
+after it are not handed out, and a retry hands every record out again, the ones that
+had succeeded included (at-least-once, per record). An envelope that cannot be split
+(:class:`~rabbitry.exceptions.BatchFormatError`, a :class:`~rabbitry.exceptions.Reject`)
+is parked or dead-lettered without retrying.
+
+A consumer with ``batch_size`` (a list handler) gets the records of the envelopes of
+its batch in the list, in place of the envelopes, between the plain messages; an
+envelope is acked when none of its records failed, and goes down the failure path
+(once) when any did. Its plain messages are acked one by one in such a batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from typing import TYPE_CHECKING, Any
+
+from .batching import is_envelope, settler_of, unpack
+from .exceptions import BatchFormatError
+
+if TYPE_CHECKING:
+    from .consumer import AsyncConsumer
+    from .protocol.message import Message
+
+__all__ = ["handle_batch_with_envelopes", "handle_envelope"]
+
+
+async def handle_envelope(consumer: AsyncConsumer, envelope: Message) -> None:
+    """Hand the records of ``envelope`` to ``consumer``'s handler; settle the envelope."""
+    dedup = consumer.dedup
+    message_id = envelope.properties.message_id
+    if dedup is not None and message_id and dedup.seen(message_id):
+        consumer.stats.deduplicated += 1
+        consumer._ack(envelope)
+        return
+
+    def settle(how: str, *, multiple: bool = False, requeue: bool = True) -> None:
+        if how == "ack":
+            consumer._ack(envelope)
+        else:
+            consumer._settle(envelope, how, requeue=requeue)
+
+    try:
+        records = unpack(envelope, settle)
+    except BatchFormatError as exc:
+        await consumer._fail(envelope, exc)
+        return
+    handler = consumer._handler
+    for record in records:
+        settler = settler_of(record)
+        if settler is not None and settler.done:
+            return  # the handler nacked or rejected a record: the envelope went with it
+        try:
+            result: Any = handler(record)
+            if inspect.isawaitable(result):
+                await result
+        except asyncio.CancelledError:
+            if consumer._release_on_cancel and not (settler is not None and settler.done):
+                consumer._settle(envelope, "nack", requeue=True)
+                consumer.stats.released += 1
+            raise
+        except Exception as exc:
+            if settler is None or not settler.done:
+                await consumer._fail(envelope, exc)
+            return
+        if not record.settled and settler is not None and not settler.done:
+            record.ack()
+    if dedup is not None and message_id and envelope.settled:
+        dedup.add(message_id)
+
+
+def _settle_for(consumer: AsyncConsumer, envelope: Message) -> Any:
+    def settle(how: str, *, multiple: bool = False, requeue: bool = True) -> None:
+        if how == "ack":
+            consumer._ack(envelope)
+        else:
+            consumer._settle(envelope, how, requeue=requeue)
+
+    return settle
+
+
+async def handle_batch_with_envelopes(consumer: AsyncConsumer, batch: list[Message]) -> None:
+    """A list handler's batch that holds envelopes: records in their place (see above)."""
+    items: list[Message] = []
+    owner: dict[int, Message] = {}
+    envelopes: list[Message] = []
+    for message in batch:
+        if not is_envelope(message):
+            items.append(message)
+            continue
+        try:
+            records = unpack(message, _settle_for(consumer, message))
+        except BatchFormatError as exc:
+            await consumer._fail(message, exc)
+            continue
+        envelopes.append(message)
+        for record in records:
+            owner[id(record)] = message
+        items.extend(records)
+    failed: list[tuple[Message, BaseException]] = []
+    if items:
+        try:
+            result: Any = consumer._handler(items)
+            if inspect.isawaitable(result):
+                result = await result
+            if result is not None:
+                failed = consumer._failed_items(items, result)
+        except asyncio.CancelledError:
+            if consumer._release_on_cancel:
+                for message in (*envelopes, *(m for m in items if id(m) not in owner)):
+                    consumer._settle(message, "nack", requeue=True)
+            raise
+        except Exception as exc:
+            failed = [(message, exc) for message in items]
+    failed_envelopes: dict[int, tuple[Message, BaseException]] = {}
+    failed_plain: set[int] = set()
+    for message, error in failed:
+        envelope = owner.get(id(message))
+        if envelope is None:
+            failed_plain.add(id(message))
+            await consumer._fail(message, error)
+        else:
+            failed_envelopes.setdefault(id(envelope), (envelope, error))
+    for envelope, error in failed_envelopes.values():
+        if not envelope.settled:
+            await consumer._fail(envelope, error)
+    for message in items:
+        if id(message) not in owner and id(message) not in failed_plain:
+            consumer._ack(message)  # no-op when the handler settled it
+    for envelope in envelopes:
+        if id(envelope) not in failed_envelopes:
+            consumer._ack(envelope)

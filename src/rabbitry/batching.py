@@ -1,0 +1,339 @@
+"""Micro-batching: several records in one AMQP message, in Spring AMQP's batch format.
+
+A *batch envelope* is one AMQP message that carries several records. rabbitry speaks
+the format of Spring AMQP's ``SimpleBatchingStrategy`` (``BatchingRabbitTemplate``), so
+batches interoperate with Spring listeners in both directions:
+
+* the header ``springBatchFormat`` is ``lengthHeader4`` (:data:`BATCH_FORMAT_HEADER`,
+  :data:`LENGTH_HEADER4`);
+* the body is every record's bytes, each preceded by its length as a 4-byte big-endian
+  unsigned integer, back to back, nothing before the first nor after the last;
+* the header ``amqp_batchSize`` (:data:`BATCH_SIZE_HEADER`) holds the record count
+  (Spring writes it; a reader does not need it, and rabbitry checks it when present);
+* every other property (content type, delivery mode, headers...) is the records'
+  own: all records of one envelope share them. A batch of one record is sent as a
+  plain message, without the header, as Spring does.
+
+Reading: a message without the ``springBatchFormat`` header is a plain message and
+passes through unchanged. One with the header is split by :func:`unpack` into
+:class:`BatchRecord` messages, one per record, with the envelope's properties minus the
+two batch headers. A ``springBatchFormat`` other than ``lengthHeader4``, a truncated
+body or a count that does not match raises :class:`~rabbitry.exceptions.BatchFormatError`:
+a consumer never hands out bytes it could not frame.
+
+Settling: a record's ``ack()`` counts; the envelope is acked once every record was
+acked. A record's ``nack()`` or ``reject()`` settles the whole envelope that way at once
+(every record of it comes back, or is dead-lettered, together), and the records not yet
+handed out are skipped. See ``docs/publishing.md`` ("Micro-batching").
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING, Any, Final
+
+from .exceptions import BatchFormatError, InvalidStateError
+from .protocol.message import Message
+from .protocol.spec import BasicProperties
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Sequence
+
+__all__ = [
+    "BATCH_FORMAT_HEADER",
+    "BATCH_SIZE_HEADER",
+    "LENGTH_HEADER4",
+    "MAX_RECORD_BYTES",
+    "BatchRecord",
+    "decode_records",
+    "encode_records",
+    "envelope_headers",
+    "is_envelope",
+    "iter_delivery",
+    "unpack",
+]
+
+#: The header that marks a batch envelope and names its format (Spring AMQP's name).
+BATCH_FORMAT_HEADER: Final = "springBatchFormat"
+#: The one format rabbitry reads and writes: records each preceded by a 4-byte length.
+LENGTH_HEADER4: Final = "lengthHeader4"
+#: The header with the number of records (written by Spring AMQP and by rabbitry).
+BATCH_SIZE_HEADER: Final = "amqp_batchSize"
+#: A record's length must fit the 4-byte field (Spring reads it as a signed int).
+MAX_RECORD_BYTES: Final = 2**31 - 1
+
+_LENGTH = struct.Struct(">I")
+_pack_length = _LENGTH.pack
+_unpack_length = _LENGTH.unpack_from
+_BATCH_HEADERS = (BATCH_FORMAT_HEADER, BATCH_SIZE_HEADER)
+
+
+# --------------------------------------------------------------------------- codec
+
+
+def encode_records(records: Sequence[bytes]) -> bytes:
+    """The body of an envelope: each record preceded by its 4-byte big-endian length.
+
+    Raises:
+        BatchFormatError: a record is not bytes-like or is longer than 2^31 - 1 bytes.
+    """
+    parts: list[bytes] = []
+    append = parts.append
+    for index, record in enumerate(records):
+        if not isinstance(record, bytes | bytearray | memoryview):
+            raise BatchFormatError(
+                f"records[{index}]: must be bytes, bytearray or memoryview, "
+                f"got {type(record).__name__}"
+            )
+        size = len(record) if not isinstance(record, memoryview) else record.nbytes
+        if size > MAX_RECORD_BYTES:
+            raise BatchFormatError(f"records[{index}]: {size} bytes, at most {MAX_RECORD_BYTES}")
+        append(_pack_length(size))
+        append(record)
+    return b"".join(parts)
+
+
+def decode_records(body: bytes | bytearray | memoryview, count: int | None = None) -> list[bytes]:
+    """Split an envelope body (``lengthHeader4``) into its records.
+
+    Args:
+        body: the envelope's body.
+        count: the record count announced by ``amqp_batchSize``, checked when given.
+
+    Raises:
+        BatchFormatError: the body ends inside a length field or a record, or holds a
+            different number of records than ``count``.
+    """
+    view = memoryview(body)
+    end = len(view)
+    records: list[bytes] = []
+    offset = 0
+    while offset < end:
+        if end - offset < 4:
+            raise BatchFormatError(
+                f"batch envelope truncated: {end - offset} bytes left at offset {offset}, "
+                "less than a 4-byte record length"
+            )
+        (size,) = _unpack_length(view, offset)
+        offset += 4
+        if size > end - offset:
+            raise BatchFormatError(
+                f"batch envelope truncated: record {len(records)} announces {size} bytes at "
+                f"offset {offset - 4}, {end - offset} remain"
+            )
+        records.append(bytes(view[offset : offset + size]))
+        offset += size
+    if count is not None and count != len(records):
+        raise BatchFormatError(
+            f"batch envelope holds {len(records)} records but its {BATCH_SIZE_HEADER} "
+            f"header says {count}"
+        )
+    return records
+
+
+def envelope_headers(headers: dict[str, Any] | None, count: int) -> dict[str, Any]:
+    """The headers of an envelope of ``count`` records whose records have ``headers``."""
+    result = dict(headers) if headers else {}
+    result[BATCH_FORMAT_HEADER] = LENGTH_HEADER4
+    result[BATCH_SIZE_HEADER] = count
+    return result
+
+
+def is_envelope(message: Message) -> bool:
+    """The message carries a ``springBatchFormat`` header (of any value)."""
+    headers = message.properties.headers
+    return headers is not None and BATCH_FORMAT_HEADER in headers
+
+
+# --------------------------------------------------------------------------- records
+
+
+class BatchRecord(Message):
+    """One record of a batch envelope, handed out like a delivered message.
+
+    ``body`` is the record; ``properties`` are the envelope's without the batch headers;
+    ``delivery_tag``, ``redelivered``, ``exchange``, ``routing_key`` and
+    ``consumer_tag`` are the envelope's. ``ack()``, ``nack()`` and ``reject()`` act on
+    the envelope as described in the module documentation.
+
+    Attributes:
+        envelope: the envelope message as delivered.
+        index: the record's position in the envelope (from 0).
+        count: the number of records in the envelope.
+    """
+
+    __slots__ = ("count", "envelope", "index")
+
+    envelope: Message
+    index: int
+    count: int
+
+
+class _EnvelopeSettler:
+    """Settles an envelope for its records: acked once every record was acked.
+
+    It stands in for the channel of each :class:`BatchRecord` (``Message.ack`` calls
+    ``basic_ack`` on it), so a record acks, nacks and rejects like any message, from
+    the same threads.
+    """
+
+    __slots__ = ("channel", "done", "envelope", "multiple", "remaining", "settle")
+
+    def __init__(
+        self,
+        envelope: Message,
+        count: int,
+        settle: Callable[..., object],
+    ) -> None:
+        self.envelope = envelope
+        self.channel = envelope.channel
+        self.remaining = count
+        self.settle = settle
+        self.multiple = False
+        #: The envelope was settled (acked, nacked or rejected).
+        self.done = False
+
+    @property
+    def is_closed(self) -> bool:
+        closed: bool = self.channel is None or self.channel.is_closed
+        return closed
+
+    @property
+    def epoch(self) -> int:
+        return int(getattr(self.channel, "epoch", 0))
+
+    def _check(self) -> None:
+        if self.done:
+            raise InvalidStateError(
+                f"the batch envelope (delivery {self.envelope.delivery_tag}) of this record "
+                "was already settled by another of its records"
+            )
+
+    def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
+        self._check()
+        self.remaining -= 1
+        # ack(multiple=True) on a record asks for every earlier delivery too: honoured
+        # when the envelope's own ack goes out (its tag is above all of them).
+        self.multiple = self.multiple or multiple
+        if self.remaining == 0:
+            self.done = True
+            self.settle("ack", multiple=self.multiple)
+
+    def basic_nack(
+        self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
+    ) -> None:
+        self._check()
+        self.done = True
+        self.settle("nack", multiple=multiple, requeue=requeue)
+
+    def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
+        self._check()
+        self.done = True
+        self.settle("reject", requeue=requeue)
+
+
+def _settle_on_channel(envelope: Message) -> Callable[..., object]:
+    """Settle ``envelope`` through its own ``ack``/``nack``/``reject`` methods."""
+
+    def settle(how: str, *, multiple: bool = False, requeue: bool = True) -> None:
+        if how == "ack":
+            envelope.ack(multiple)
+        elif how == "nack":
+            envelope.nack(multiple, requeue)
+        else:
+            envelope.reject(requeue)
+
+    return settle
+
+
+def unpack(envelope: Message, settle: Callable[..., object] | None = None) -> list[BatchRecord]:
+    """The records of ``envelope`` as :class:`BatchRecord` messages.
+
+    Args:
+        envelope: a message for which :func:`is_envelope` is true.
+        settle: ``settle(how, *, multiple=False, requeue=True)`` with ``how`` one of
+            ``"ack"``, ``"nack"``, ``"reject"``: how the records' acks reach the
+            envelope (default: the envelope's own ``ack``/``nack``/``reject``).
+
+    Raises:
+        BatchFormatError: an unknown format, a malformed body, or a wrong count; its
+            ``message`` is the envelope.
+    """
+    properties = envelope.properties
+    headers = properties.headers or {}
+    kind = headers.get(BATCH_FORMAT_HEADER)
+    if isinstance(kind, bytes):
+        kind = kind.decode("utf-8", "replace")
+    if kind != LENGTH_HEADER4:
+        raise BatchFormatError(
+            f"message {envelope.delivery_tag}: {BATCH_FORMAT_HEADER}={kind!r} is not a batch "
+            f"format rabbitry knows (only {LENGTH_HEADER4!r}); it was not split",
+            envelope,
+        )
+    count = headers.get(BATCH_SIZE_HEADER)
+    if isinstance(count, bool) or not isinstance(count, int):
+        count = None
+    try:
+        bodies = decode_records(envelope.body, count)
+    except BatchFormatError as exc:
+        raise BatchFormatError(f"message {envelope.delivery_tag}: {exc}", envelope) from None
+    shared = _record_properties(properties, headers)
+    settler = _EnvelopeSettler(
+        envelope, len(bodies), settle if settle is not None else _settle_on_channel(envelope)
+    )
+    records: list[BatchRecord] = []
+    total = len(bodies)
+    for index, body in enumerate(bodies):
+        record = BatchRecord(
+            body,
+            shared,
+            delivery_tag=envelope.delivery_tag,
+            redelivered=envelope.redelivered,
+            exchange=envelope.exchange,
+            routing_key=envelope.routing_key,
+            consumer_tag=envelope.consumer_tag,
+        )
+        record.channel = settler
+        record.epoch = envelope.epoch
+        record.envelope = envelope
+        record.index = index
+        record.count = total
+        records.append(record)
+    if not records:
+        # An empty envelope has nothing to hand out: settle it as handled.
+        settler.done = True
+        settler.settle("ack", multiple=False)
+    return records
+
+
+def _record_properties(properties: BasicProperties, headers: dict[str, Any]) -> BasicProperties:
+    values = {name: getattr(properties, name) for name in BasicProperties.FIELDS}
+    rest = {k: v for k, v in headers.items() if k not in _BATCH_HEADERS}
+    values["headers"] = rest or None
+    return BasicProperties(**values)
+
+
+def settler_of(record: Message) -> _EnvelopeSettler | None:
+    """The envelope settler behind a :class:`BatchRecord` (unwrapping a thread proxy)."""
+    channel = getattr(record, "channel", None)
+    inner = getattr(channel, "_channel", channel)
+    return inner if isinstance(inner, _EnvelopeSettler) else None
+
+
+def _no_settle(how: str, **options: object) -> None:
+    return None
+
+
+def iter_delivery(message: Message, no_ack: bool = False) -> Iterator[Message]:
+    """What an iterator hands out for one delivery: the message itself, or its records
+    (stopping early when one of them settled the envelope). With ``no_ack`` the broker
+    settled the envelope already, and the records' acks do nothing."""
+    if not is_envelope(message):
+        yield message
+        return
+    records = unpack(message, _no_settle if no_ack else None)
+    settler = records[0].channel if records else None
+    for record in records:
+        if settler is not None and settler.done:
+            return
+        yield record

@@ -1,0 +1,561 @@
+"""Opt-in micro-batching publishers: many records per AMQP message (Spring AMQP's format).
+
+:class:`AsyncBatchingPublisher` wraps an :class:`~rabbitry.AsyncPublisher` and
+:class:`BatchingPublisher` a :class:`~rabbitry.Publisher`. ``publish(record)`` adds the
+record to the open batch and returns a future for it; the batch goes out as one
+envelope (format in :mod:`rabbitry.batching`) when it holds ``batch_records`` records,
+when the next record would take it past ``batch_bytes``, ``linger`` seconds after its
+first record, on :meth:`flush`, or when the exchange or routing key changes. A batch of
+one record goes out as a plain message.
+
+Guarantees:
+
+* The broker confirms the envelope, so every record's future settles with the
+  envelope's outcome: all succeed together, or all fail with the same exception
+  (:class:`~rabbitry.Nacked`, :class:`~rabbitry.Unroutable` with ``mandatory``,
+  :class:`~rabbitry.PublishRefused`, :class:`~rabbitry.PublishOutcomeUnknown`...).
+* The envelope body never exceeds ``batch_bytes``, itself at most
+  :data:`MAX_BATCH_BYTES`. A single record larger than that is sent alone, as a plain
+  message (still bound by the connection's ``max_message_size``).
+* Records keep their order within a publisher (envelopes go out in the order they were
+  sealed).
+* All records of an envelope share its properties (``properties``, ``persistent``,
+  ``expiration`` given here) and its ``message_id``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import functools
+import logging
+import struct
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Final
+
+from .batching import envelope_headers
+from .exceptions import ConfigurationError, InvalidStateError, LocalProtocolError
+from .protocol import spec
+from .sync._portal import ConfirmFuture
+
+if TYPE_CHECKING:
+    import concurrent.futures
+    from datetime import timedelta
+
+    from .publisher import AsyncPublisher, Body
+    from .sync.publisher import Publisher
+
+__all__ = [
+    "DEFAULT_BATCH_BYTES",
+    "MAX_BATCH_BYTES",
+    "AsyncBatchingPublisher",
+    "BatchingPublisher",
+    "BatchingStats",
+]
+
+logger = logging.getLogger("rabbitry.batching")
+
+#: Default bound of an envelope's body: 128 KiB.
+DEFAULT_BATCH_BYTES: Final = 128 * 1024
+#: Hard cap of ``batch_bytes`` (8 MiB): big envelopes cost memory on both ends and in
+#: the queue, and a failure sends every record of one back through the retry path.
+MAX_BATCH_BYTES: Final = 8 * 1024 * 1024
+_MAX_RECORDS: Final = 100_000
+_MAX_LINGER: Final = 60.0
+_pack_length = struct.Struct(">I").pack
+_PROPERTIES_CACHE: Final = 256
+
+
+class BatchingStats:
+    """Counters of a batching publisher.
+
+    Attributes:
+        records: records accepted by ``publish``.
+        envelopes: envelopes sent (batches of two records or more).
+        singles: batches of one record, sent as plain messages.
+    """
+
+    __slots__ = ("envelopes", "records", "singles")
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.envelopes = 0
+        self.singles = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"BatchingStats(records={self.records}, envelopes={self.envelopes}, "
+            f"singles={self.singles})"
+        )
+
+
+def _check_options(batch_records: object, batch_bytes: object, linger: object) -> None:
+    for field, value, low, high in (
+        ("batch_records", batch_records, 1, _MAX_RECORDS),
+        ("batch_bytes", batch_bytes, 5, MAX_BATCH_BYTES),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ConfigurationError(f"{field}: must be an integer in {low}..{high}, got {value!r}")
+    if (
+        isinstance(linger, bool)
+        or not isinstance(linger, int | float)
+        or not 0 <= linger <= _MAX_LINGER
+    ):
+        raise ConfigurationError(f"linger: must be 0..{_MAX_LINGER:g} seconds, got {linger!r}")
+
+
+def _record_bytes(body: object) -> bytes:
+    if isinstance(body, bytes):
+        return body
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    if isinstance(body, bytearray | memoryview):
+        return bytes(body)
+    raise LocalProtocolError(
+        f"record: must be bytes, bytearray, memoryview or str, got {type(body).__name__}"
+    )
+
+
+def _check_target(exchange: object, routing_key: object) -> tuple[str, str]:
+    for field, value in (("exchange", exchange), ("routing_key", routing_key)):
+        if not isinstance(value, str):
+            raise LocalProtocolError(
+                f"basic.publish.{field}: must be a str, got {type(value).__name__}"
+            )
+        if len(value) > 255 and len(value.encode("utf-8", "surrogateescape")) > 255:
+            raise LocalProtocolError(f"basic.publish.{field}: shortstr longer than 255 bytes")
+    return exchange, routing_key  # type: ignore[return-value]
+
+
+class _Batch:
+    """An open or sealed batch: its target, records (each after its length field, ready
+    to be joined into an envelope body) and their futures."""
+
+    __slots__ = ("futures", "parts", "size", "target")
+
+    def __init__(self, target: tuple[str, str]) -> None:
+        self.target = target
+        self.parts: list[bytes] = []
+        self.futures: list[Any] = []
+        self.size = 0
+
+
+class _Accumulator:
+    """The batching rules without I/O: what to seal when, for both publishers."""
+
+    def __init__(self, batch_records: int, batch_bytes: int) -> None:
+        self.max_records = batch_records
+        self.max_bytes = batch_bytes
+        self.open: _Batch | None = None
+        self.sealed: deque[_Batch] = deque()
+        self.stats = BatchingStats()
+
+    def add(self, target: tuple[str, str], body: bytes, future: Any) -> bool:
+        """Add a record; True when it opened a new batch (the linger clock starts).
+
+        The target of a batch's first record is checked (a later record with an equal
+        target needs no check); a full batch is moved to ``sealed``.
+        """
+        size = 4 + len(body)
+        batch = self.open
+        opened = False
+        if batch is None or batch.target != target or batch.size + size > self.max_bytes:
+            if batch is not None:
+                self.seal()
+            _check_target(*target)
+            batch = self.open = _Batch(target)
+            opened = True
+        parts = batch.parts
+        parts.append(_pack_length(size - 4))
+        parts.append(body)
+        batch.futures.append(future)
+        batch.size += size
+        self.stats.records += 1
+        if len(batch.futures) >= self.max_records or batch.size >= self.max_bytes:
+            self.seal()
+        return opened
+
+    def seal(self) -> None:
+        if self.open is not None:
+            self.sealed.append(self.open)
+            self.open = None
+
+
+class _EnvelopeOptions:
+    """What every envelope of a publisher is sent with."""
+
+    def __init__(
+        self,
+        properties: spec.BasicProperties | None,
+        persistent: bool | None,
+        expiration: int | timedelta | None,
+        mandatory: bool | None,
+        timeout: float | None,
+    ) -> None:
+        if properties is not None and not isinstance(properties, spec.BasicProperties):
+            raise ConfigurationError(
+                f"properties: must be rabbitry.Properties, got {type(properties).__name__}"
+            )
+        base = properties if properties is not None else spec.BasicProperties()
+        base.encode()  # validated now, not at the first envelope
+        self.base = base
+        self._by_count: dict[int, spec.BasicProperties] = {}
+        self.persistent = persistent
+        self.expiration = expiration
+        self.mandatory = mandatory
+        self.timeout = timeout
+
+    def message(self, batch: _Batch) -> tuple[bytes, spec.BasicProperties]:
+        count = len(batch.futures)
+        if count == 1:
+            return batch.parts[1], self.base
+        props = self._by_count.get(count)
+        if props is None:
+            # One properties object per record count (the publisher copies it to add the
+            # message_id), so an envelope costs no copy of its own.
+            props = copy.copy(self.base)
+            props.headers = envelope_headers(self.base.headers, count)
+            if len(self._by_count) < _PROPERTIES_CACHE:
+                self._by_count[count] = props
+        return b"".join(batch.parts), props
+
+    def publish_options(self, batch: _Batch, props: spec.BasicProperties) -> dict[str, Any]:
+        exchange, routing_key = batch.target
+        return {
+            "exchange": exchange,
+            "routing_key": routing_key,
+            "properties": props,
+            "mandatory": self.mandatory,
+            "persistent": self.persistent,
+            "expiration": self.expiration,
+            "timeout": self.timeout,
+        }
+
+
+def _settle_all(futures: list[Any], outcome: Any) -> None:
+    """Give every record future the envelope future's outcome."""
+    if outcome.cancelled():
+        error: BaseException | None = InvalidStateError("the envelope's publish was cancelled")
+    else:
+        error = outcome.exception()
+    for future in futures:
+        if future.done():
+            continue
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+
+def _fail_all(futures: list[Any], error: BaseException) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_exception(error)
+
+
+# --------------------------------------------------------------------------- asyncio
+
+
+class AsyncBatchingPublisher:
+    """Publishes records in batch envelopes through an :class:`~rabbitry.AsyncPublisher`.
+
+    See the module documentation for when a batch goes out and what a future means.
+    Use it as ``async with`` or call :meth:`close`, which sends the open batch; the
+    wrapped publisher stays open (it is the caller's).
+
+    Args:
+        publisher: the publisher that sends the envelopes (confirms on, as a rule).
+        batch_records: at most this many records per envelope (1..100,000).
+        batch_bytes: at most this many body bytes per envelope, 4 per record included
+            (5..8 MiB, default 128 KiB).
+        linger: seconds a batch may wait for more records after its first one (0 sends
+            it at the next turn of the event loop).
+        properties: the properties of every envelope (and so of every record).
+        persistent: ``True`` sends envelopes with delivery mode 2.
+        expiration: per-envelope TTL (int ms or ``timedelta``).
+        mandatory: ask for envelopes no queue took to be returned (``None``: the
+            publisher's default).
+        timeout: the per-envelope deadline (``None``: the publisher's default).
+
+    Raises:
+        ConfigurationError: an option breaks a rule.
+    """
+
+    def __init__(
+        self,
+        publisher: AsyncPublisher,
+        *,
+        batch_records: int = 100,
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
+        linger: float = 0.005,
+        properties: spec.BasicProperties | None = None,
+        persistent: bool | None = None,
+        expiration: int | timedelta | None = None,
+        mandatory: bool | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        _check_options(batch_records, batch_bytes, linger)
+        self.publisher = publisher
+        self.batch_records = batch_records
+        self.batch_bytes = batch_bytes
+        self.linger = float(linger)
+        self._options = _EnvelopeOptions(properties, persistent, expiration, mandatory, timeout)
+        self._acc = _Accumulator(batch_records, batch_bytes)
+        self._loop = publisher._loop
+        self._lock = asyncio.Lock()
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    @property
+    def stats(self) -> BatchingStats:
+        """Records accepted, envelopes and single messages sent."""
+        return self._acc.stats
+
+    async def __aenter__(self) -> AsyncBatchingPublisher:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def publish(
+        self, body: Body, *, exchange: str = "", routing_key: str = ""
+    ) -> asyncio.Future[None]:
+        """Add a record to the batch for ``exchange``/``routing_key``; returns its future.
+
+        Waits only when a full batch is being handed to the publisher (whose window
+        may be full). The future resolves when the broker confirms the envelope, or
+        fails with the envelope's error.
+
+        Raises:
+            LocalProtocolError: the record or target is invalid; nothing was added.
+            InvalidStateError: the batching publisher is closed.
+        """
+        if self._closed:
+            raise InvalidStateError("this batching publisher is closed")
+        if type(body) is not bytes:
+            body = _record_bytes(body)
+        future: asyncio.Future[None] = self._loop.create_future()
+        acc = self._acc
+        if acc.add((exchange, routing_key), body, future) and acc.open is not None:
+            self._start_timer()
+        if acc.sealed:
+            if acc.open is None:
+                self._cancel_timer()
+            await self._drain()
+        return future
+
+    async def flush(self) -> None:
+        """Send the open batch now; returns once every sealed batch was handed over."""
+        self._cancel_timer()
+        self._acc.seal()
+        await self._drain()
+
+    async def wait_for_confirms(self, *, timeout: float | None = None) -> None:
+        """Flush, then wait until the broker has settled everything sent so far."""
+        await self.flush()
+        await self.publisher.wait_for_confirms(timeout=timeout)
+
+    async def close(self) -> None:
+        """Send the open batch and refuse new records (the publisher stays open)."""
+        if self._closed:
+            return
+        await self.flush()
+        self._closed = True
+        for task in list(self._tasks):
+            await task
+
+    # ------------------------------------------------------------------ internals
+
+    def _start_timer(self) -> None:
+        self._cancel_timer()
+        if self.linger:
+            self._timer = self._loop.call_later(self.linger, self._on_linger)
+        else:
+            self._timer = self._loop.call_soon(self._on_linger)  # type: ignore[assignment]
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _on_linger(self) -> None:
+        self._timer = None
+        self._acc.seal()
+        task = asyncio.ensure_future(self._drain())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _drain(self) -> None:
+        """Hand sealed batches to the publisher, in order, one caller at a time."""
+        sealed = self._acc.sealed
+        async with self._lock:
+            while sealed:
+                batch = sealed.popleft()
+                await self._send(batch)
+
+    async def _send(self, batch: _Batch) -> None:
+        options = self._options
+        futures = batch.futures
+        try:
+            body, props = options.message(batch)
+            sent = await self.publisher.publish(body, **options.publish_options(batch, props))
+        except Exception as exc:
+            logger.error(
+                "batching publisher: an envelope of %d records was not sent: %r",
+                len(futures),
+                exc,
+            )
+            _fail_all(futures, exc)
+            return
+        if len(futures) == 1:
+            self._acc.stats.singles += 1
+        else:
+            self._acc.stats.envelopes += 1
+        sent.add_done_callback(functools.partial(_settle_all, futures))
+
+
+# --------------------------------------------------------------------------- threads
+
+
+class BatchingPublisher:
+    """The thread-safe twin of :class:`AsyncBatchingPublisher`, over a
+    :class:`~rabbitry.Publisher`; record futures are ``concurrent.futures.Future``.
+
+    Any thread may publish. A batch is handed to the publisher by the thread whose
+    record filled it, by :meth:`flush`, or by a linger thread (started with the first
+    record) when ``linger`` passes; that thread waits while the publisher's window is
+    full, and other publishing threads wait with it. Record futures are settled on the
+    connection's IO thread, as the publisher's are: callbacks added to them must be
+    quick and must not publish (the IO thread would wait for a window that only it can
+    free). Same options as the async twin.
+    """
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        *,
+        batch_records: int = 100,
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
+        linger: float = 0.005,
+        properties: spec.BasicProperties | None = None,
+        persistent: bool | None = None,
+        expiration: int | timedelta | None = None,
+        mandatory: bool | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        _check_options(batch_records, batch_bytes, linger)
+        self.publisher = publisher
+        self.batch_records = batch_records
+        self.batch_bytes = batch_bytes
+        self.linger = float(linger)
+        self._options = _EnvelopeOptions(properties, persistent, expiration, mandatory, timeout)
+        self._acc = _Accumulator(batch_records, batch_bytes)
+        # One lock for adding and sending: envelopes leave in the order they were sealed.
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._deadline: float | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @property
+    def stats(self) -> BatchingStats:
+        """Records accepted, envelopes and single messages sent."""
+        return self._acc.stats
+
+    def __enter__(self) -> BatchingPublisher:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def publish(
+        self, body: Body, *, exchange: str = "", routing_key: str = ""
+    ) -> concurrent.futures.Future[None]:
+        """Add a record; returns its future (see :meth:`AsyncBatchingPublisher.publish`)."""
+        if type(body) is not bytes:
+            body = _record_bytes(body)
+        future: concurrent.futures.Future[None] = ConfirmFuture()
+        with self._lock:
+            if self._closed:
+                raise InvalidStateError("this batching publisher is closed")
+            acc = self._acc
+            if acc.add((exchange, routing_key), body, future) and acc.open is not None:
+                self._deadline = time.monotonic() + self.linger
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._linger_loop, name="rabbitry-batch-linger", daemon=True
+                    )
+                    self._thread.start()
+                self._wake.notify()
+            if acc.sealed:
+                self._drain()
+        return future
+
+    def flush(self) -> None:
+        """Send the open batch now."""
+        with self._lock:
+            self._acc.seal()
+            self._drain()
+
+    def wait_for_confirms(self, *, timeout: float | None = None) -> None:
+        """Flush, then wait until the broker has settled everything sent so far."""
+        self.flush()
+        self.publisher.wait_for_confirms(timeout=timeout)
+
+    def close(self) -> None:
+        """Send the open batch, stop the linger thread, refuse new records."""
+        with self._lock:
+            if self._closed:
+                return
+            self._acc.seal()
+            self._drain()
+            self._closed = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _drain(self) -> None:
+        """Send sealed batches (the caller holds the lock)."""
+        sealed = self._acc.sealed
+        if self._acc.open is None:
+            self._deadline = None
+        while sealed:
+            batch = sealed.popleft()
+            futures = batch.futures
+            options = self._options
+            try:
+                body, props = options.message(batch)
+                sent = self.publisher.publish(body, **options.publish_options(batch, props))
+            except Exception as exc:
+                logger.error(
+                    "batching publisher: an envelope of %d records was not sent: %r",
+                    len(futures),
+                    exc,
+                )
+                _fail_all(futures, exc)
+                continue
+            if len(futures) == 1:
+                self._acc.stats.singles += 1
+            else:
+                self._acc.stats.envelopes += 1
+            sent.add_done_callback(functools.partial(_settle_all, futures))
+
+    def _linger_loop(self) -> None:
+        with self._lock:
+            while not self._closed:
+                deadline = self._deadline
+                if deadline is None:
+                    self._wake.wait()
+                    continue
+                left = deadline - time.monotonic()
+                if left > 0:
+                    self._wake.wait(left)
+                    continue
+                self._acc.seal()
+                try:
+                    self._drain()
+                except Exception:  # pragma: no cover - _drain fails the futures itself
+                    logger.exception("batching publisher: the linger flush failed")

@@ -1,0 +1,415 @@
+"""Micro-batching through the real broker: envelopes in Spring AMQP's ``lengthHeader4``
+format published by the batching publishers (both APIs), read back byte by byte with
+``struct`` and as records by the consumers and the ``consume()`` iterators; the size
+cap; an envelope's outcome shared by its records; a failing record sending the whole
+envelope through the retry policy; unknown formats refused."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+
+import rabbitry
+from rabbitry import (
+    AsyncBatchingPublisher,
+    AsyncConnection,
+    BatchFormatError,
+    BatchingPublisher,
+    Message,
+    Nacked,
+    Properties,
+    Queue,
+    RetryPolicy,
+    Topology,
+    Unroutable,
+)
+from rabbitry.batching import BatchRecord
+from rabbitry.shovel import Shovel
+
+if TYPE_CHECKING:
+    from tests.integration.conftest import Names
+
+WAIT = 20.0
+SPRING = {"springBatchFormat": "lengthHeader4"}
+
+
+def by_hand(*records: bytes) -> bytes:
+    """An envelope body as the format describes it (not rabbitry's encoder)."""
+    return b"".join(struct.pack(">I", len(r)) + r for r in records)
+
+
+def split_by_hand(body: bytes) -> list[bytes]:
+    out, offset = [], 0
+    while offset < len(body):
+        (size,) = struct.unpack_from(">I", body, offset)
+        out.append(body[offset + 4 : offset + 4 + size])
+        offset += 4 + size
+    assert offset == len(body)
+    return out
+
+
+async def get_raw(channel: rabbitry.AsyncChannel, queue: str) -> list[Message]:
+    """Every message of ``queue`` as stored, without splitting (basic.get, no ack)."""
+    out = []
+    while (message := await channel.basic_get(queue, no_ack=True)) is not None:
+        out.append(message)
+    return out
+
+
+async def test_async_envelopes_carry_the_documented_bytes_and_headers(
+    conn: AsyncConnection, names: Names
+) -> None:
+    queue = names.queue()
+    channel = await conn.channel()
+    await channel.queue_declare(queue)
+    publisher = await conn.publisher()
+    props = Properties(content_type="application/json", headers={"tenant": "acme"})
+    async with AsyncBatchingPublisher(
+        publisher, batch_records=10, linger=0.05, properties=props, persistent=True
+    ) as batching:
+        futures = [await batching.publish(b'{"n": %d}' % i, routing_key=queue) for i in range(25)]
+    await asyncio.wait_for(asyncio.gather(*futures), WAIT)
+    assert batching.stats.records == 25 and batching.stats.envelopes == 3
+    raw = await get_raw(channel, queue)
+    assert [len(split_by_hand(m.body)) for m in raw] == [10, 10, 5]
+    assert [r for m in raw for r in split_by_hand(m.body)] == [b'{"n": %d}' % i for i in range(25)]
+    first = raw[0].properties
+    assert first.headers == {
+        "tenant": "acme",
+        "springBatchFormat": "lengthHeader4",
+        "amqp_batchSize": 10,
+    }
+    assert (first.content_type, first.delivery_mode) == ("application/json", 2)
+    assert first.message_id  # one id per envelope, for de-duplication
+    await publisher.close()
+
+
+async def test_async_iterator_and_consumer_hand_out_records(
+    conn: AsyncConnection, names: Names
+) -> None:
+    queue = names.queue()
+    channel = await conn.channel()
+    await channel.queue_declare(queue)
+    publisher = await conn.publisher()
+    async with AsyncBatchingPublisher(publisher, batch_records=7, linger=0.01) as batching:
+        futures = [await batching.publish(b"r%d" % i, routing_key=queue) for i in range(20)]
+    await asyncio.wait_for(asyncio.gather(*futures), WAIT)
+    # A plain message among the envelopes passes through unchanged.
+    await (await publisher.publish(b"plain", routing_key=queue))
+    got = []
+    async for message in channel.consume(queue, prefetch=5, timeout=1):
+        got.append(message.body)
+        assert isinstance(message, BatchRecord) == (message.body != b"plain")
+        message.ack()
+    assert got == [b"r%d" % i for i in range(20)] + [b"plain"]
+    # Linger alone sends a batch that never fills.
+    lingering = AsyncBatchingPublisher(publisher, batch_records=100, linger=0.05)
+    last = [await lingering.publish(b"l%d" % i, routing_key=queue) for i in range(3)][-1]
+    await asyncio.wait_for(last, WAIT)
+    assert lingering.stats.envelopes == 1
+    async for message in channel.consume(queue, timeout=1):
+        message.ack()
+    assert (await channel.queue_declare(queue, passive=True)).message_count == 0
+    # The handler-based consumer: one record per call, envelopes acked when done.
+    async with AsyncBatchingPublisher(publisher, batch_records=7, linger=0.01) as batching:
+        for i in range(20):
+            await batching.publish(b"c%d" % i, routing_key=queue)
+    await batching.wait_for_confirms(timeout=WAIT)
+    handled: list[bytes] = []
+    done = asyncio.Event()
+
+    async def handle(message: Message) -> None:
+        handled.append(message.body)
+        if len(handled) == 20:
+            done.set()
+
+    async with conn.consumer(queue, handle, prefetch=2) as consumer:
+        await asyncio.wait_for(done.wait(), WAIT)
+    assert handled == [b"c%d" % i for i in range(20)]
+    assert consumer.stats.acked == 3  # three envelopes (7 + 7 + 6 records)
+    assert (await channel.queue_declare(queue, passive=True)).message_count == 0
+    await publisher.close()
+
+
+def test_sync_publisher_consumer_and_iterator_round_trip(url: str, names: Names) -> None:
+    queue = names.queue()
+    with rabbitry.Connection(url) as conn:
+        channel = conn.channel()
+        channel.queue_declare(queue)
+        with conn.publisher() as publisher:
+            with BatchingPublisher(publisher, batch_records=10, linger=0.02) as batching:
+                futures = [batching.publish(b"s%d" % i, routing_key=queue) for i in range(35)]
+                for future in futures:
+                    future.result(WAIT)
+            assert (batching.stats.envelopes, batching.stats.singles) == (4, 0)
+            seen: list[bytes] = []
+            lock = threading.Lock()
+
+            def handle(message: Message) -> None:
+                with lock:
+                    seen.append(message.body)
+
+            with conn.consumer(queue, handle) as consumer:
+                deadline = time.monotonic() + WAIT
+                while len(seen) < 35 and time.monotonic() < deadline:
+                    time.sleep(0.02)
+            assert seen == [b"s%d" % i for i in range(35)]
+            assert consumer.stats.acked == 4
+            # The sync iterator; linger alone sends the last, short batch.
+            with BatchingPublisher(publisher, batch_records=100, linger=0.05) as batching:
+                last = [batching.publish(b"i%d" % i, routing_key=queue) for i in range(5)][-1]
+                last.result(WAIT)  # no flush: the linger thread sent it
+            got = []
+            for message in channel.consume(queue, timeout=1):
+                got.append(message.body)
+                message.ack()
+            assert got == [b"i%d" % i for i in range(5)]
+            assert channel.queue_declare(queue, passive=True).message_count == 0
+
+
+async def test_hand_built_spring_envelope_is_split_for_consumers(
+    conn: AsyncConnection, names: Names
+) -> None:
+    queue = names.queue()
+    channel = await conn.channel()
+    await channel.queue_declare(queue)
+    publisher = await conn.publisher()
+    records = [b"alpha", b"", b"\x00\x01\x02" * 50]
+    props = Properties(headers={**SPRING, "x": 1}, content_type="text/plain")
+    for _ in range(2):
+        await (await publisher.publish(by_hand(*records), routing_key=queue, properties=props))
+    got = []
+    async for message in channel.consume(queue, timeout=1):
+        got.append((message.body, message.properties.headers, message.properties.content_type))
+        message.ack()
+        if len(got) == 3:
+            break
+    assert got == [(r, {"x": 1}, "text/plain") for r in records]
+    handled: list[bytes] = []
+    done = asyncio.Event()
+
+    async def handle(message: Message) -> None:
+        handled.append(message.body)
+        if len(handled) == 3:
+            done.set()
+
+    async with conn.consumer(queue, handle):
+        await asyncio.wait_for(done.wait(), WAIT)
+    assert handled == records
+    await publisher.close()
+
+
+async def test_envelopes_never_exceed_batch_bytes(conn: AsyncConnection, names: Names) -> None:
+    queue = names.queue()
+    channel = await conn.channel()
+    await channel.queue_declare(queue)
+    publisher = await conn.publisher()
+    record = b"r" * 128  # 132 bytes in an envelope
+    async with AsyncBatchingPublisher(publisher, batch_records=1000, batch_bytes=1000) as batching:
+        for _ in range(50):
+            await batching.publish(record, routing_key=queue)
+        big = await batching.publish(b"B" * 5000, routing_key=queue)  # alone, plain
+    await batching.wait_for_confirms(timeout=WAIT)
+    await asyncio.wait_for(big, WAIT)
+    raw = await get_raw(channel, queue)
+    envelopes = [m for m in raw if m.properties.headers]
+    assert all(len(m.body) <= 1000 for m in envelopes)
+    # 7 × 132 ≤ 1000 < 8 × 132: seven envelopes of 7, then the 50th record, alone, goes
+    # as a plain message (a batch of one), then the big record, also alone.
+    assert [len(split_by_hand(m.body)) for m in envelopes] == [7] * 7
+    assert [m.body for m in raw[7:]] == [record, b"B" * 5000]
+    assert raw[-1].properties.headers is None
+    assert batching.stats.singles == 2
+    await publisher.close()
+
+
+async def test_a_returned_envelope_fails_every_record(conn: AsyncConnection, names: Names) -> None:
+    publisher = await conn.publisher()
+    nowhere = names.queue("none")  # never declared
+    async with AsyncBatchingPublisher(publisher, batch_records=5, mandatory=True) as batching:
+        futures = [await batching.publish(b"x", routing_key=nowhere) for _ in range(5)]
+    outcomes = await asyncio.gather(*futures, return_exceptions=True)
+    assert all(isinstance(o, Unroutable) for o in outcomes)
+    assert len({id(o) for o in outcomes}) == 1  # the envelope's one return
+    assert batching.stats.envelopes == 1
+    # A nack (a full queue refusing publishes) fails every record of the envelope too.
+    full = names.queue("full")
+    channel = await conn.channel()
+    await channel.queue_declare(full, arguments={"x-max-length": 0, "x-overflow": "reject-publish"})
+    async with AsyncBatchingPublisher(publisher, batch_records=4) as batching:
+        futures = [await batching.publish(b"y", routing_key=full) for _ in range(4)]
+    outcomes = await asyncio.gather(*futures, return_exceptions=True)
+    assert all(isinstance(o, Nacked) for o in outcomes), outcomes
+    await publisher.close()
+
+
+async def test_a_failing_record_sends_the_whole_envelope_through_the_retry_policy(
+    conn: AsyncConnection, names: Names, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = names.queue("work")
+    policy = RetryPolicy([0.2], queue=queue)
+    retry_names = policy.names(queue)
+    names.track_exchange(retry_names.dlx)
+    for extra in (*retry_names.retry_queues, retry_names.parking_lot):
+        assert extra is not None
+        names.track_queue(extra)
+    await Topology(queues=[Queue(queue)]).with_retry(queue, policy).aapply(conn)
+    publisher = await conn.publisher()
+    async with AsyncBatchingPublisher(publisher, batch_records=4) as batching:
+        for i in range(4):
+            await batching.publish(b"r%d" % i, routing_key=queue)
+    await batching.wait_for_confirms(timeout=WAIT)
+    calls: list[bytes] = []
+    failed_once = False
+    done = asyncio.Event()
+
+    async def handle(message: Message) -> None:
+        nonlocal failed_once
+        calls.append(message.body)
+        if message.body == b"r2" and not failed_once:
+            failed_once = True
+            raise RuntimeError("r2 fails once")
+        if message.body == b"r3":
+            done.set()
+
+    with caplog.at_level(logging.ERROR, logger="rabbitry.consumer"):
+        async with conn.consumer(queue, handle, retry=policy) as consumer:
+            await asyncio.wait_for(done.wait(), WAIT)
+    # r3 was not handed out after r2 failed; the retry brought every record again.
+    assert calls == [b"r0", b"r1", b"r2", b"r0", b"r1", b"r2", b"r3"]
+    assert (consumer.stats.retried, consumer.stats.acked) == (1, 1)
+    assert any("r2 fails once" in r.getMessage() or r.exc_info for r in caplog.records)
+    channel = await conn.channel()
+    assert (await channel.queue_declare(queue, passive=True)).message_count == 0
+    await publisher.close()
+
+
+async def test_an_unknown_batch_format_is_parked_not_handed_out(
+    conn: AsyncConnection, names: Names
+) -> None:
+    queue = names.queue("work")
+    policy = RetryPolicy([0.2], queue=queue)
+    retry_names = policy.names(queue)
+    names.track_exchange(retry_names.dlx)
+    for extra in (*retry_names.retry_queues, retry_names.parking_lot):
+        assert extra is not None
+        names.track_queue(extra)
+    await Topology(queues=[Queue(queue)]).with_retry(queue, policy).aapply(conn)
+    publisher = await conn.publisher()
+    odd = Properties(headers={"springBatchFormat": "lengthHeader8"})
+    await (await publisher.publish(b"\x00" * 16, routing_key=queue, properties=odd))
+    handled: list[Message] = []
+
+    async def handle(message: Message) -> None:
+        handled.append(message)
+
+    channel = await conn.channel()
+    async with conn.consumer(queue, handle, retry=policy) as consumer:
+        deadline = time.monotonic() + WAIT
+        while consumer.stats.parked < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    assert handled == [] and consumer.stats.parked == 1
+    parked = await channel.basic_get(retry_names.parking_lot, no_ack=True)
+    assert parked is not None and parked.body == b"\x00" * 16
+    # The iterator raises it, with the envelope unsettled for the caller.
+    await (await publisher.publish(b"\x00" * 16, routing_key=queue, properties=odd))
+    with pytest.raises(BatchFormatError, match="lengthHeader8") as caught:
+        async for _ in channel.consume(queue, timeout=5):
+            pass
+    assert caught.value.message is not None
+    caught.value.message.reject(requeue=False)
+    await publisher.close()
+
+
+async def test_a_truncated_envelope_is_refused_by_the_iterator(
+    conn: AsyncConnection, names: Names
+) -> None:
+    queue = names.queue()
+    channel = await conn.channel()
+    await channel.queue_declare(queue)
+    publisher = await conn.publisher()
+    truncated = by_hand(b"abc", b"defg")[:-2]
+    await (
+        await publisher.publish(truncated, routing_key=queue, properties=Properties(headers=SPRING))
+    )
+    with pytest.raises(BatchFormatError, match="truncated"):
+        async for _ in channel.consume(queue, timeout=5):
+            pass
+    await publisher.close()
+
+
+async def test_list_handlers_get_records_and_a_failed_record_parks_its_envelope(
+    conn: AsyncConnection, names: Names
+) -> None:
+    queue = names.queue("work")
+    policy = RetryPolicy(max_attempts=1, queue=queue)  # no retries: straight to the lot
+    retry_names = policy.names(queue)
+    names.track_exchange(retry_names.dlx)
+    for extra in (*retry_names.retry_queues, retry_names.parking_lot):
+        assert extra is not None
+        names.track_queue(extra)
+    await Topology(queues=[Queue(queue)]).with_retry(queue, policy).aapply(conn)
+    publisher = await conn.publisher()
+    async with AsyncBatchingPublisher(publisher, batch_records=3) as batching:
+        for body in (b"a0", b"a1", b"a2", b"b0", b"b1", b"b2"):
+            await batching.publish(body, routing_key=queue)
+    await batching.wait_for_confirms(timeout=WAIT)
+    await (await publisher.publish(b"plain", routing_key=queue))
+    seen: list[list[bytes]] = []
+    done = asyncio.Event()
+
+    async def handle(messages: list[Message]) -> list[Message]:
+        seen.append([m.body for m in messages])
+        if sum(map(len, seen)) >= 7:
+            done.set()
+        return [m for m in messages if m.body == b"b1"]  # one record of envelope b fails
+
+    async with conn.consumer(
+        queue, handle, batch_size=10, batch_timeout=0.5, retry=policy
+    ) as consumer:
+        await asyncio.wait_for(done.wait(), WAIT)
+        deadline = time.monotonic() + WAIT
+        while consumer.stats.parked < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    assert [b for batch in seen for b in batch] == [
+        b"a0",
+        b"a1",
+        b"a2",
+        b"b0",
+        b"b1",
+        b"b2",
+        b"plain",
+    ]
+    assert consumer.stats.parked == 1
+    channel = await conn.channel()
+    parked = await channel.basic_get(retry_names.parking_lot, no_ack=True)
+    assert parked is not None and split_by_hand(parked.body) == [b"b0", b"b1", b"b2"]
+    assert (await channel.queue_declare(queue, passive=True)).message_count == 0
+    await publisher.close()
+
+
+def test_a_shovel_moves_envelopes_unchanged_and_raw_iteration_sees_them(
+    url: str, names: Names
+) -> None:
+    source, target = names.queue("from"), names.queue("to")
+    with rabbitry.Connection(url) as conn:
+        channel = conn.channel()
+        channel.queue_declare(source)
+        channel.queue_declare(target)
+        with conn.publisher() as publisher:
+            with BatchingPublisher(publisher, batch_records=3) as batching:
+                for i in range(3):
+                    batching.publish(b"m%d" % i, routing_key=source)
+            batching.wait_for_confirms(timeout=WAIT)
+        moved = Shovel(url, source, url, "", target, idle_timeout=0.5).run()
+        assert moved.moved == 1  # one message: the envelope
+        (raw,) = list(channel.consume(target, timeout=1, unpack_batches=False))
+        assert split_by_hand(raw.body) == [b"m0", b"m1", b"m2"]
+        assert raw.properties.headers == {"springBatchFormat": "lengthHeader4", "amqp_batchSize": 3}
+        raw.ack()
