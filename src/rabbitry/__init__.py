@@ -69,6 +69,7 @@ from .pool import AsyncChannelPool
 from .protocol.frames import Float32, Int8, Int16, Int32, Int64, UInt8, UInt16, UInt32
 from .publisher import AsyncPublisher, OutgoingMessage
 from .recovery import NackRetry, RecoveryPolicy, State
+from .service import ServiceStopped, run
 from .sync import Channel, Connection
 from .sync.consumer import Consumer
 from .sync.outbox_publisher import OutboxPublisher
@@ -168,6 +169,7 @@ __all__ = [
     "Retry",
     "RetryPolicy",
     "SQLiteOutbox",
+    "ServiceStopped",
     "State",
     "TLSError",
     "Timeout",
@@ -184,4 +186,5 @@ __all__ = [
     "handle_failure",
     "parse_url",
     "parse_urls",
+    "run",
 ]

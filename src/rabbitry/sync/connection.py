@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+import weakref
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from ..aio.connection import AsyncConnection, CredentialsProvider
@@ -37,6 +38,8 @@ __all__ = ["Connection"]
 
 _CLOSE_TIMEOUT = 10.0
 _ids = itertools.count(1)
+#: Connections that connected in this process (rabbitry.run closes those left open).
+_CONNECTED: weakref.WeakSet[Connection] = weakref.WeakSet()
 
 
 class Connection:
@@ -286,6 +289,7 @@ class Connection:
             engine._resume_reading,
         )
         portal.dispatcher = self._dispatcher
+        _CONNECTED.add(self)
 
     def close(
         self,

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..consumer import AsyncConsumer, ConsumerStats, DedupStore, SyncHandler, is_async_callable
-from ..exceptions import ConfigurationError
+from ..exceptions import AMQPError, ConfigurationError
 from .channel import _wait
 
 if TYPE_CHECKING:
@@ -239,6 +239,11 @@ class Consumer:
                 max_workers=self._async.concurrency, thread_name_prefix="rabbitry-handler"
             )
         self._portal.call(self._async.start, timeout, wait=_wait(timeout))
+
+    def wait(self, timeout: float | None = None) -> AMQPError | None:
+        """Block until this consumer has ended for good; returns why (``None``: it was
+        stopped). See :meth:`AsyncConsumer.wait`."""
+        return self._portal.call(self._async.wait, timeout, wait=_wait(timeout))
 
     def stop(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop consuming; see :meth:`AsyncConsumer.stop`."""
