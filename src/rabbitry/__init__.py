@@ -37,6 +37,7 @@ from .exceptions import (
     ManagementNotFound,
     MessageTooLarge,
     Nacked,
+    NotAnAMQPServer,
     NotFound,
     OutboxCorrupt,
     OutboxError,
@@ -54,6 +55,11 @@ from .exceptions import (
     Requeue,
     ResourceLocked,
     Retry,
+    RpcError,
+    RpcInterrupted,
+    RpcRemoteError,
+    RpcTimeout,
+    RpcUnroutable,
     Timeout,
     TLSError,
     TopologyConflict,
@@ -61,6 +67,8 @@ from .exceptions import (
     TopologyMissingExchange,
     TopologyValidationError,
     Unroutable,
+    VirtualHostAccessRefused,
+    VirtualHostNotFound,
 )
 from .message import Message, Properties
 from .outbox import Outbox, OutboxStatus, SQLiteOutbox
@@ -69,12 +77,14 @@ from .pool import AsyncChannelPool
 from .protocol.frames import Float32, Int8, Int16, Int32, Int64, UInt8, UInt16, UInt32
 from .publisher import AsyncPublisher, OutgoingMessage
 from .recovery import NackRetry, RecoveryPolicy, State
+from .rpc import AsyncRpcClient, AsyncRpcServer
 from .service import ServiceStopped, run
 from .sync import Channel, Connection
 from .sync.consumer import Consumer
 from .sync.outbox_publisher import OutboxPublisher
 from .sync.pool import ChannelPool
 from .sync.publisher import Publisher
+from .sync.rpc import RpcClient, RpcServer
 from .topology import (
     Binding,
     Exchange,
@@ -102,6 +112,8 @@ __all__ = [
     "AsyncConsumer",
     "AsyncOutboxPublisher",
     "AsyncPublisher",
+    "AsyncRpcClient",
+    "AsyncRpcServer",
     "AuthenticationError",
     "Binding",
     "Channel",
@@ -141,6 +153,7 @@ __all__ = [
     "MessageTooLarge",
     "NackRetry",
     "Nacked",
+    "NotAnAMQPServer",
     "NotFound",
     "Outbox",
     "OutboxCorrupt",
@@ -168,6 +181,13 @@ __all__ = [
     "ResourceLocked",
     "Retry",
     "RetryPolicy",
+    "RpcClient",
+    "RpcError",
+    "RpcInterrupted",
+    "RpcRemoteError",
+    "RpcServer",
+    "RpcTimeout",
+    "RpcUnroutable",
     "SQLiteOutbox",
     "ServiceStopped",
     "State",
@@ -182,6 +202,8 @@ __all__ = [
     "UInt16",
     "UInt32",
     "Unroutable",
+    "VirtualHostAccessRefused",
+    "VirtualHostNotFound",
     "__version__",
     "handle_failure",
     "parse_url",

@@ -32,7 +32,7 @@ import threading
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .consumer import is_async_callable
-from .exceptions import ConfigurationError, InvalidStateError
+from .exceptions import ConfigurationError, InvalidStateError, ServiceStopped
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine, Iterable
@@ -46,22 +46,6 @@ T = TypeVar("T")
 #: The signals :func:`run` stops on by default.
 DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _CLOSE_TIMEOUT = 10.0
-
-
-class ServiceStopped(BaseException):
-    """Raised in the main thread of a plain-function service by the first stop signal.
-
-    A ``BaseException`` so that ``except Exception`` in application code does not
-    swallow it. :func:`run` catches it; code that must clean up uses ``with`` or
-    ``finally``.
-
-    Attributes:
-        signum: the signal received.
-    """
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
-        self.signum = signum
 
 
 @overload

@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from ..outbox_publisher import AsyncOutboxPublisher
     from ..pool import AsyncChannelPool
     from ..publisher import AsyncPublisher
+    from ..rpc import AsyncRpcClient, AsyncRpcServer, RpcHandler
     from ..topology import RetryPolicy
 
 __all__ = ["AsyncConnection"]
@@ -731,6 +732,25 @@ class AsyncConnection:
             on_cancel=on_cancel,
             resubscribe=resubscribe,
         )
+
+    async def rpc_client(
+        self, *, exchange: str = "", timeout: float | None = 30.0
+    ) -> AsyncRpcClient:
+        """A started request/reply client; see :class:`rabbitry.rpc.AsyncRpcClient`."""
+        from ..rpc import AsyncRpcClient
+
+        client = AsyncRpcClient(self, exchange=exchange, timeout=timeout)
+        await client.start()
+        return client
+
+    def rpc_server(
+        self, queue: str, handler: RpcHandler, *, prefetch: int = 10, concurrency: int = 1
+    ) -> AsyncRpcServer:
+        """A request/reply server of ``queue`` (not started: ``await s.start()`` or
+        ``async with``); see :class:`rabbitry.rpc.AsyncRpcServer`."""
+        from ..rpc import AsyncRpcServer
+
+        return AsyncRpcServer(self, queue, handler, prefetch=prefetch, concurrency=concurrency)
 
     def _records_channel_topology(self) -> bool:
         """Whether channels record their declarations for recovery (the policy says)."""
