@@ -33,8 +33,11 @@ from ..exceptions import (
     ConnectionRecovering,
     CredentialsError,
     InvalidStateError,
+    NotAnAMQPServer,
     Timeout,
     TLSError,
+    VirtualHostAccessRefused,
+    VirtualHostNotFound,
 )
 from ..protocol import spec
 from ..protocol.connection import ConnectionProtocol, ConnectionState
@@ -54,6 +57,7 @@ from ..protocol.events import (
 )
 from ..record import TopologyRecord
 from ..recovery import DEFAULT_RECOVERY, NackRetry, RecoveryPolicy, State, is_recoverable
+from ._connect_errors import refine, wait_opened
 from ._recovery import Recovery
 from .channel import AsyncChannel
 
@@ -352,7 +356,7 @@ class AsyncConnection:
                         self._recovered.set()
                         self._set_state(State.OPEN, None)
                         return
-                    except AuthenticationError:
+                    except (AuthenticationError, VirtualHostNotFound, VirtualHostAccessRefused):
                         self._reset_attempt()
                         raise
                     except (AMQPError, OSError, TimeoutError) as exc:
@@ -364,7 +368,7 @@ class AsyncConnection:
             raise Timeout(f"could not connect within {timeout} s") from None
         summary = "; ".join(f"{address}: {exc!r}" for address, exc in errors)
         failure = ConnectError(f"could not connect to any broker ({summary})", errors)
-        for kind in (TLSError, CredentialsError):
+        for kind in (TLSError, CredentialsError, NotAnAMQPServer):
             same = [exc for _, exc in errors if isinstance(exc, kind)]
             if errors and len(same) == len(errors):
                 # Every address failed the same local way (TLS configuration, or the
@@ -437,12 +441,15 @@ class AsyncConnection:
                     ssl=context,
                     server_hostname=params.server_hostname if context else None,
                 )
-                await self._opened
+                await wait_opened(self._opened, lambda: bool(proto.greeting), params)
         except TimeoutError:
             raise Timeout(
                 f"{params.address}: no open connection within {params.connection_timeout} s"
             ) from None
         except AMQPError as exc:
+            refined = refine(exc, params)
+            if refined is not exc:
+                raise refined from exc
             alert = self._handshake_tls_error
             if alert is not None and not isinstance(exc, AuthenticationError):
                 # TLS 1.3: the broker checks our certificate after our side of the
