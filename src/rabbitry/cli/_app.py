@@ -33,6 +33,7 @@ from ._common import (
     progress,
 )
 from ._exit import ExitCode
+from ._globals import GlobalOptionsGroup
 from ._mgmt import MANAGEMENT_URL, management_for
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ __all__ = ["cli", "run"]
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-@click.group(context_settings=_CONTEXT)
+@click.group(cls=GlobalOptionsGroup, context_settings=_CONTEXT)
 @click.option(
     "--url",
     "urls",
@@ -72,9 +73,10 @@ def cli(
     debug: bool,
     timeout: float,
 ) -> None:
-    """A RabbitMQ command line: publish, consume, apply topology, handle dead letters,
-    benchmark. Exit codes: 0 ok, 1 operation failed, 2 usage error, 3 connection or
-    authentication error, 130 interrupted."""
+    """A RabbitMQ command line: publish, consume, list, apply topology, handle dead
+    letters, benchmark. Global options may come before or after the command. Exit
+    codes: 0 ok, 1 operation failed, 2 usage error, 3 connection or authentication
+    error, 130 interrupted."""
     ctx.obj = State(urls=list(urls), json=as_json, quiet=quiet, debug=debug, timeout=timeout)
 
 
@@ -333,8 +335,7 @@ def message_record(message: Any, index: int) -> dict[str, Any]:
 @click.argument("queue")
 @click.option("-n", "--count", type=click.IntRange(min=1), help="Stop after this many messages.")
 @click.option(
-    "--timeout",
-    "idle",
+    "--idle",
     type=click.FloatRange(min=0.0),
     help="Stop when no message arrives for this many seconds (default: wait; Ctrl-C stops).",
 )
@@ -596,8 +597,9 @@ def _fetch_definitions(base: str | None, params: Any) -> Any:
 
 
 def _register() -> None:
-    from . import _bench, _dlq, _outbox, _shovel
+    from . import _bench, _dlq, _list, _outbox, _shovel
 
+    cli.add_command(_list.list_group)
     cli.add_command(_dlq.dlq)
     cli.add_command(_bench.bench)
     cli.add_command(_outbox.outbox)
