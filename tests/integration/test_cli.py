@@ -401,3 +401,35 @@ def test_global_options_after_the_subcommand(url: str, broker: Broker) -> None:
     consumed = runner.invoke(cli, [*args, "--json"])
     assert consumed.exit_code == 0, consumed.output
     assert [json.loads(line)["body"] for line in consumed.stdout.splitlines()] == ["a", "b"]
+
+
+def test_bench_with_several_producers_consumers_and_queues(url: str, broker: Broker) -> None:
+    result = invoke(url, "--json", "bench", "-n", "600", "-x", "2", "-y", "3", "--queues", "2")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["published"] == report["consumed"] == 600
+    assert report["producers"] == 2 and report["consumers"] == 3 and len(report["queues"]) == 2
+    assert not any(broker.exists(queue) for queue in report["queues"])
+
+
+def test_bench_for_a_duration_at_a_rate_prints_progress_lines(url: str) -> None:
+    result = invoke(url, "bench", "--duration", "2.5", "--rate", "200", "--interval", "0.5")
+    assert result.exit_code == 0, result.output
+    progress = [line for line in result.stdout.splitlines() if line.startswith("time ")]
+    assert progress, result.stdout  # at least one line came before the summary
+    assert "msg/s" in progress[0] and "latency p50" in progress[0]
+    assert "publish (confirmed) msgs/s" in result.stdout
+
+
+def test_bench_rate_caps_what_is_published(url: str) -> None:
+    result = invoke(url, "--json", "bench", "--duration", "1", "--rate", "50")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    # Paced from the start: at most rate x duration, plus the one sent at time 0.
+    assert 0 < report["published"] <= 51
+
+
+def test_bench_refuses_count_with_duration(url: str) -> None:
+    result = invoke(url, "bench", "-n", "10", "--duration", "1")
+    assert result.exit_code == 2
+    assert "not both" in result.output
