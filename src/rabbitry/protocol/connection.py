@@ -200,6 +200,7 @@ class ConnectionProtocol:
 
         #: The first bytes received (up to 11), while they are judged (see greeting.py).
         self.greeting = b""
+        self._greeting_judged = False
         self._reader = FrameReader(FRAME_MIN_SIZE)
         self._out: list[bytes] = [PROTOCOL_HEADER]
         self._events: list[Event] = []
@@ -270,9 +271,10 @@ class ConnectionProtocol:
         if self.state is CLOSED:
             return
         self._rx_since_tick = True
-        if len(self.greeting) < GREETING_SIZE and self.state is AWAIT_START:
+        if self.state is AWAIT_START and not self._greeting_judged:
             head = (self.greeting + data)[:64]  # 64 bytes to describe a refusal
             self.greeting = head[:GREETING_SIZE]
+            self._greeting_judged = len(self.greeting) == GREETING_SIZE
             problem = greeting_problem(head)
             if problem is not None:
                 self._terminate(NotAnAMQPServer(problem, head))
