@@ -29,6 +29,7 @@ from rabbitry.management import AsyncManagementClient, ManagementClient
 from rabbitry.outbox_publisher import AsyncOutboxPublisher
 from rabbitry.pool import AsyncChannelPool
 from rabbitry.publisher import AsyncPublisher
+from rabbitry.rpc import AsyncRpcClient, AsyncRpcServer
 from rabbitry.sharding import (
     AsyncShardedConsumer,
     AsyncShardedPublisher,
@@ -40,6 +41,7 @@ from rabbitry.sync.consumer import Consumer
 from rabbitry.sync.outbox_publisher import OutboxPublisher
 from rabbitry.sync.pool import ChannelPool
 from rabbitry.sync.publisher import Publisher
+from rabbitry.sync.rpc import RpcClient, RpcServer
 
 # Members that exist on one side only, deliberately. Keep these minimal: every entry
 # needs a reason, and an entry that stops being one-sided fails the test (so the list
@@ -71,6 +73,8 @@ PAIRS = [
     (AsyncShardedConsumer, ShardedConsumer),
     (AsyncShovel, Shovel),
     (AsyncManagementClient, ManagementClient),
+    (AsyncRpcClient, RpcClient),
+    (AsyncRpcServer, RpcServer),
 ]
 PAIR_IDS = [sync_cls.__name__ for _, sync_cls in PAIRS]
 # The two pairs the checks of channels and connections below assume.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import ConfigurationError
-from ..rpc import AsyncRpcClient, ReplyBody, check_request, reply_for
+from ..rpc import _UNSET, AsyncRpcClient, ReplyBody, check_request, reply_for
 from .channel import _wait
 
 if TYPE_CHECKING:
@@ -26,8 +26,6 @@ if TYPE_CHECKING:
     from .consumer import Consumer
 
 __all__ = ["RpcClient", "RpcServer"]
-
-_UNSET: Any = object()
 
 
 class RpcClient:
@@ -55,6 +53,16 @@ class RpcClient:
     def pending(self) -> int:
         """Calls waiting for their reply."""
         return self._async.pending
+
+    @property
+    def exchange(self) -> str:
+        """Where requests go by default."""
+        return self._async.exchange
+
+    @property
+    def timeout(self) -> float | None:
+        """The default deadline of a call in seconds."""
+        return self._async.timeout
 
     def start(self, timeout: float | None = None) -> None:
         """Open the client's channel and subscribe to direct reply-to (idempotent)."""
