@@ -34,6 +34,9 @@ How a server treats requests (the rule):
 * A request without ``reply_to`` (or without ``correlation_id``) cannot be answered: it
   is logged at ERROR and rejected without requeue (the queue's dead-letter exchange
   gets it, if it has one).
+* A reply that cannot be published (the server's channel or connection failed) is
+  logged at ERROR; the request was handled and is acked, not run again; its caller gets
+  ``RpcTimeout`` (or ``RpcInterrupted`` if its own connection failed too).
 """
 
 from __future__ import annotations
@@ -352,6 +355,18 @@ def reply_for(
     return outcome, BasicProperties(correlation_id=correlation_id)
 
 
+def reply_lost(queue: str, message: Message, exc: AMQPError) -> None:
+    """The reply could not be sent: the request counts as handled (it is acked, not run
+    again); its caller gets ``RpcTimeout`` or ``RpcInterrupted``."""
+    logger.error(
+        "RPC server on %r: the reply to request %r could not be sent (%r); the caller "
+        "will time out",
+        queue,
+        message.properties.correlation_id,
+        exc,
+    )
+
+
 class AsyncRpcServer:
     """Answers requests from ``queue`` with ``handler``. Get one with
     ``connection.rpc_server(queue, handler)``; start it with ``await server.start()`` or
@@ -426,8 +441,13 @@ class AsyncRpcServer:
         except Exception as exc:
             outcome = exc
         body, properties = reply_for(message, outcome, self.queue)
-        channel = self._reply_channel
-        if channel is None or channel.is_closed:
-            channel = self._reply_channel = await self._conn.channel()
         assert message.properties.reply_to is not None
-        await channel.basic_publish("", message.properties.reply_to, body, properties=properties)
+        try:
+            channel = self._reply_channel
+            if channel is None or channel.is_closed:
+                channel = self._reply_channel = await self._conn.channel()
+            await channel.basic_publish(
+                "", message.properties.reply_to, body, properties=properties
+            )
+        except AMQPError as exc:
+            reply_lost(self.queue, message, exc)

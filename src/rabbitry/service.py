@@ -90,24 +90,28 @@ def run(
             the main thread only), or, for a coroutine, inside a running event loop.
         Exception: whatever ``main`` raised.
     """
-    wanted = tuple(signal.Signals(s) for s in signals)
-    if not close_timeout > 0:
-        raise ConfigurationError(f"close_timeout: must be > 0 seconds, got {close_timeout!r}")
-    if threading.current_thread() is not threading.main_thread():
-        raise InvalidStateError(
-            "rabbitry.run: must be called from the main thread (signals are delivered there)"
-        )
-    if inspect.iscoroutine(main) or is_async_callable(main):
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            if inspect.iscoroutine(main):
-                main.close()
+    try:
+        wanted = tuple(_signal(s) for s in signals)
+        if not close_timeout > 0:
+            raise ConfigurationError(f"close_timeout: must be > 0 seconds, got {close_timeout!r}")
+        if threading.current_thread() is not threading.main_thread():
             raise InvalidStateError(
-                "rabbitry.run: called inside a running event loop; await main() there instead"
+                "rabbitry.run: must be called from the main thread (signals are delivered there)"
             )
+        if inspect.iscoroutine(main) or is_async_callable(main):
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                pass
+            else:
+                raise InvalidStateError(
+                    "rabbitry.run: called inside a running event loop; await main() there"
+                )
+    except BaseException:
+        if inspect.iscoroutine(main):
+            main.close()  # never run: no "was never awaited" warning on top of the error
+        raise
+    if inspect.iscoroutine(main) or is_async_callable(main):
         return asyncio.run(_serve(main, wanted, close_timeout))
     if not callable(main):
         raise ConfigurationError(
@@ -115,6 +119,13 @@ def run(
             f"{type(main).__name__}"
         )
     return _serve_sync(main, wanted, close_timeout)
+
+
+def _signal(value: int) -> signal.Signals:
+    try:
+        return signal.Signals(value)
+    except ValueError:
+        raise ConfigurationError(f"signals: {value!r} is not a signal of this system") from None
 
 
 async def _serve(

@@ -257,3 +257,34 @@ def test_sync_client_recovers_after_a_reset(url: str, names: Names) -> None:
                     conn.wait_recovered(timeout=DEADLINE)
                     assert client.call(queue, timeout=DEADLINE).body == b"pong"
                     client.close()
+
+
+async def test_a_reply_that_cannot_be_sent_is_logged_and_the_caller_times_out(
+    url: str, conn: AsyncConnection, names: Names, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = names.queue()
+    await (await conn.channel()).queue_declare(queue)
+    params = parse_urls(url)[0]
+    with TcpProxy(params.host, params.port) as proxy:
+        server_conn = AsyncConnection(proxy.url(), recovery=None)
+        await server_conn.connect()
+
+        async def cut_then_answer(request: Message) -> bytes:
+            proxy.reset()  # the server's connection dies before it can reply
+            await server_conn.wait_closed(timeout=DEADLINE)
+            return b"too late"
+
+        try:
+            with caplog.at_level(logging.ERROR, logger="rabbitry.rpc"):
+                server = server_conn.rpc_server(queue, cut_then_answer)
+                await server.start()
+                async with await conn.rpc_client() as client:
+                    with pytest.raises(RpcTimeout):
+                        await client.call(queue, b"x", timeout=3)
+                for _ in range(int(DEADLINE / 0.05)):
+                    if any("could not be sent" in r.getMessage() for r in caplog.records):
+                        break
+                    await asyncio.sleep(0.05)
+        finally:
+            await server_conn.close()
+    assert any("could not be sent" in r.getMessage() for r in caplog.records)

@@ -270,3 +270,23 @@ def test_sync_wait_returns_the_cancel_when_the_broker_cancels_without_resubscrib
         channel.queue_delete(queue)
         assert isinstance(consumer.wait(timeout=DEADLINE), ConsumerCancelled)
         consumer.stop()
+
+
+def test_run_takes_a_coroutine_object_too(url: str) -> None:
+    async def main() -> int:
+        async with AsyncConnection(url):
+            return 7
+
+    assert rabbitry.run(main()) == 7
+
+
+def test_run_refuses_bad_options_before_running_anything() -> None:
+    async def main() -> None:
+        raise AssertionError("must not run")
+
+    with pytest.raises(rabbitry.ConfigurationError, match="close_timeout"):
+        rabbitry.run(main(), close_timeout=0)  # the coroutine is closed, not left unawaited
+    with pytest.raises(rabbitry.ConfigurationError, match="signals: 12345"):
+        rabbitry.run(main, signals=[12345])
+    with pytest.raises(rabbitry.ConfigurationError, match="main"):
+        rabbitry.run(42)  # type: ignore[call-overload]

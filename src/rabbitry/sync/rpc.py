@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..exceptions import ConfigurationError
-from ..rpc import _UNSET, AsyncRpcClient, ReplyBody, check_request, reply_for
+from ..exceptions import AMQPError, ConfigurationError
+from ..rpc import _UNSET, AsyncRpcClient, ReplyBody, check_request, reply_for, reply_lost
 from .channel import _wait
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ..exceptions import AMQPError
     from ..protocol.message import Message
     from ..protocol.spec import BasicProperties
     from .channel import Channel
@@ -160,8 +159,11 @@ class RpcServer:
         except Exception as exc:
             outcome = exc
         body, properties = reply_for(message, outcome, self.queue)
-        channel = self._reply_channel
-        if channel is None or channel.is_closed:
-            channel = self._reply_channel = self._conn.channel()
         assert message.properties.reply_to is not None
-        channel.basic_publish("", message.properties.reply_to, body, properties=properties)
+        try:
+            channel = self._reply_channel
+            if channel is None or channel.is_closed:
+                channel = self._reply_channel = self._conn.channel()
+            channel.basic_publish("", message.properties.reply_to, body, properties=properties)
+        except AMQPError as exc:
+            reply_lost(self.queue, message, exc)
