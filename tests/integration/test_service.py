@@ -17,9 +17,19 @@ import threading
 from typing import TYPE_CHECKING
 
 import pytest
+from tests.support.proxy import TcpProxy
 
 import rabbitry
-from rabbitry import AsyncConnection, Connection, ConsumerCancelled, InvalidStateError, Timeout
+from rabbitry import (
+    AsyncConnection,
+    Connection,
+    ConsumerCancelled,
+    InvalidStateError,
+    RecoveryPolicy,
+    State,
+    Timeout,
+)
+from rabbitry.config import parse_urls
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -290,3 +300,35 @@ def test_run_refuses_bad_options_before_running_anything() -> None:
         rabbitry.run(main, signals=[12345])
     with pytest.raises(rabbitry.ConfigurationError, match="main"):
         rabbitry.run(42)  # type: ignore[call-overload]
+
+
+async def test_wait_and_wait_closed_outlast_a_recovery(url: str, names: Names) -> None:
+
+
+    params = parse_urls(url)[0]
+    queue = names.queue()
+    with TcpProxy(params.host, params.port) as proxy:
+        conn = AsyncConnection(proxy.url(), recovery=RecoveryPolicy(initial_delay=0.1))
+        await conn.connect()
+        try:
+            await (await conn.channel()).queue_declare(queue)
+            consumer = conn.consumer(queue, _noop)
+            await consumer.start()
+            states: list[State] = []
+            conn.on_state_change(lambda state, cause: states.append(state))
+            waiters = [
+                asyncio.ensure_future(consumer.wait()),
+                asyncio.ensure_future(conn.wait_closed()),
+            ]
+            proxy.reset()
+            for _ in range(int(DEADLINE / 0.01)):
+                if states[-1:] == [State.OPEN]:
+                    break
+                await asyncio.sleep(0.01)
+            assert states == [State.RECOVERING, State.OPEN]
+            assert not any(w.done() for w in waiters)  # a recovery is not an end
+        finally:
+            await conn.close()
+        consumer_reason, conn_reason = await asyncio.wait_for(asyncio.gather(*waiters), DEADLINE)
+    assert isinstance(consumer_reason, rabbitry.ConnectionClosedByClient)
+    assert isinstance(conn_reason, rabbitry.ConnectionClosedByClient)
