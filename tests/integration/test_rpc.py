@@ -288,3 +288,16 @@ async def test_a_reply_that_cannot_be_sent_is_logged_and_the_caller_times_out(
         finally:
             await server_conn.close()
     assert any("could not be sent" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_missing_exchange_fails_the_call_and_the_next_call_works(
+    conn: AsyncConnection, names: Names
+) -> None:
+    queue = names.queue()
+    await (await conn.channel()).queue_declare(queue)
+    async with conn.rpc_server(queue, _echo), await conn.rpc_client() as client:
+        with pytest.raises(RpcInterrupted) as caught:
+            await client.call("x", b"1", exchange=names.exchange("missing"), timeout=DEADLINE)
+        assert isinstance(caught.value.reason, rabbitry.NotFound)  # the broker's 404
+        # The broker closed the client's channel; the next call opens another.
+        assert (await client.call(queue, b"2", timeout=DEADLINE)).body == b"echo:2"

@@ -304,7 +304,6 @@ def test_run_refuses_bad_options_before_running_anything() -> None:
 
 async def test_wait_and_wait_closed_outlast_a_recovery(url: str, names: Names) -> None:
 
-
     params = parse_urls(url)[0]
     queue = names.queue()
     with TcpProxy(params.host, params.port) as proxy:

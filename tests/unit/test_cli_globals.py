@@ -60,3 +60,9 @@ def test_consume_has_idle_not_timeout() -> None:
     consume = cli.commands["consume"]
     names = {opt for p in consume.params for opt in p.opts}
     assert "--idle" in names and "--timeout" not in names
+
+
+def test_list_refuses_vhost_with_all_vhosts() -> None:
+    result = CliRunner().invoke(cli, ["list", "queues", "--vhost", "v", "--all-vhosts"])
+    assert result.exit_code == 2
+    assert "not both" in result.output

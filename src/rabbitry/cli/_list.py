@@ -62,6 +62,8 @@ def _client(management_url: str | None) -> ManagementClient:
 
 def _fetch(kind: str, management_url: str | None, vhost: str | None, every: bool) -> Any:
     state = get_state()
+    if vhost is not None and every:
+        raise click.UsageError("give --vhost or --all-vhosts, not both")
     if vhost is None and not every:
         vhost = state.params()[0].virtual_host
     try:
