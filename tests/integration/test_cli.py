@@ -404,7 +404,9 @@ def test_global_options_after_the_subcommand(url: str, broker: Broker) -> None:
 
 
 def test_bench_with_several_producers_consumers_and_queues(url: str, broker: Broker) -> None:
-    result = invoke(url, "--json", "bench", "-n", "600", "-x", "2", "-y", "3", "--queues", "2")
+    result = invoke(
+        url, "--json", "bench", "-n", "600", "--producers", "2", "--consumers", "3", "--queues", "2"
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["published"] == report["consumed"] == 600

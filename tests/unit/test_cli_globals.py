@@ -66,3 +66,26 @@ def test_list_refuses_vhost_with_all_vhosts() -> None:
     result = CliRunner().invoke(cli, ["list", "queues", "--vhost", "v", "--all-vhosts"])
     assert result.exit_code == 2
     assert "not both" in result.output
+
+
+# Option names that two commands use for parameters named differently, with the one
+# meaning they share.
+SHARED_MEANING = {
+    "--to": "where the messages go (dlq replay: an exchange; shovel: a URL and exchange)",
+    "-n": "how many messages (to publish, consume, move, replay or show)",
+}
+
+
+def test_each_option_name_has_one_meaning_across_commands() -> None:
+    meanings: dict[str, set[str]] = {}
+    for _, command in _commands(cli):
+        for param in command.params:
+            if isinstance(param, click.Option):
+                for opt in (*param.opts, *param.secondary_opts):
+                    meanings.setdefault(opt, set()).add(str(param.name))
+    clashes = {
+        opt: sorted(names)
+        for opt, names in meanings.items()
+        if len(names) > 1 and opt not in SHARED_MEANING
+    }
+    assert clashes == {}

@@ -72,11 +72,11 @@ class _Counters:
     show_default=True, help="Body size in bytes.",
 )  # fmt: skip
 @click.option(
-    "-x", "--producers", type=click.IntRange(min=1, max=256), default=1, show_default=True,
+    "--producers", type=click.IntRange(min=1, max=256), default=1, show_default=True,
     help="Publishing threads, each with its own channel.",
 )  # fmt: skip
 @click.option(
-    "-y", "--consumers", type=click.IntRange(min=1, max=256), default=1, show_default=True,
+    "--consumers", type=click.IntRange(min=1, max=256), default=1, show_default=True,
     help="Consumers, each on its own channel.",
 )  # fmt: skip
 @click.option(
