@@ -42,6 +42,7 @@ How a server treats requests (the rule):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import traceback
 import uuid
@@ -251,6 +252,10 @@ class AsyncRpcClient:
             return
         self._closed = True
         self._fail_all(InvalidStateError("the RPC client was closed"))
+        if self._watching:  # a closed client no longer listens to its connection
+            with contextlib.suppress(ValueError):
+                self._conn._state_callbacks.remove(self._on_state)
+            self._watching = False
         channel, self._channel = self._channel, None
         if channel is not None and channel.is_open:
             try:

@@ -28,6 +28,7 @@ from rabbitry import (
     RpcRemoteError,
     RpcTimeout,
     RpcUnroutable,
+    State,
 )
 from rabbitry.config import parse_urls
 from rabbitry.rpc import ERROR_HEADER
@@ -47,6 +48,7 @@ async def test_call_gets_the_reply_of_its_own_request(conn: AsyncConnection, nam
     queue = names.queue()
     await (await conn.channel()).queue_declare(queue)
     async with conn.rpc_server(queue, _echo, concurrency=4):
+        watchers = len(conn._state_callbacks)
         client = await conn.rpc_client()
         replies = await asyncio.gather(
             *(client.call(queue, f"n{i}".encode(), timeout=DEADLINE) for i in range(20))
@@ -54,6 +56,7 @@ async def test_call_gets_the_reply_of_its_own_request(conn: AsyncConnection, nam
         assert [r.body for r in replies] == [f"echo:n{i}".encode() for i in range(20)]
         assert client.pending == 0
         await client.close()
+        assert len(conn._state_callbacks) == watchers  # a closed client leaves nothing behind
 
 
 async def test_a_call_without_a_reply_raises_rpc_timeout_naming_key_and_timeout(
@@ -253,8 +256,12 @@ def test_sync_client_recovers_after_a_reset(url: str, names: Names) -> None:
                 with Connection(proxy.url(), recovery=FAST) as conn:
                     client = conn.rpc_client()
                     assert client.call(queue, timeout=DEADLINE).body == b"pong"
+                    recovered = threading.Event()
+                    conn.on_state_change(
+                        lambda state, cause: state is State.OPEN and recovered.set()
+                    )
                     proxy.reset()
-                    conn.wait_recovered(timeout=DEADLINE)
+                    assert recovered.wait(DEADLINE)  # dropped, then recovered
                     assert client.call(queue, timeout=DEADLINE).body == b"pong"
                     client.close()
 
