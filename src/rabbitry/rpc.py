@@ -201,7 +201,9 @@ class AsyncRpcClient:
                 the client's.
 
         Returns:
-            The reply message (``body``, ``properties``...).
+            The reply message (``body``, ``properties``...). It needs no ack (direct
+            reply-to delivers without acks); ``ack()`` on it raises
+            ``InvalidStateError``.
 
         Raises:
             RpcTimeout: no reply within ``timeout``.
@@ -266,6 +268,9 @@ class AsyncRpcClient:
     # ------------------------------------------------------------------ loop callbacks
 
     def _on_reply(self, message: Message) -> None:
+        # Direct reply-to delivers without acks: settling a reply would be a channel
+        # error (unknown delivery tag) that ends every call waiting on this channel.
+        message.settled = True
         correlation_id = message.properties.correlation_id or ""
         entry = self._pending.pop(correlation_id, None)
         if entry is None or entry[0].done():

@@ -54,6 +54,9 @@ async def test_call_gets_the_reply_of_its_own_request(conn: AsyncConnection, nam
             *(client.call(queue, f"n{i}".encode(), timeout=DEADLINE) for i in range(20))
         )
         assert [r.body for r in replies] == [f"echo:n{i}".encode() for i in range(20)]
+        with pytest.raises(rabbitry.InvalidStateError):
+            replies[0].ack()  # replies come without acks: nothing to settle
+        assert (await client.call(queue, b"still", timeout=DEADLINE)).body == b"echo:still"
         assert client.pending == 0
         await client.close()
         assert len(conn._state_callbacks) == watchers  # a closed client leaves nothing behind
