@@ -23,13 +23,21 @@ from typing import Any
 
 import pytest
 
-from rabbitry import AsyncChannel, AsyncConnection, Channel, Connection
+from rabbitry import (
+    AsyncChannel,
+    AsyncConnection,
+    AsyncRpcClient,
+    AsyncRpcServer,
+    Channel,
+    Connection,
+    RpcClient,
+    RpcServer,
+)
 from rabbitry.consumer import AsyncConsumer
 from rabbitry.management import AsyncManagementClient, ManagementClient
 from rabbitry.outbox_publisher import AsyncOutboxPublisher
 from rabbitry.pool import AsyncChannelPool
 from rabbitry.publisher import AsyncPublisher
-from rabbitry.rpc import AsyncRpcClient, AsyncRpcServer
 from rabbitry.sharding import (
     AsyncShardedConsumer,
     AsyncShardedPublisher,
@@ -41,7 +49,6 @@ from rabbitry.sync.consumer import Consumer
 from rabbitry.sync.outbox_publisher import OutboxPublisher
 from rabbitry.sync.pool import ChannelPool
 from rabbitry.sync.publisher import Publisher
-from rabbitry.sync.rpc import RpcClient, RpcServer
 
 # Members that exist on one side only, deliberately. Keep these minimal: every entry
 # needs a reason, and an entry that stops being one-sided fails the test (so the list

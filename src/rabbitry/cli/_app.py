@@ -22,6 +22,7 @@ import click
 from .. import __version__
 from ..exceptions import Nacked, Unroutable
 from ..protocol.spec import BasicProperties
+from . import _globals
 from ._common import (
     CliError,
     State,
@@ -33,7 +34,6 @@ from ._common import (
     progress,
 )
 from ._exit import ExitCode
-from ._globals import GlobalOptionsGroup
 from ._mgmt import MANAGEMENT_URL, management_for
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ __all__ = ["cli", "run"]
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-@click.group(cls=GlobalOptionsGroup, context_settings=_CONTEXT)
+@click.group(cls=_globals.GlobalOptionsGroup, context_settings=_CONTEXT)
 @click.option(
     "--url",
     "urls",

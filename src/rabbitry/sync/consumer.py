@@ -15,12 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..consumer import AsyncConsumer, ConsumerStats, DedupStore, SyncHandler, is_async_callable
-from ..exceptions import AMQPError, ConfigurationError
+from ..exceptions import ConfigurationError
 from .channel import _wait
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ..exceptions import AMQPError
     from ..protocol.message import Message
     from ..topology import RetryPolicy
     from ._portal import Portal
