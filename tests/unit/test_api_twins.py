@@ -23,16 +23,8 @@ from typing import Any
 
 import pytest
 
-from rabbitry import (
-    AsyncChannel,
-    AsyncConnection,
-    AsyncRpcClient,
-    AsyncRpcServer,
-    Channel,
-    Connection,
-    RpcClient,
-    RpcServer,
-)
+import rabbitry
+from rabbitry import AsyncChannel, AsyncConnection, Channel, Connection
 from rabbitry.consumer import AsyncConsumer
 from rabbitry.management import AsyncManagementClient, ManagementClient
 from rabbitry.outbox_publisher import AsyncOutboxPublisher
@@ -80,8 +72,8 @@ PAIRS = [
     (AsyncShardedConsumer, ShardedConsumer),
     (AsyncShovel, Shovel),
     (AsyncManagementClient, ManagementClient),
-    (AsyncRpcClient, RpcClient),
-    (AsyncRpcServer, RpcServer),
+    (rabbitry.AsyncRpcClient, rabbitry.RpcClient),
+    (rabbitry.AsyncRpcServer, rabbitry.RpcServer),
 ]
 PAIR_IDS = [sync_cls.__name__ for _, sync_cls in PAIRS]
 # The two pairs the checks of channels and connections below assume.
