@@ -39,6 +39,7 @@ from .exceptions import (
     ManagementNotFound,
     MessageTooLarge,
     Nacked,
+    NotAnAMQPServer,
     NotFound,
     OutboxCorrupt,
     OutboxError,
@@ -56,6 +57,11 @@ from .exceptions import (
     Requeue,
     ResourceLocked,
     Retry,
+    RpcError,
+    RpcInterrupted,
+    RpcRemoteError,
+    RpcTimeout,
+    RpcUnroutable,
     Timeout,
     TLSError,
     TopologyConflict,
@@ -63,6 +69,8 @@ from .exceptions import (
     TopologyMissingExchange,
     TopologyValidationError,
     Unroutable,
+    VirtualHostAccessRefused,
+    VirtualHostNotFound,
 )
 from .message import Message, Properties
 from .outbox import Outbox, OutboxStatus, SQLiteOutbox
@@ -71,11 +79,14 @@ from .pool import AsyncChannelPool
 from .protocol.frames import Float32, Int8, Int16, Int32, Int64, UInt8, UInt16, UInt32
 from .publisher import AsyncPublisher, OutgoingMessage
 from .recovery import NackRetry, RecoveryPolicy, State
+from .rpc import AsyncRpcClient, AsyncRpcServer
+from .service import ServiceStopped, run
 from .sync import Channel, Connection
 from .sync.consumer import Consumer
 from .sync.outbox_publisher import OutboxPublisher
 from .sync.pool import ChannelPool
 from .sync.publisher import Publisher
+from .sync.rpc import RpcClient, RpcServer
 from .topology import (
     Binding,
     Exchange,
@@ -104,6 +115,8 @@ __all__ = [
     "AsyncConsumer",
     "AsyncOutboxPublisher",
     "AsyncPublisher",
+    "AsyncRpcClient",
+    "AsyncRpcServer",
     "AuthenticationError",
     "BatchFormatError",
     "BatchingPublisher",
@@ -145,6 +158,7 @@ __all__ = [
     "MessageTooLarge",
     "NackRetry",
     "Nacked",
+    "NotAnAMQPServer",
     "NotFound",
     "Outbox",
     "OutboxCorrupt",
@@ -172,7 +186,15 @@ __all__ = [
     "ResourceLocked",
     "Retry",
     "RetryPolicy",
+    "RpcClient",
+    "RpcError",
+    "RpcInterrupted",
+    "RpcRemoteError",
+    "RpcServer",
+    "RpcTimeout",
+    "RpcUnroutable",
     "SQLiteOutbox",
+    "ServiceStopped",
     "State",
     "TLSError",
     "Timeout",
@@ -185,8 +207,11 @@ __all__ = [
     "UInt16",
     "UInt32",
     "Unroutable",
+    "VirtualHostAccessRefused",
+    "VirtualHostNotFound",
     "__version__",
     "handle_failure",
     "parse_url",
     "parse_urls",
+    "run",
 ]

@@ -47,12 +47,14 @@ from .exceptions import (
     AMQPConnectionError,
     AMQPError,
     ConfigurationError,
+    ConsumerCancelled,
     InvalidStateError,
     NotFound,
     PreconditionFailed,
     Reject,
     Requeue,
     Retry,
+    Timeout,
 )
 from .observability import _state as _obs
 from .protocol.message import Message
@@ -319,6 +321,9 @@ class AsyncConsumer:
         self._running = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle: asyncio.Event | None = None
+        # Set when the consumer has ended for good (see wait()), with why.
+        self._ended: asyncio.Event | None = None
+        self._end_reason: AMQPError | None = None
         self._started = False
         self._stopping = False
         self._resubscribe_task: asyncio.Task[None] | None = None
@@ -382,6 +387,7 @@ class AsyncConsumer:
         self._started = True
         self._idle = asyncio.Event()
         self._idle.set()
+        self._ended = asyncio.Event()
         try:
             if self._manual:
                 await self._check_failure_path(timeout)
@@ -501,6 +507,7 @@ class AsyncConsumer:
                 # settled their messages; closing it earlier would requeue a message while
                 # its handler still works on it (a second, concurrent processing).
                 self._spawn_background(self._close_when_idle(channel, timeout))
+                self._end(None)
                 return
             for task in list(self._tasks):
                 task.cancel()
@@ -511,6 +518,43 @@ class AsyncConsumer:
                 await channel.close(timeout=timeout)
             except AMQPError as exc:
                 logger.debug("channel.close during stop failed: %r", exc)
+        self._end(None)
+
+    async def wait(self, timeout: float | None = None) -> AMQPError | None:
+        """Wait until this consumer has ended for good; returns why.
+
+        It ends for good when :meth:`stop` has returned (``None``), when the broker
+        cancels it or closes its channel and ``resubscribe`` is off (a
+        :class:`ConsumerCancelled`, or the channel's close reason), or when its connection
+        closes for good: ``close()``, or recovery gave up (the connection's reason).
+        Connection recoveries and resubscribes do not end it. A service's main coroutine
+        ends with ``await consumer.wait()`` (see ``rabbitry.run``).
+
+        Raises:
+            InvalidStateError: the consumer was never started.
+            Timeout: still consuming after ``timeout`` seconds.
+        """
+        ended = self._ended
+        if ended is None:
+            raise InvalidStateError("the consumer was never started")
+        waiters = [
+            asyncio.ensure_future(ended.wait()),
+            asyncio.ensure_future(self._conn.wait_closed()),
+        ]
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        except TimeoutError:
+            raise Timeout(f"consumer of {self.queue!r} still running after {timeout} s") from None
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+        return self._end_reason if ended.is_set() else self._conn.close_exc
+
+    def _end(self, reason: AMQPError | None) -> None:
+        if self._ended is not None and not self._ended.is_set():
+            self._end_reason = reason
+            self._ended.set()
 
     async def _close_when_idle(self, channel: AsyncChannel | None, timeout: float | None) -> None:
         assert self._idle is not None
@@ -916,6 +960,8 @@ class AsyncConsumer:
         self._queue_gone = True
         if self.resubscribe and not self._stopping:
             self._schedule_resubscribe()
+        elif not self._stopping:
+            self._end(ConsumerCancelled(tag))
 
     def _on_channel_closed(self, exc: AMQPError) -> None:
         if self._stopping:
@@ -938,6 +984,8 @@ class AsyncConsumer:
             return  # the connection is gone: recovery (not this consumer) brings it back
         if self.resubscribe and self._conn.is_open:
             self._schedule_resubscribe()
+        elif not self.resubscribe:
+            self._end(exc)
 
     def _spawn_background(self, work: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(work)

@@ -14,6 +14,10 @@ The tree::
     ├── InvalidStateError (RuntimeError)   the object cannot do that now (closed channel…)
     ├── AMQPConnectionError (ConnectionError)
     │   ├── ConnectError                   no configured address accepted us
+    │   │   ├── VirtualHostNotFound        the broker has no such virtual host (530)
+    │   │   ├── VirtualHostAccessRefused   the user may not use the virtual host (530/403)
+    │   │   └── NotAnAMQPServer            the address answers, but not with AMQP 0-9-1
+    │   │                                     (e.g. the management HTTP port 15672)
     │   ├── AuthenticationError            the broker refused our credentials
     │   ├── CredentialsError               the credentials_provider failed
     │   ├── HeartbeatTimeout               the peer went silent for 2 × heartbeat
@@ -34,6 +38,11 @@ The tree::
     │       ├── ContentTooLarge 311, NoRoute 312, NoConsumers 313
     │       └── AccessRefused 403, NotFound 404, ResourceLocked 405, PreconditionFailed 406
     ├── ConsumerCancelled                  the broker cancelled a consumer (basic.cancel)
+    ├── RpcError(routing_key)              a request/reply call failed (rabbitry.rpc)
+    │   ├── RpcUnroutable                  no queue was bound for the request
+    │   ├── RpcInterrupted(reason)         the connection or channel was lost meanwhile
+    │   ├── RpcRemoteError(error)          the server's handler raised; it answered so
+    │   └── RpcTimeout (also Timeout)      no reply within the call's timeout
     ├── HandlerSignal                      raised by consumer handlers to steer a message
     │   ├── Retry                          take the retry path
     │   ├── Reject                         park (or dead-letter) without retrying
@@ -61,6 +70,9 @@ The tree::
     │   └── ManagementNotFound             404: no such queue, vhost, policy…
     └── Timeout (TimeoutError)             a deadline passed
         └── PoolTimeout                    no pooled channel became free in time
+
+Outside the tree, a ``BaseException`` like ``KeyboardInterrupt``: ``ServiceStopped``,
+raised by a stop signal in the main thread of a service run with ``rabbitry.run``.
 
 Broker reply codes map to classes through one registry per level (connection, channel);
 registering a code twice is a programming error and fails at import time.
@@ -112,6 +124,7 @@ __all__ = [
     "NoConsumers",
     "NoRoute",
     "NotAllowed",
+    "NotAnAMQPServer",
     "NotFound",
     "OutboxCorrupt",
     "OutboxError",
@@ -130,6 +143,12 @@ __all__ = [
     "ResourceError",
     "ResourceLocked",
     "Retry",
+    "RpcError",
+    "RpcInterrupted",
+    "RpcRemoteError",
+    "RpcTimeout",
+    "RpcUnroutable",
+    "ServiceStopped",
     "TLSError",
     "Timeout",
     "TopologyConflict",
@@ -138,6 +157,8 @@ __all__ = [
     "TopologyValidationError",
     "UnexpectedFrame",
     "Unroutable",
+    "VirtualHostAccessRefused",
+    "VirtualHostNotFound",
     "channel_error_for",
     "connection_error_for",
 ]
@@ -259,6 +280,34 @@ class ConnectError(AMQPConnectionError):
     def __init__(self, message: str, errors: list[tuple[str, BaseException]] | None = None) -> None:
         super().__init__(message)
         self.errors = list(errors or [])
+
+
+class VirtualHostNotFound(ConnectError):
+    """The broker has no virtual host of the name the URL gives (530 NOT_ALLOWED at
+    connection.open); the message carries the broker's reply text. Not retried."""
+
+
+class VirtualHostAccessRefused(ConnectError):
+    """The user authenticated but may not use the virtual host (530 NOT_ALLOWED or 403
+    ACCESS_REFUSED at connection.open); the message carries the broker's reply text.
+    Grant the user permissions on it (``rabbitmqctl set_permissions``). Not retried."""
+
+
+class NotAnAMQPServer(ConnectError):
+    """The address accepted the TCP connection but does not speak AMQP 0-9-1: its first
+    bytes were not a connection.start frame, or it answered an HTTP probe (the URL
+    probably names the management HTTP port, 15672, instead of 5672).
+
+    Attributes:
+        received: the first bytes it sent (at most 64; empty when it sent nothing).
+    """
+
+    def __init__(self, message: str, received: bytes = b"") -> None:
+        super().__init__(message)
+        self.received = received
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.received))
 
 
 class AuthenticationError(AMQPConnectionError):
@@ -729,6 +778,105 @@ class ManagementNotFound(ManagementError):
     """404 from the management API: the queue, vhost, policy or connection does not exist."""
 
 
+# --------------------------------------------------------------------------- services
+
+
+class ServiceStopped(BaseException):
+    """Raised in the main thread of a plain-function service by the first stop signal.
+
+    A ``BaseException`` so that ``except Exception`` in application code does not
+    swallow it. :func:`run` catches it; code that must clean up uses ``with`` or
+    ``finally``.
+
+    Attributes:
+        signum: the signal received.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {_signal_name(signum)}")
+        self.signum = signum
+
+
+def _signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+# --------------------------------------------------------------------------- rpc
+
+
+class RpcError(AMQPError):
+    """A request/reply call of ``rabbitry.rpc`` failed.
+
+    Attributes:
+        routing_key: the routing key the request was sent with.
+    """
+
+    def __init__(self, routing_key: str, message: str) -> None:
+        super().__init__(message)
+        self.routing_key = routing_key
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.routing_key, str(self)))
+
+
+class RpcUnroutable(RpcError):
+    """The broker returned the request: no queue is bound for its routing key."""
+
+    def __init__(self, routing_key: str, reply_text: str = "NO_ROUTE") -> None:
+        super().__init__(
+            routing_key,
+            f"RPC request to {routing_key!r} was returned by the broker ({reply_text}): "
+            "is the server's queue declared?",
+        )
+        self.reply_text = reply_text
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.routing_key, self.reply_text))
+
+
+class RpcInterrupted(RpcError):
+    """The connection or the client's channel was lost while the call waited for its
+    reply; the server may or may not have handled the request.
+
+    Attributes:
+        reason: why (the connection's or the channel's close reason).
+    """
+
+    def __init__(self, routing_key: str, reason: BaseException) -> None:
+        super().__init__(
+            routing_key,
+            f"RPC call to {routing_key!r} interrupted before its reply: {reason!r} (the "
+            "server may or may not have handled it)",
+        )
+        self.reason = reason
+        self.__cause__ = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.routing_key, self.reason))
+
+
+class RpcRemoteError(RpcError):
+    """The server's handler raised; its reply carried the error instead of a body.
+
+    Attributes:
+        error: ``"<exception type>: <text>"`` as the server reported it.
+        reply: the error reply message.
+    """
+
+    def __init__(self, routing_key: str, error: str, reply: Message | None = None) -> None:
+        super().__init__(routing_key, f"RPC handler for {routing_key!r} failed: {error}")
+        self.error = error
+        self.reply = reply
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.routing_key, self.error))
+
+
 # --------------------------------------------------------------------------- time
 
 
@@ -761,6 +909,23 @@ class OutboxFull(PublishTimeout):
         super().__init__(message)
         self.rows = rows
         self.size = size
+
+
+class RpcTimeout(RpcError, Timeout):
+    """No reply arrived within the call's timeout.
+
+    Attributes:
+        timeout: the call's timeout in seconds.
+    """
+
+    def __init__(self, routing_key: str, timeout: float | None) -> None:
+        super().__init__(
+            routing_key, f"no reply to the RPC call to {routing_key!r} within {timeout} s"
+        )
+        self.timeout = timeout
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.routing_key, self.timeout))
 
 
 class PoolTimeout(Timeout):

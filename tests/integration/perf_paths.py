@@ -65,6 +65,8 @@ def _label(key: FuncKey) -> str:
     if filename == "~":
         return name
     short = filename.rsplit("/src/", 1)[-1].rsplit("/lib/python", 1)[-1]
+    if "/tests/" in short:  # this checkout's own test files: relative to the repository
+        short = "tests/" + short.rsplit("/tests/", 1)[-1]
     return f"{short}:{line}({name})"
 
 

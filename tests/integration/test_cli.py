@@ -129,7 +129,7 @@ def test_publish_with_headers_then_consume_json(url: str, broker: Broker) -> Non
     assert peek.exit_code == 0, peek.output
     assert broker.count(queue) == 5
 
-    result = invoke(url, "--json", "consume", queue, "--count", "5", "--timeout", "5")
+    result = invoke(url, "--json", "consume", queue, "--count", "5", "--idle", "5")
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r["body"] for r in records] == ["one", "two", "one", "two", "one"]
@@ -157,7 +157,7 @@ def test_publish_from_stdin_and_file(url: str, broker: Broker, tmp_path: Path) -
 def test_consume_fewer_than_count_before_timeout_fails(url: str, broker: Broker) -> None:
     queue = broker.queue(broker.name("q"))
     broker.publish(queue, b"only", {})
-    result = invoke(url, "consume", queue, "--count", "2", "--timeout", "0.5")
+    result = invoke(url, "consume", queue, "--count", "2", "--idle", "0.5")
     assert result.exit_code == ExitCode.FAILED
     assert "got 1 of 2" in result.stderr
 
@@ -389,3 +389,49 @@ def test_ctrl_c_is_exit_130(url: str, broker: Broker) -> None:
     assert process.returncode == ExitCode.INTERRUPTED, err
     assert "interrupted" in err
     assert "Traceback" not in err
+
+
+def test_global_options_after_the_subcommand(url: str, broker: Broker) -> None:
+    queue = broker.queue(broker.name("q"))
+    runner = CliRunner()
+    published = runner.invoke(cli, ["publish", "-k", queue, "a", "b", "--json", "--url", url])
+    assert published.exit_code == 0, published.output
+    assert json.loads(published.stdout)["acked"] == 2
+    args = ["consume", queue, "--count", "2", "--idle", "5", "--url", url, "--timeout", "10"]
+    consumed = runner.invoke(cli, [*args, "--json"])
+    assert consumed.exit_code == 0, consumed.output
+    assert [json.loads(line)["body"] for line in consumed.stdout.splitlines()] == ["a", "b"]
+
+
+def test_bench_with_several_producers_consumers_and_queues(url: str, broker: Broker) -> None:
+    result = invoke(
+        url, "--json", "bench", "-n", "600", "--producers", "2", "--consumers", "3", "--queues", "2"
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["published"] == report["consumed"] == 600
+    assert report["producers"] == 2 and report["consumers"] == 3 and len(report["queues"]) == 2
+    assert not any(broker.exists(queue) for queue in report["queues"])
+
+
+def test_bench_for_a_duration_at_a_rate_prints_progress_lines(url: str) -> None:
+    result = invoke(url, "bench", "--duration", "2.5", "--rate", "200", "--interval", "0.5")
+    assert result.exit_code == 0, result.output
+    progress = [line for line in result.stdout.splitlines() if line.startswith("time ")]
+    assert progress, result.stdout  # at least one line came before the summary
+    assert "msg/s" in progress[0] and "latency p50" in progress[0]
+    assert "publish (confirmed) msgs/s" in result.stdout
+
+
+def test_bench_rate_caps_what_is_published(url: str) -> None:
+    result = invoke(url, "--json", "bench", "--duration", "1", "--rate", "50")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    # Paced from the start: at most rate x duration, plus the one sent at time 0.
+    assert 0 < report["published"] <= 51
+
+
+def test_bench_refuses_count_with_duration(url: str) -> None:
+    result = invoke(url, "bench", "-n", "10", "--duration", "1")
+    assert result.exit_code == 2
+    assert "not both" in result.output

@@ -40,6 +40,10 @@ QUEUES = [
     "invoices.billing",
     *("invoices.billing" + tier for tier in _RETRY_TIERS),
     "invoices.unroutable",
+    "tutorial.tasks",
+    "tutorial.rpc_queue",
+    "tutorial.confirms",
+    "tutorial.service",
 ]
 EXCHANGES = [
     "orders",
@@ -47,6 +51,9 @@ EXCHANGES = [
     "invoices",
     "invoices.unrouted",
     "invoices.billing.dlx",
+    "tutorial.logs",
+    "tutorial.direct_logs",
+    "tutorial.topic_logs",
 ]
 
 RUN_TIMEOUT = 60.0

@@ -1,5 +1,6 @@
-"""The way in of the README works: build the wheel, install it into a clean virtualenv,
-run the quick start against the broker; then with the ``cli`` extra, run ``rabbitry``.
+"""The way in of the README works: build the sdist and the wheel (both carry the
+license), install the wheel into a clean virtualenv, run the quick start against the
+broker; then with the ``cli`` extra, run ``rabbitry``.
 
 rabbitry is not on the package index, so this is the only install path users have.
 Building uses ``python -m build``'s isolated environment (setuptools from the package
@@ -11,6 +12,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tarfile
+import zipfile
 from typing import TYPE_CHECKING
 
 import pytest
@@ -48,8 +51,19 @@ def test_wheel_installs_into_a_clean_virtualenv_and_the_quick_start_runs(
     url: str, tmp_path: Path
 ) -> None:
     dist = tmp_path / "dist"
-    _run(sys.executable, "-m", "build", "--wheel", "--outdir", dist, ROOT, cwd=tmp_path)
+    # The sdist, then the wheel built from it: what the sdist carries is enough.
+    _run(sys.executable, "-m", "build", "--outdir", dist, ROOT, cwd=tmp_path)
     (wheel,) = dist.glob("rabbitry-*.whl")
+    (sdist,) = dist.glob("rabbitry-*.tar.gz")
+    license_text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert "Apache License" in license_text and "Version 2.0" in license_text
+    with zipfile.ZipFile(wheel) as archive:
+        (licensed,) = [n for n in archive.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+        assert archive.read(licensed).decode("utf-8") == license_text
+        (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        assert "License-Expression: Apache-2.0" in archive.read(metadata).decode("utf-8")
+    with tarfile.open(sdist) as archive:
+        assert any(name.endswith("/LICENSE") for name in archive.getnames())
 
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", venv, cwd=tmp_path)

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+import rabbitry
 from rabbitry import AsyncChannel, AsyncConnection, Channel, Connection
 from rabbitry.batching_publisher import AsyncBatchingPublisher, BatchingPublisher
 from rabbitry.consumer import AsyncConsumer
@@ -75,6 +76,8 @@ PAIRS = [
     (AsyncBatchingPublisher, BatchingPublisher),
     (AsyncShovel, Shovel),
     (AsyncManagementClient, ManagementClient),
+    (rabbitry.AsyncRpcClient, rabbitry.RpcClient),
+    (rabbitry.AsyncRpcServer, rabbitry.RpcServer),
 ]
 PAIR_IDS = [sync_cls.__name__ for _, sync_cls in PAIRS]
 # The two pairs the checks of channels and connections below assume.

@@ -33,8 +33,11 @@ from ..exceptions import (
     ConnectionRecovering,
     CredentialsError,
     InvalidStateError,
+    NotAnAMQPServer,
     Timeout,
     TLSError,
+    VirtualHostAccessRefused,
+    VirtualHostNotFound,
 )
 from ..observability import _state as _obs
 from ..protocol import spec
@@ -55,6 +58,7 @@ from ..protocol.events import (
 )
 from ..record import TopologyRecord
 from ..recovery import DEFAULT_RECOVERY, NackRetry, RecoveryPolicy, State, is_recoverable
+from ._connect_errors import refine, wait_opened
 from ._recovery import Recovery
 from .channel import AsyncChannel
 
@@ -64,6 +68,7 @@ if TYPE_CHECKING:
     from ..outbox_publisher import AsyncOutboxPublisher
     from ..pool import AsyncChannelPool
     from ..publisher import AsyncPublisher
+    from ..rpc import AsyncRpcClient, AsyncRpcServer, RpcHandler
     from ..topology import RetryPolicy
 
 __all__ = ["AsyncConnection"]
@@ -354,7 +359,7 @@ class AsyncConnection:
                         self._recovered.set()
                         self._set_state(State.OPEN, None)
                         return
-                    except AuthenticationError:
+                    except (AuthenticationError, VirtualHostNotFound, VirtualHostAccessRefused):
                         self._reset_attempt()
                         raise
                     except (AMQPError, OSError, TimeoutError) as exc:
@@ -366,7 +371,7 @@ class AsyncConnection:
             raise Timeout(f"could not connect within {timeout} s") from None
         summary = "; ".join(f"{address}: {exc!r}" for address, exc in errors)
         failure = ConnectError(f"could not connect to any broker ({summary})", errors)
-        for kind in (TLSError, CredentialsError):
+        for kind in (TLSError, CredentialsError, NotAnAMQPServer):
             same = [exc for _, exc in errors if isinstance(exc, kind)]
             if errors and len(same) == len(errors):
                 # Every address failed the same local way (TLS configuration, or the
@@ -439,12 +444,15 @@ class AsyncConnection:
                     ssl=context,
                     server_hostname=params.server_hostname if context else None,
                 )
-                await self._opened
+                await wait_opened(self._opened, lambda: bool(proto.greeting), params)
         except TimeoutError:
             raise Timeout(
                 f"{params.address}: no open connection within {params.connection_timeout} s"
             ) from None
         except AMQPError as exc:
+            refined = refine(exc, params)
+            if refined is not exc:
+                raise refined from exc
             alert = self._handshake_tls_error
             if alert is not None and not isinstance(exc, AuthenticationError):
                 # TLS 1.3: the broker checks our certificate after our side of the
@@ -734,6 +742,25 @@ class AsyncConnection:
             on_cancel=on_cancel,
             resubscribe=resubscribe,
         )
+
+    async def rpc_client(
+        self, *, exchange: str = "", timeout: float | None = 30.0
+    ) -> AsyncRpcClient:
+        """A started request/reply client; see :class:`rabbitry.rpc.AsyncRpcClient`."""
+        from ..rpc import AsyncRpcClient
+
+        client = AsyncRpcClient(self, exchange=exchange, timeout=timeout)
+        await client.start()
+        return client
+
+    def rpc_server(
+        self, queue: str, handler: RpcHandler, *, prefetch: int = 10, concurrency: int = 1
+    ) -> AsyncRpcServer:
+        """A request/reply server of ``queue`` (not started: ``await s.start()`` or
+        ``async with``); see :class:`rabbitry.rpc.AsyncRpcServer`."""
+        from ..rpc import AsyncRpcServer
+
+        return AsyncRpcServer(self, queue, handler, prefetch=prefetch, concurrency=concurrency)
 
     def _records_channel_topology(self) -> bool:
         """Whether channels record their declarations for recovery (the policy says)."""

@@ -22,6 +22,7 @@ import click
 from .. import __version__
 from ..exceptions import Nacked, Unroutable
 from ..protocol.spec import BasicProperties
+from . import _globals
 from ._common import (
     CliError,
     State,
@@ -43,7 +44,7 @@ __all__ = ["cli", "run"]
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-@click.group(context_settings=_CONTEXT)
+@click.group(cls=_globals.GlobalOptionsGroup, context_settings=_CONTEXT)
 @click.option(
     "--url",
     "urls",
@@ -72,9 +73,10 @@ def cli(
     debug: bool,
     timeout: float,
 ) -> None:
-    """A RabbitMQ command line: publish, consume, apply topology, handle dead letters,
-    benchmark. Exit codes: 0 ok, 1 operation failed, 2 usage error, 3 connection or
-    authentication error, 130 interrupted."""
+    """A RabbitMQ command line: publish, consume, list, apply topology, handle dead
+    letters, benchmark. Global options may come before or after the command. Exit
+    codes: 0 ok, 1 operation failed, 2 usage error, 3 connection or authentication
+    error, 130 interrupted."""
     ctx.obj = State(urls=list(urls), json=as_json, quiet=quiet, debug=debug, timeout=timeout)
 
 
@@ -417,8 +419,7 @@ def message_record(message: Any, index: int) -> dict[str, Any]:
 @click.argument("queue")
 @click.option("-n", "--count", type=click.IntRange(min=1), help="Stop after this many messages.")
 @click.option(
-    "--timeout",
-    "idle",
+    "--idle",
     type=click.FloatRange(min=0.0),
     help="Stop when no message arrives for this many seconds (default: wait; Ctrl-C stops).",
 )
@@ -680,8 +681,9 @@ def _fetch_definitions(base: str | None, params: Any) -> Any:
 
 
 def _register() -> None:
-    from . import _bench, _dlq, _outbox, _shovel
+    from . import _bench, _dlq, _list, _outbox, _shovel
 
+    cli.add_command(_list.list_group)
     cli.add_command(_dlq.dlq)
     cli.add_command(_bench.bench)
     cli.add_command(_outbox.outbox)

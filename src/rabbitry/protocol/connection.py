@@ -44,6 +44,7 @@ from ..exceptions import (
     HeartbeatTimeout,
     InvalidStateError,
     LocalProtocolError,
+    NotAnAMQPServer,
     ProtocolError,
     RemoteProtocolError,
     connection_error_for,
@@ -69,6 +70,7 @@ from .frames import (
     encode_table_body,
     method_frame,
 )
+from .greeting import GREETING_SIZE, greeting_problem
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -196,6 +198,9 @@ class ConnectionProtocol:
         self.heartbeat = 0
         self.blocked_reason: str | None = None
 
+        #: The first bytes received (up to 11), while they are judged (see greeting.py).
+        self.greeting = b""
+        self._greeting_judged = False
         self._reader = FrameReader(FRAME_MIN_SIZE)
         self._out: list[bytes] = [PROTOCOL_HEADER]
         self._events: list[Event] = []
@@ -266,6 +271,14 @@ class ConnectionProtocol:
         if self.state is CLOSED:
             return
         self._rx_since_tick = True
+        if self.state is AWAIT_START and not self._greeting_judged:
+            head = (self.greeting + data)[:64]  # 64 bytes to describe a refusal
+            self.greeting = head[:GREETING_SIZE]
+            self._greeting_judged = len(self.greeting) == GREETING_SIZE
+            problem = greeting_problem(head)
+            if problem is not None:
+                self._terminate(NotAnAMQPServer(problem, head))
+                return
         try:
             frames = self._reader.feed(data)
         except ProtocolError as exc:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .spec import BasicProperties
 
-__all__ = ["Message", "Properties"]
+if TYPE_CHECKING:
+    from collections.abc import Generator
+
+__all__ = ["Message", "Properties", "Settled"]
 
 #: The 14 basic properties; ``Properties(content_type="text/plain", delivery_mode=2)``.
 Properties = BasicProperties
@@ -20,6 +23,29 @@ class _Acker(Protocol):
     ) -> None: ...
 
     def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None: ...
+
+
+class Settled:
+    """What :meth:`Message.ack`, :meth:`~Message.nack` and :meth:`~Message.reject` return.
+
+    The settlement has already been handed to the channel when it is returned, so the
+    object is complete from the start: ``await message.ack()`` in asyncio code returns at
+    once and does exactly what the plain call ``message.ack()`` does. Threaded code
+    ignores it.
+    """
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[None, None, None]:
+        return
+        yield  # a generator that finishes at once: awaiting never suspends
+
+    def __repr__(self) -> str:
+        return "<Settled>"
+
+
+#: The one instance every settlement returns.
+SETTLED = Settled()
 
 
 class Message:
@@ -100,28 +126,35 @@ class Message:
         offset = self.headers.get("x-stream-offset")
         return offset if isinstance(offset, int) and not isinstance(offset, bool) else None
 
-    def ack(self, multiple: bool = False) -> None:
+    def ack(self, multiple: bool = False) -> Settled:
         """Acknowledge this message (and, with ``multiple``, all earlier ones).
 
         Safe to call from any thread for messages of the sync API. After the connection
         recovered, acking a message delivered before is dropped with a warning (the
         broker redelivers it) and counted in the channel's ``stale_settlements``.
+
+        Returns at once, having queued the ack for the connection. The result is an
+        already-complete awaitable (:class:`Settled`): asyncio code may write either
+        ``message.ack()`` or ``await message.ack()``.
         """
         channel = self._channel()
         channel.basic_ack(self.delivery_tag, multiple)
         self.settled = True
+        return SETTLED
 
-    def nack(self, multiple: bool = False, requeue: bool = True) -> None:
+    def nack(self, multiple: bool = False, requeue: bool = True) -> Settled:
         """Negatively acknowledge: requeue it, or dead-letter/drop it (``requeue=False``)."""
         channel = self._channel()
         channel.basic_nack(self.delivery_tag, multiple, requeue)
         self.settled = True
+        return SETTLED
 
-    def reject(self, requeue: bool = True) -> None:
+    def reject(self, requeue: bool = True) -> Settled:
         """Reject this one message (like ``nack`` without ``multiple``)."""
         channel = self._channel()
         channel.basic_reject(self.delivery_tag, requeue)
         self.settled = True
+        return SETTLED
 
     def _channel(self) -> _Acker:
         from ..exceptions import InvalidStateError

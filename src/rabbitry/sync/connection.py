@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+import weakref
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from ..aio.connection import AsyncConnection, CredentialsProvider
@@ -25,18 +26,23 @@ if TYPE_CHECKING:
     from ..consumer import DedupStore, SyncHandler
     from ..outbox import Outbox
     from ..outbox_publisher import AsyncOutboxPublisher
+    from ..protocol.message import Message
     from ..record import TopologyRecord
     from ..recovery import NackRetry, RecoveryPolicy, State
+    from ..rpc import ReplyBody
     from ..topology import RetryPolicy
     from .consumer import Consumer
     from .outbox_publisher import OutboxPublisher
     from .pool import ChannelPool
     from .publisher import Publisher
+    from .rpc import RpcClient, RpcServer
 
 __all__ = ["Connection"]
 
 _CLOSE_TIMEOUT = 10.0
 _ids = itertools.count(1)
+#: Connections that connected in this process (rabbitry.run closes those left open).
+_CONNECTED: weakref.WeakSet[Connection] = weakref.WeakSet()
 
 
 class Connection:
@@ -286,6 +292,7 @@ class Connection:
             engine._resume_reading,
         )
         portal.dispatcher = self._dispatcher
+        _CONNECTED.add(self)
 
     def close(
         self,
@@ -471,6 +478,28 @@ class Connection:
             on_cancel=on_cancel,
             resubscribe=resubscribe,
         )
+
+    def rpc_client(self, *, exchange: str = "", timeout: float | None = 30.0) -> RpcClient:
+        """A started request/reply client; see :class:`rabbitry.sync.rpc.RpcClient`."""
+        from .rpc import RpcClient
+
+        client = RpcClient(self, exchange=exchange, timeout=timeout)
+        client.start()
+        return client
+
+    def rpc_server(
+        self,
+        queue: str,
+        handler: Callable[[Message], ReplyBody],
+        *,
+        prefetch: int = 10,
+        concurrency: int = 1,
+    ) -> RpcServer:
+        """A request/reply server of ``queue`` (not started: ``s.start()`` or ``with``);
+        see :class:`rabbitry.sync.rpc.RpcServer`."""
+        from .rpc import RpcServer
+
+        return RpcServer(self, queue, handler, prefetch=prefetch, concurrency=concurrency)
 
     # ------------------------------------------------------------------ internals
 

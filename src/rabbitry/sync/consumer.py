@@ -23,6 +23,7 @@ from .channel import _wait
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ..exceptions import AMQPError
     from ..protocol.message import Message
     from ..topology import RetryPolicy
     from ._portal import Portal
@@ -244,6 +245,11 @@ class Consumer:
                 max_workers=self._async.concurrency, thread_name_prefix="rabbitry-handler"
             )
         self._portal.call(self._async.start, timeout, wait=_wait(timeout))
+
+    def wait(self, timeout: float | None = None) -> AMQPError | None:
+        """Block until this consumer has ended for good; returns why (``None``: it was
+        stopped). See :meth:`AsyncConsumer.wait`."""
+        return self._portal.call(self._async.wait, timeout, wait=_wait(timeout))
 
     def stop(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop consuming; see :meth:`AsyncConsumer.stop`."""

@@ -1,0 +1,463 @@
+"""Request/reply over RabbitMQ's direct reply-to: :class:`AsyncRpcClient`, :class:`AsyncRpcServer`.
+
+A client publishes a request with ``reply_to`` set to the pseudo-queue
+``amq.rabbitmq.reply-to`` and a fresh ``correlation_id``; the server's handler answers
+it, and the server publishes the answer to the request's ``reply_to`` with the same
+``correlation_id``. The broker hands the reply straight to the client's channel: no
+reply queue is declared, nothing is stored. The thread-safe twins are in
+``rabbitry.sync.rpc`` (``Connection.rpc_client()`` / ``Connection.rpc_server()``).
+
+What a call can raise:
+
+* :class:`~rabbitry.exceptions.RpcTimeout` (also a ``rabbitry.Timeout``): no reply
+  within the call's ``timeout``; it names the routing key and the timeout. A reply that
+  arrives later is dropped with an ERROR log.
+* :class:`~rabbitry.exceptions.RpcUnroutable`: no queue is bound for the routing key
+  (requests are mandatory, so the broker returns them at once).
+* :class:`~rabbitry.exceptions.RpcInterrupted`: the connection (or the client's
+  channel) was lost while the call waited; ``reason`` says why. The server may or may not
+  have handled the request. The client itself keeps working: once the connection has
+  recovered, new calls go through.
+* :class:`~rabbitry.exceptions.RpcRemoteError`: the server's handler raised; the reply
+  carried the error's type and text instead of a body.
+
+How a server treats requests (the rule):
+
+* The handler returns the reply body (``bytes``, or ``str`` sent as UTF-8); the server
+  publishes it to ``reply_to`` with the request's ``correlation_id`` and then acks the
+  request.
+* The handler raises: the error is logged at ERROR with its traceback, the server
+  answers with an error reply (empty body, header ``x-rpc-error`` = ``"Type: text"``,
+  which the client raises as ``RpcRemoteError``) and acks the request. A request that
+  failed once is not retried: a retry would usually fail the same way while the caller
+  waits.
+* A request without ``reply_to`` (or without ``correlation_id``) cannot be answered: it
+  is logged at ERROR and rejected without requeue (the queue's dead-letter exchange
+  gets it, if it has one).
+* A reply that cannot be published (the server's channel or connection failed) is
+  logged at ERROR; the request was handled and is acked, not run again; its caller gets
+  ``RpcTimeout`` (or ``RpcInterrupted`` if its own connection failed too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import traceback
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from .exceptions import (
+    AMQPError,
+    ConfigurationError,
+    InvalidStateError,
+    Reject,
+    RpcInterrupted,
+    RpcRemoteError,
+    RpcTimeout,
+    RpcUnroutable,
+)
+from .protocol.message import Message
+from .protocol.spec import BasicProperties
+from .recovery import State
+
+if TYPE_CHECKING:
+    from .aio.channel import AsyncChannel
+    from .aio.connection import AsyncConnection
+    from .consumer import AsyncConsumer
+
+__all__ = [
+    "ERROR_HEADER",
+    "REPLY_TO",
+    "AsyncRpcClient",
+    "AsyncRpcServer",
+    "ReplyBody",
+    "RpcHandler",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The pseudo-queue of RabbitMQ's direct reply-to.
+REPLY_TO = "amq.rabbitmq.reply-to"
+#: The header of an error reply: ``"<exception type>: <text>"``.
+ERROR_HEADER = "x-rpc-error"
+#: What a handler may return: the reply body.
+ReplyBody = bytes | bytearray | memoryview | str
+#: ``async def handler(request: Message) -> bytes | str``.
+RpcHandler = Callable[[Message], Awaitable[ReplyBody]]
+_DEFAULT_TIMEOUT = 30.0
+_UNSET: Any = object()
+
+
+def _check_timeout(timeout: float | None, field: str = "timeout") -> None:
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+    ):
+        raise ConfigurationError(
+            f"{field}: must be a number of seconds > 0 or None, got {timeout!r}"
+        )
+
+
+class AsyncRpcClient:
+    """Calls over direct reply-to. Get one with ``await connection.rpc_client()``.
+
+    One channel carries the requests and receives the replies; any number of calls may
+    wait at once (each has its own ``correlation_id``). Usable as ``async with``.
+
+    Args:
+        connection: an open :class:`AsyncConnection`.
+        exchange: where requests go by default ("" is the default exchange: the routing
+            key names the server's queue).
+        timeout: the default deadline of a call in seconds (``None``: wait for ever).
+    """
+
+    def __init__(
+        self,
+        connection: AsyncConnection,
+        *,
+        exchange: str = "",
+        timeout: float | None = _DEFAULT_TIMEOUT,
+    ) -> None:
+        _check_timeout(timeout)
+        if not isinstance(exchange, str):
+            raise ConfigurationError(f"exchange: must be a str, got {type(exchange).__name__}")
+        self._conn = connection
+        self.exchange = exchange
+        self.timeout = timeout
+        self._channel: AsyncChannel | None = None
+        self._opening: asyncio.Lock | None = None
+        # correlation_id -> (future of the reply, routing key of the request)
+        self._pending: dict[str, tuple[asyncio.Future[Message], str]] = {}
+        self._closed = False
+        self._watching = False
+
+    def __repr__(self) -> str:
+        return f"<AsyncRpcClient pending={len(self._pending)}{' closed' if self._closed else ''}>"
+
+    async def __aenter__(self) -> AsyncRpcClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @property
+    def pending(self) -> int:
+        """Calls waiting for their reply."""
+        return len(self._pending)
+
+    async def start(self, timeout: float | None = None) -> None:
+        """Open the client's channel and subscribe to direct reply-to (idempotent)."""
+        if self._closed:
+            raise InvalidStateError("this RPC client is closed")
+        if self._opening is None:
+            self._opening = asyncio.Lock()
+        async with self._opening:
+            if self._channel is not None and not self._channel.is_closed:
+                return
+            if not self._watching:
+                self._conn.on_state_change(self._on_state)
+                self._watching = True
+            channel = await self._conn.channel(timeout=timeout)
+            channel.add_return_callback(self._on_return)
+            try:
+                await channel._start_consumer(
+                    REPLY_TO,
+                    self._on_reply,
+                    no_ack=True,  # direct reply-to requires it
+                    on_cancel=None,
+                    on_close=self._on_channel_closed,
+                    timeout=timeout,
+                )
+            except BaseException:
+                if not channel.is_closed:
+                    await channel.close()
+                raise
+            self._channel = channel
+
+    async def call(
+        self,
+        routing_key: str,
+        body: ReplyBody = b"",
+        *,
+        exchange: str | None = None,
+        timeout: float | None = _UNSET,
+        headers: dict[str, Any] | None = None,
+        content_type: str | None = None,
+        properties: BasicProperties | None = None,
+    ) -> Message:
+        """Send a request and wait for its reply.
+
+        Args:
+            routing_key: where the request goes (the server's queue, with the default
+                exchange).
+            body: the request body (``str`` is sent as UTF-8).
+            exchange: overrides the client's exchange for this call.
+            timeout: seconds to wait for the reply (default: the client's ``timeout``).
+            headers, content_type: set on the request.
+            properties: more request properties; ``reply_to`` and ``correlation_id`` are
+                the client's.
+
+        Returns:
+            The reply message (``body``, ``properties``...). It needs no ack (direct
+            reply-to delivers without acks); ``ack()`` on it raises
+            ``InvalidStateError``.
+
+        Raises:
+            RpcTimeout: no reply within ``timeout``.
+            RpcUnroutable: the broker could not route the request.
+            RpcInterrupted: the connection or the channel was lost meanwhile.
+            RpcRemoteError: the server's handler raised.
+            ConfigurationError: an argument is invalid; nothing was sent.
+            InvalidStateError: the client is closed.
+        """
+        if not isinstance(routing_key, str):
+            raise ConfigurationError(
+                f"routing_key: must be a str, got {type(routing_key).__name__}"
+            )
+        deadline = self.timeout if timeout is _UNSET else timeout
+        _check_timeout(deadline)
+        if self._closed:
+            raise InvalidStateError("this RPC client is closed")
+        if self._channel is None or self._channel.is_closed:
+            await self.start(deadline)
+        channel = self._channel
+        assert channel is not None
+        correlation_id = uuid.uuid4().hex
+        request = _request_properties(properties, headers, content_type, correlation_id)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Message] = loop.create_future()
+        self._pending[correlation_id] = (future, routing_key)
+        target = self.exchange if exchange is None else exchange
+        try:
+            async with asyncio.timeout(deadline) as scope:
+                await channel.basic_publish(
+                    target, routing_key, body, properties=request, mandatory=True
+                )
+                reply = await future
+        except TimeoutError:
+            if scope.expired():
+                raise RpcTimeout(routing_key, deadline) from None
+            raise
+        finally:
+            self._pending.pop(correlation_id, None)
+        error = (reply.properties.headers or {}).get(ERROR_HEADER)
+        if error is not None:
+            raise RpcRemoteError(routing_key, str(error), reply)
+        return reply
+
+    async def close(self) -> None:
+        """Fail the waiting calls (``RpcInterrupted``) and close the channel. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._fail_all(InvalidStateError("the RPC client was closed"))
+        if self._watching:  # a closed client no longer listens to its connection
+            with contextlib.suppress(ValueError):
+                self._conn._state_callbacks.remove(self._on_state)
+            self._watching = False
+        channel, self._channel = self._channel, None
+        if channel is not None and channel.is_open:
+            try:
+                await channel.close()
+            except AMQPError as exc:
+                logger.debug("closing the RPC client's channel failed: %r", exc)
+
+    # ------------------------------------------------------------------ loop callbacks
+
+    def _on_reply(self, message: Message) -> None:
+        # Direct reply-to delivers without acks: settling a reply would be a channel
+        # error (unknown delivery tag) that ends every call waiting on this channel.
+        message.settled = True
+        correlation_id = message.properties.correlation_id or ""
+        entry = self._pending.pop(correlation_id, None)
+        if entry is None or entry[0].done():
+            logger.error(
+                "RPC reply with correlation_id %r matches no waiting call (it timed out, "
+                "was interrupted, or is not ours): dropped",
+                correlation_id,
+            )
+            return
+        entry[0].set_result(message)
+
+    def _on_return(self, message: Message) -> None:
+        correlation_id = message.properties.correlation_id or ""
+        entry = self._pending.pop(correlation_id, None)
+        if entry is not None and not entry[0].done():
+            entry[0].set_exception(RpcUnroutable(entry[1], message.reply_text))
+
+    def _on_state(self, state: State, cause: AMQPError | None) -> None:
+        if state in (State.RECOVERING, State.CLOSED) and self._pending:
+            self._fail_all(cause or InvalidStateError(f"the connection is {state.value}"))
+
+    def _on_channel_closed(self, exc: AMQPError) -> None:
+        self._fail_all(exc)
+        self._channel = None  # the next call opens another
+
+    def _fail_all(self, reason: BaseException) -> None:
+        pending, self._pending = self._pending, {}
+        for future, routing_key in pending.values():
+            if not future.done():
+                future.set_exception(RpcInterrupted(routing_key, reason))
+
+
+def _request_properties(
+    properties: BasicProperties | None,
+    headers: dict[str, Any] | None,
+    content_type: str | None,
+    correlation_id: str,
+) -> BasicProperties:
+    if properties is not None and not isinstance(properties, BasicProperties):
+        raise ConfigurationError(
+            f"properties: must be a rabbitry.Properties, got {type(properties).__name__}"
+        )
+    fields = (
+        {name: getattr(properties, name) for name in BasicProperties.FIELDS} if properties else {}
+    )
+    if headers is not None:
+        fields["headers"] = headers
+    if content_type is not None:
+        fields["content_type"] = content_type
+    fields["reply_to"] = REPLY_TO
+    fields["correlation_id"] = correlation_id
+    return BasicProperties(**fields)
+
+
+# --------------------------------------------------------------------------- server
+
+
+def check_request(message: Message, queue: str) -> None:
+    """Refuse a request that cannot be answered (see the module's rule)."""
+    props = message.properties
+    if not props.reply_to or not props.correlation_id:
+        missing = "reply_to" if not props.reply_to else "correlation_id"
+        logger.error(
+            "RPC server on %r: request without %s cannot be answered: rejected without "
+            "requeue (dead-lettered if the queue has a dead-letter exchange)",
+            queue,
+            missing,
+        )
+        raise Reject(f"request without {missing}")
+
+
+def reply_for(
+    message: Message, outcome: ReplyBody | BaseException, queue: str
+) -> tuple[ReplyBody, BasicProperties]:
+    """The reply to publish for ``message``: the handler's result, or its error."""
+    correlation_id = message.properties.correlation_id
+    if isinstance(outcome, BaseException):
+        logger.error(
+            "RPC server on %r: the handler failed for request %r; answered with the error",
+            queue,
+            correlation_id,
+            exc_info=outcome,
+        )
+        text = "".join(traceback.format_exception_only(type(outcome), outcome)).strip()
+        return b"", BasicProperties(correlation_id=correlation_id, headers={ERROR_HEADER: text})
+    if not isinstance(outcome, bytes | bytearray | memoryview | str):
+        error = TypeError(
+            f"the RPC handler must return bytes or str (the reply body), got "
+            f"{type(outcome).__name__}"
+        )
+        return reply_for(message, error, queue)
+    return outcome, BasicProperties(correlation_id=correlation_id)
+
+
+def reply_lost(queue: str, message: Message, exc: AMQPError) -> None:
+    """The reply could not be sent: the request counts as handled (it is acked, not run
+    again); its caller gets ``RpcTimeout`` or ``RpcInterrupted``."""
+    logger.error(
+        "RPC server on %r: the reply to request %r could not be sent (%r); the caller "
+        "will time out",
+        queue,
+        message.properties.correlation_id,
+        exc,
+    )
+
+
+class AsyncRpcServer:
+    """Answers requests from ``queue`` with ``handler``. Get one with
+    ``connection.rpc_server(queue, handler)``; start it with ``await server.start()`` or
+    ``async with``. See the module docstring for the rule on failures.
+
+    Built on :class:`rabbitry.AsyncConsumer` (manual acks, resubscribe, recovery): the
+    queue must exist (declare it first). Replies leave on a channel of their own.
+
+    Args:
+        connection: an open :class:`AsyncConnection`.
+        queue: the queue requests arrive on.
+        handler: ``async def handler(request: Message) -> bytes | str``.
+        prefetch: requests delivered ahead of the handler.
+        concurrency: requests handled at once.
+    """
+
+    def __init__(
+        self,
+        connection: AsyncConnection,
+        queue: str,
+        handler: RpcHandler,
+        *,
+        prefetch: int = 10,
+        concurrency: int = 1,
+    ) -> None:
+        from .consumer import is_async_callable
+
+        if not is_async_callable(handler):
+            raise ConfigurationError(
+                f"handler: must be a coroutine function (async def handler(request)), got "
+                f"{handler!r}; the thread-safe Connection.rpc_server takes plain functions"
+            )
+        self._conn = connection
+        self.queue = queue
+        self._handler = handler
+        self._reply_channel: AsyncChannel | None = None
+        self.consumer: AsyncConsumer = connection.consumer(
+            queue, self._serve, prefetch=prefetch, concurrency=concurrency
+        )
+
+    def __repr__(self) -> str:
+        return f"<AsyncRpcServer queue={self.queue!r}>"
+
+    async def __aenter__(self) -> AsyncRpcServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def start(self, timeout: float | None = None) -> None:
+        """Open the reply channel and start consuming requests."""
+        self._reply_channel = await self._conn.channel(timeout=timeout)
+        await self.consumer.start(timeout)
+
+    async def stop(self, timeout: float | None = None) -> None:
+        """Stop consuming (running handlers finish and reply) and close the reply channel."""
+        await self.consumer.stop(timeout=timeout)
+        channel, self._reply_channel = self._reply_channel, None
+        if channel is not None and channel.is_open:
+            await channel.close()
+
+    async def wait(self, timeout: float | None = None) -> AMQPError | None:
+        """Wait until the server has ended for good (see :meth:`AsyncConsumer.wait`)."""
+        return await self.consumer.wait(timeout)
+
+    async def _serve(self, message: Message) -> None:
+        check_request(message, self.queue)
+        outcome: ReplyBody | BaseException
+        try:
+            outcome = await self._handler(message)
+        except Exception as exc:
+            outcome = exc
+        body, properties = reply_for(message, outcome, self.queue)
+        assert message.properties.reply_to is not None
+        try:
+            channel = self._reply_channel
+            if channel is None or channel.is_closed:
+                channel = self._reply_channel = await self._conn.channel()
+            await channel.basic_publish(
+                "", message.properties.reply_to, body, properties=properties
+            )
+        except AMQPError as exc:
+            reply_lost(self.queue, message, exc)

@@ -1,0 +1,169 @@
+"""RpcClient and RpcServer: the thread-safe twins of :mod:`rabbitry.rpc`.
+
+The client runs the async client on the connection's IO thread: any thread may call
+``call()`` and block for its reply. The server runs a plain ``handler(request)`` on a
+pool of ``concurrency`` threads (a :class:`rabbitry.Consumer`) and publishes each reply
+from that thread. The rules (errors, timeouts, what the server does with a failing
+handler) are those of :mod:`rabbitry.rpc`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..exceptions import AMQPError, ConfigurationError
+from ..rpc import _UNSET, AsyncRpcClient, ReplyBody, check_request, reply_for, reply_lost
+from .channel import _wait
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..protocol.message import Message
+    from ..protocol.spec import BasicProperties
+    from .channel import Channel
+    from .connection import Connection
+    from .consumer import Consumer
+
+__all__ = ["RpcClient", "RpcServer"]
+
+
+class RpcClient:
+    """Calls over direct reply-to from any thread. Get one with
+    ``connection.rpc_client()``; usable as ``with``. See
+    :class:`rabbitry.rpc.AsyncRpcClient` for the arguments and the errors."""
+
+    def __init__(
+        self, connection: Connection, *, exchange: str = "", timeout: float | None = 30.0
+    ) -> None:
+        self._portal = connection._require_portal()
+        self._async = AsyncRpcClient(connection._async, exchange=exchange, timeout=timeout)
+
+    def __repr__(self) -> str:
+        return repr(self._async).replace("AsyncRpcClient", "RpcClient", 1)
+
+    def __enter__(self) -> RpcClient:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def pending(self) -> int:
+        """Calls waiting for their reply."""
+        return self._async.pending
+
+    @property
+    def exchange(self) -> str:
+        """Where requests go by default."""
+        return self._async.exchange
+
+    @property
+    def timeout(self) -> float | None:
+        """The default deadline of a call in seconds."""
+        return self._async.timeout
+
+    def start(self, timeout: float | None = None) -> None:
+        """Open the client's channel and subscribe to direct reply-to (idempotent)."""
+        self._portal.call(self._async.start, timeout, wait=_wait(timeout))
+
+    def call(
+        self,
+        routing_key: str,
+        body: ReplyBody = b"",
+        *,
+        exchange: str | None = None,
+        timeout: float | None = _UNSET,
+        headers: dict[str, Any] | None = None,
+        content_type: str | None = None,
+        properties: BasicProperties | None = None,
+    ) -> Message:
+        """Send a request and block for its reply; see :meth:`AsyncRpcClient.call`."""
+        deadline = self._async.timeout if timeout is _UNSET else timeout
+        return self._portal.call(
+            self._async.call,
+            routing_key,
+            body,
+            exchange=exchange,
+            timeout=deadline,
+            headers=headers,
+            content_type=content_type,
+            properties=properties,
+            wait=_wait(deadline),
+        )
+
+    def close(self) -> None:
+        """Fail the waiting calls and close the channel. Idempotent."""
+        self._portal.call(self._async.close, wait=10.0)
+
+
+class RpcServer:
+    """Answers requests from ``queue`` with a plain ``handler(request) -> bytes | str``
+    run on pool threads. Get one with ``connection.rpc_server(queue, handler)``; start
+    it with ``start()`` or ``with``. See :class:`rabbitry.rpc.AsyncRpcServer`."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        queue: str,
+        handler: Callable[[Message], ReplyBody],
+        *,
+        prefetch: int = 10,
+        concurrency: int = 1,
+    ) -> None:
+        if not callable(handler):
+            raise ConfigurationError(
+                f"handler: must be callable (a function taking the request), got "
+                f"{type(handler).__name__}"
+            )
+        self._conn = connection
+        self.queue = queue
+        self._handler = handler
+        self._reply_channel: Channel | None = None
+        self.consumer: Consumer = connection.consumer(
+            queue, self._serve, prefetch=prefetch, concurrency=concurrency
+        )
+
+    def __repr__(self) -> str:
+        return f"<RpcServer queue={self.queue!r}>"
+
+    def __enter__(self) -> RpcServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def start(self, timeout: float | None = None) -> None:
+        """Open the reply channel and start consuming requests."""
+        self._reply_channel = self._conn.channel(timeout=timeout)
+        self.consumer.start(timeout)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop consuming (running handlers finish and reply) and close the reply channel."""
+        self.consumer.stop(timeout=timeout)
+        channel, self._reply_channel = self._reply_channel, None
+        if channel is not None and channel.is_open:
+            channel.close()
+
+    def wait(self, timeout: float | None = None) -> AMQPError | None:
+        """Block until the server has ended for good (see :meth:`Consumer.wait`)."""
+        return self.consumer.wait(timeout)
+
+    def _serve(self, message: Message) -> None:
+        # A pool thread: the handler may block; the reply leaves from here.
+        check_request(message, self.queue)
+        outcome: ReplyBody | BaseException
+        try:
+            outcome = self._handler(message)
+        except Exception as exc:
+            outcome = exc
+        body, properties = reply_for(message, outcome, self.queue)
+        assert message.properties.reply_to is not None
+        try:
+            channel = self._reply_channel
+            if channel is None or channel.is_closed:
+                channel = self._reply_channel = self._conn.channel()
+            channel.basic_publish("", message.properties.reply_to, body, properties=properties)
+        except AMQPError as exc:
+            reply_lost(self.queue, message, exc)
