@@ -37,6 +37,8 @@ from .exceptions import (
     InvalidPath,
     NotAllowed,
     RemoteProtocolError,
+    VirtualHostAccessRefused,
+    VirtualHostNotFound,
 )
 
 __all__ = [
@@ -225,7 +227,14 @@ def is_permanent(exc: BaseException) -> bool:
     answers for a moment. Everything else (refused or reset sockets, timeouts, 320
     CONNECTION_FORCED, 541, a failing credentials provider, TLS) is retried.
     """
-    if isinstance(exc, AuthenticationError | ConnectionAccessRefused | InvalidPath):
+    if isinstance(
+        exc,
+        AuthenticationError
+        | ConnectionAccessRefused
+        | InvalidPath
+        | VirtualHostNotFound
+        | VirtualHostAccessRefused,
+    ):
         return True
     if isinstance(exc, NotAllowed):
         return "is down" not in exc.reply_text

@@ -688,6 +688,9 @@ class FaultModel(RuleBasedStateMachine):
         self.checker.fail(f"{self.prefix}-m{len(self.sent) - 1}", errors[0])
         self._after_fault("close_from_another_thread")
 
+    # At most once per example: hypothesis favours rules without arguments, and each
+    # of these costs several CLI calls.
+    @precondition(lambda self: not self.faults["vhost_deleted"])
     @rule()
     def vhost_deleted_under_a_second_connection(self) -> None:
         """A connection whose virtual host is deleted gives up at once, with the cause.
@@ -716,6 +719,7 @@ class FaultModel(RuleBasedStateMachine):
             side.close(timeout=5)
         self._after_fault("vhost_deleted")
 
+    @precondition(lambda self: not self.faults["resource_alarm"])
     @rule(queue=queues, count=st.integers(min_value=1, max_value=10))
     def publish_through_a_resource_alarm(self, queue: ModelQueue, count: int) -> None:
         """Confirmed publishes while a memory alarm blocks the node's publishers.

@@ -18,6 +18,8 @@ from rabbitry.exceptions import (
     NotAllowed,
     Timeout,
     TLSError,
+    VirtualHostAccessRefused,
+    VirtualHostNotFound,
 )
 from rabbitry.recovery import is_permanent, is_recoverable
 
@@ -30,11 +32,16 @@ from rabbitry.recovery import is_permanent, is_recoverable
         InvalidPath(402, "INVALID_PATH"),
         NotAllowed(530, "NOT_ALLOWED - vhost v not found"),
         NotAllowed(530, "NOT_ALLOWED - access to vhost 'v' refused for user 'guest'"),
+        # What a reconnect attempt raises for those two, typed for the application.
+        VirtualHostNotFound("127.0.0.1:5672: the broker has no virtual host 'v'"),
+        VirtualHostAccessRefused("127.0.0.1:5672: user 'guest' may not use virtual host 'v'"),
     ],
 )
 def test_failures_that_no_retry_can_heal_end_recovery(exc: Exception) -> None:
     assert is_permanent(exc)
-    assert not is_recoverable(exc) or isinstance(exc, NotAllowed)
+    assert not is_recoverable(exc) or isinstance(
+        exc, NotAllowed | VirtualHostNotFound | VirtualHostAccessRefused
+    )
 
 
 @pytest.mark.parametrize(
