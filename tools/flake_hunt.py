@@ -4,8 +4,7 @@
 its lint, types and docs steps (``tools/run_pytest.py``: the parallel phase, then the
 serial one), in a fresh clone of the committed ``HEAD``, so uncommitted changes and files
 that only exist in the working tree (a stale ``.pytest_cache``, generated files) cannot
-make it pass. The directory CI lays beside the clone (``shared``) is linked beside it
-here too.
+make it pass.
 
 The clone reuses this tree's virtualenv instead of building its own: its own ``src`` is
 put first on ``PYTHONPATH``, and the script checks that ``import rabbitry`` really loads
@@ -40,8 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The directory CI places beside the clone it tests.
-BESIDE = "shared"
 
 
 @dataclass
@@ -72,9 +69,6 @@ def make_clone(workdir: Path, commit: str) -> Path:
     clone = workdir / "repo"
     git("clone", "--quiet", "--no-checkout", str(ROOT), str(clone))
     git("checkout", "--quiet", "--detach", commit, cwd=clone)
-    beside = ROOT.parent / BESIDE
-    if beside.is_dir():
-        (workdir / BESIDE).symlink_to(beside, target_is_directory=True)
     return clone
 
 

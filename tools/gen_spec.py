@@ -7,10 +7,9 @@ Usage::
     python tools/gen_spec.py --check    # exit 1 if spec.py differs from what would be written
 
 The input is RabbitMQ's machine-readable AMQP 0-9-1 spec, ``amqp-rabbitmq-0.9.1.json``
-(from RabbitMQ's code-generation project, MPL 2.0), given with ``--spec``. Without it,
-the generator reads ``shared/spec/amqp-rabbitmq-0.9.1.json`` in the parent of the
-repository root, where the development and CI machines keep it. The generated
-``spec.py`` is committed, so only the generator and its drift test read the file.
+from RabbitMQ's code-generation project, kept in ``tools/spec/`` with its notices (see
+the README there); ``--spec`` names another file. The generated ``spec.py`` is
+committed, so only the generator and its drift test read the JSON.
 
 For each method the generator writes a slotted class whose ``encode``/``decode`` are
 straight-line code: runs of fixed-size arguments (octets, shorts, longs, packed bits and
@@ -27,7 +26,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_SPEC = ROOT.parent / "shared" / "spec" / "amqp-rabbitmq-0.9.1.json"
+DEFAULT_SPEC = ROOT / "tools" / "spec" / "amqp-rabbitmq-0.9.1.json"
 OUTPUT = ROOT / "src" / "rabbitry" / "protocol" / "spec.py"
 
 FIXED = {

@@ -18,7 +18,7 @@ from rabbitry.protocol.frames import Method
 
 ROOT = Path(__file__).resolve().parents[3]
 GENERATOR = ROOT / "tools" / "gen_spec.py"
-SPEC_JSON = ROOT.parent / "shared" / "spec" / "amqp-rabbitmq-0.9.1.json"
+SPEC_JSON = ROOT / "tools" / "spec" / "amqp-rabbitmq-0.9.1.json"
 GENERATED = ROOT / "src" / "rabbitry" / "protocol" / "spec.py"
 
 
