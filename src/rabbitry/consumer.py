@@ -638,7 +638,8 @@ class AsyncConsumer:
             if self._bounded:
                 self._handed_out(work)
             traced = _obs.active
-            if traced is not None:  # rabbitry.observability: a process span around it
+            if traced is not None and traced.records_process():
+                # rabbitry.observability: a process span and measurements around it
                 await traced.process(self, work)
             elif isinstance(work, list):
                 await self._handle_batch(work)

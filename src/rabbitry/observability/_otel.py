@@ -245,15 +245,13 @@ class Instrumentation:
 
     # ------------------------------------------------------------------ consumer
 
-    async def process(self, consumer: AsyncConsumer, work: Message | list[Message]) -> None:
+    def records_process(self) -> bool:
+        """Whether :meth:`process` would record anything (else the consumer skips it)."""
         if not self._complete:
             self._refresh()
-            if not (self._tracing or self._metering):
-                if isinstance(work, list):
-                    await consumer._handle_batch(work)
-                else:
-                    await consumer._handle(work)
-                return
+        return self._tracing or self._metering
+
+    async def process(self, consumer: AsyncConsumer, work: Message | list[Message]) -> None:
         metric_attributes = {A_DESTINATION: consumer.queue}
         if isinstance(work, list):
             handling = consumer._handle_batch(work)

@@ -48,6 +48,11 @@ class Hooks(Protocol):
         future of the list of outcomes."""
         ...
 
+    def records_process(self) -> bool:
+        """Whether :meth:`process` would record a span or a measurement now (with only
+        the API's no-op providers it would not: the consumer then skips it)."""
+        ...
+
     async def process(self, consumer: AsyncConsumer, work: Message | list[Message]) -> None:
         """Run ``consumer``'s handling of ``work`` inside a process span."""
         ...
