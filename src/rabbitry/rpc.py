@@ -196,7 +196,8 @@ class AsyncRpcClient:
             body: the request body (``str`` is sent as UTF-8).
             exchange: overrides the client's exchange for this call.
             timeout: seconds to wait for the reply (default: the client's ``timeout``).
-            headers, content_type: set on the request.
+            headers: set on the request.
+            content_type: set on the request.
             properties: more request properties; ``reply_to`` and ``correlation_id`` are
                 the client's.
 
