@@ -191,6 +191,10 @@ class QueueConsumer:
         self._inbox: queue_module.SimpleQueue[Message] | None = None
         self._consumer_tag: str | None = None
         self._ledger = AckLedger()
+        # Deliveries per batch not yet acked: (batch end, deliveries, epoch).
+        self._unacked: list[tuple[int, int, int]] = []
+        #: Deliveries acknowledged so far.
+        self.acked = 0
         self._budget: int | None = None
         self.reconnects = 0
         #: Committed batches whose acks were void (received before a recovery).
@@ -205,7 +209,12 @@ class QueueConsumer:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.update(
-            _conn=None, _channel=None, _inbox=None, _consumer_tag=None, _ledger=AckLedger()
+            _conn=None,
+            _channel=None,
+            _inbox=None,
+            _consumer_tag=None,
+            _ledger=AckLedger(),
+            _unacked=[],
         )
         return state
 
@@ -225,6 +234,7 @@ class QueueConsumer:
             # The connection died: the broker requeued everything unacked; those tags
             # are void on any new channel.
             lost = self._ledger.reset()
+            self._unacked = []
             self.reconnects += 1
             logger.warning(
                 "rabbitmq source %r: connection lost (%s); %d unacknowledged batch(es) will "
@@ -286,12 +296,15 @@ class QueueConsumer:
         Batches received before the connection recovered are not acked (their tags are
         void; the broker requeued those deliveries and redelivers them).
         """
+        done = [batch for batch in self._unacked if batch[0] <= seq]
+        self._unacked = [batch for batch in self._unacked if batch[0] > seq]
         if not self._alive():
             # Void tags: those deliveries were requeued when the connection died.
             self._ledger.through(seq)
             return
         assert self._channel is not None
-        tag, stale = self._ledger.through(seq, self._channel.epoch)
+        epoch = self._channel.epoch
+        tag, stale = self._ledger.through(seq, epoch)
         if stale:
             self.stale_batches += stale
             logger.warning(
@@ -307,6 +320,8 @@ class QueueConsumer:
             self._channel.basic_ack(tag, multiple=True)
         except AMQPError as exc:
             logger.warning("rabbitmq source: ack of tag %d failed: %s", tag, exc)
+        else:
+            self.acked += sum(count for _end, count, when in done if when == epoch)
 
     def read(self, start: int) -> tuple[list[Row], int]:
         """Ack through ``start``, then take up to one batch: ``(rows, end)``."""
@@ -351,6 +366,7 @@ class QueueConsumer:
         end = start + len(rows)
         if taken:
             self._ledger.add(end, taken[-1].delivery_tag, epoch)
+            self._unacked.append((end, len(taken), epoch))
             if self._budget is not None:
                 self._budget -= len(taken)
         return rows, end

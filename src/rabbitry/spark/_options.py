@@ -37,6 +37,7 @@ ConsumeMode = Literal["requeue", "destructive"]
 # Documented spelling of every option, keyed by its lower-cased form.
 _CONNECT_KEYS = (
     "url",
+    "otel",
     "connectionName",
     "heartbeat",
     "tlsCaFile",
@@ -249,6 +250,7 @@ class ReadOptions:
     accept_delivery_count: bool = False
     exclusive_wait: float = 600.0
     max_batch_wait: float = 1.0
+    otel: bool = False
 
 
 def _offset_spec(name: str, text: str, allowed: tuple[str, ...]) -> str:
@@ -333,6 +335,7 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
         accept_delivery_count=opts.flag("acceptDeliveryCount", False),
         exclusive_wait=opts.integer("exclusiveWaitMs", 600_000, 0, 86_400_000) / 1000.0,
         max_batch_wait=opts.integer("maxBatchWaitMs", 1000, 1, 3_600_000) / 1000.0,
+        otel=opts.flag("otel", False),
     )
 
 
@@ -350,6 +353,7 @@ class WriteOptions:
     persistent: bool = True
     check_exchange: bool = True
     batch_records: int = 1
+    otel: bool = False
 
 
 def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
@@ -373,6 +377,7 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         persistent=opts.flag("persistent", True),
         check_exchange=opts.flag("checkExchange", True),
         batch_records=opts.integer("batchRecords", 1, 1, 10_000),
+        otel=opts.flag("otel", False),
     )
 
 

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import concurrent.futures
     from collections.abc import Iterable, Mapping
 
+    from ._metrics import Counts
     from ._options import WriteOptions
 
 __all__ = ["PublishResult", "UnroutableRows", "check_batch_columns", "publish_rows"]
@@ -59,6 +60,7 @@ class PublishResult:
     confirmed: int
     first_message_id: str | None
     last_message_id: str | None
+    bytes: int = 0
 
 
 class _Tally:
@@ -67,16 +69,19 @@ class _Tally:
     def __init__(self) -> None:
         self._lock = threading.Condition()
         self.sent = 0
+        self.bytes = 0
         self.settled = 0
         self.failed = 0
         self.returned = 0
         self.routes: dict[tuple[str, str], int] = {}
         self.first_error: BaseException | None = None
 
-    def track(self, future: concurrent.futures.Future[None], rows: int = 1) -> None:
-        """Count ``rows`` rows sent in the message of ``future`` (more in an envelope)."""
+    def track(self, future: concurrent.futures.Future[None], rows: int = 1, size: int = 0) -> None:
+        """Count ``rows`` rows of ``size`` body bytes sent in the message of ``future``
+        (more than one in an envelope)."""
         with self._lock:
             self.sent += rows
+            self.bytes += size
         future.add_done_callback(functools.partial(self._settle, rows))
 
     def _settle(self, rows: int, future: concurrent.futures.Future[None]) -> None:
@@ -136,12 +141,14 @@ def publish_rows(
     id_prefix: str,
     partition_id: int,
     attempt: int,
+    counts: Counts | None = None,
 ) -> PublishResult:
     """Publish every row with pipelined confirms; raise :class:`PublishFailed` otherwise.
 
     ``message_id`` defaults to ``f"{id_prefix}:{index}"`` (deterministic per task, so a
     retried task publishes the same ids). Publishing stops at the first failed publish
-    seen (returned, nacked, timed out), waits for the rest, and raises.
+    seen (returned, nacked, timed out), waits for the rest, and raises. What settled is
+    added to ``counts`` either way.
 
     Raises:
         UnroutableRows: rows were returned (``mandatory``).
@@ -184,7 +191,11 @@ def publish_rows(
                 if first_id is None:
                     first_id = props.message_id
                 last_id = props.message_id
-                track(publish(body, exchange=to_exchange, routing_key=key, properties=props))
+                track(
+                    publish(body, exchange=to_exchange, routing_key=key, properties=props),
+                    1,
+                    len(body),
+                )
         except AMQPError as exc:
             raise PublishFailed(
                 f"rabbitmq write (partition {partition_id}): publishing failed after "
@@ -198,8 +209,18 @@ def publish_rows(
             )
         if tally.failed:
             raise _failure(tally, partition_id, exchange) from tally.first_error
-        return PublishResult(partition_id, attempt, tally.sent, tally.sent, first_id, last_id)
+        return PublishResult(
+            partition_id, attempt, tally.sent, tally.sent, first_id, last_id, tally.bytes
+        )
     finally:
+        if counts is not None:
+            counts.add(
+                rows=tally.sent,
+                bytes=tally.bytes,
+                confirmed=tally.settled - tally.failed,
+                nacked=tally.failed - tally.returned,
+                unroutable=tally.returned,
+            )
         with contextlib.suppress(Exception):
             conn.close(timeout=5)
 
@@ -260,7 +281,7 @@ def _publish_envelopes(
         future = publisher.publish(
             body, exchange=target[0], routing_key=target[1], properties=props
         )
-        tally.track(future, len(bodies))
+        tally.track(future, len(bodies), sum(len(body) for body in bodies))
 
     for index, row in enumerate(rows):
         if tally.failed:

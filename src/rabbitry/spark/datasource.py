@@ -41,6 +41,7 @@ from ._core import (
     stream_bounds,
     stream_tail,
 )
+from ._metrics import Counts, enable_otel
 from ._options import ReadOptions, WriteOptions, parse_read_options, parse_write_options
 from ._rows import READ_SCHEMA, check_write_columns
 from ._write import PublishResult, check_batch_columns, publish_rows
@@ -257,6 +258,11 @@ class QueueStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
         self.consumer = QueueConsumer(options)
+        #: What this source did (see :mod:`rabbitry.spark._metrics`).
+        self.counts = Counts("source", options.queue)
+        self._acked = 0
+        if options.otel:
+            enable_otel()
 
     def initialOffset(self) -> Offset:
         return {"seq": 0}
@@ -270,6 +276,7 @@ class QueueStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
     def read(self, start: Offset) -> tuple[Iterator[tuple[Any, ...]], Offset]:
         begin = int(start["seq"])
         rows, end = self.consumer.read(begin)
+        self._count(rows, begin, end)
         if end == begin:
             return iter([]), start  # unchanged, so Spark sees that nothing is new
         # A list iterator: Spark copies cached iterators (a generator cannot be copied).
@@ -288,6 +295,26 @@ class QueueStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
 
     def commit(self, end: Offset) -> None:
         self.consumer.ack_through(int(end["seq"]))
+        self._count([], 0, 0)
+
+    def _count(self, rows: list[tuple[Any, ...]], begin: int, end: int) -> None:
+        acks = self.consumer.acked - self._acked
+        self._acked = self.consumer.acked
+        if not rows and not acks:
+            return
+        size = sum(len(row[0]) for row in rows if row[0] is not None)
+        redelivered = sum(1 for row in rows if row[6])
+        self.counts.add(rows=len(rows), bytes=size, acks=acks, redelivered=redelivered)
+        logger.info(
+            "rabbitmq source %r batch [%d, %d): %d row(s), %d byte(s), %d ack(s), %d redelivered",
+            self.options.queue,
+            begin,
+            end,
+            len(rows),
+            size,
+            acks,
+            redelivered,
+        )
 
     def stop(self) -> None:
         self.consumer.close()
@@ -348,6 +375,7 @@ class PublishCommit(WriterCommitMessage):
     confirmed: int
     first_message_id: str | None
     last_message_id: str | None
+    bytes: int = 0
 
     @classmethod
     def of(cls, result: PublishResult) -> PublishCommit:
@@ -373,23 +401,54 @@ def _summary(messages: Sequence[WriterCommitMessage | None]) -> tuple[int, int]:
     return len(done), sum(m.confirmed for m in done)
 
 
+def _sink_counts(options: WriteOptions) -> Counts:
+    if options.otel:
+        enable_otel()
+    return Counts("sink", options.exchange)
+
+
+def _commit_totals(
+    counts: Counts, messages: Sequence[WriterCommitMessage | None]
+) -> tuple[int, int, int]:
+    """Rows, bytes and confirmed rows of the successful tasks, added to ``counts.totals``
+    (the executors' tasks report them to OTel, not the driver)."""
+    done = [m for m in messages if isinstance(m, PublishCommit)]
+    rows = sum(m.published for m in done)
+    size = sum(m.bytes for m in done)
+    confirmed = sum(m.confirmed for m in done)
+    for name, value in (("rows", rows), ("bytes", size), ("confirmed", confirmed)):
+        counts.totals[name] += value
+    return rows, size, confirmed
+
+
 class BatchWriter(DataSourceArrowWriter):
     """Batch write; message ids ``{jobId}:{partition}:{index}`` unless a column gives them."""
 
     def __init__(self, options: WriteOptions, job_id: str) -> None:
         self.options = options
         self.job_id = job_id
+        #: What this sink did (see :mod:`rabbitry.spark._metrics`).
+        self.counts = Counts("sink", options.exchange)
 
     def write(self, iterator: Iterator[RecordBatch]) -> PublishCommit:
         partition, attempt, _ = _task()
         prefix = f"{self.job_id}:{partition}"
-        result = publish_rows(self.options, _arrow_rows(iterator), prefix, partition, attempt)
+        counts = _sink_counts(self.options)
+        result = publish_rows(
+            self.options, _arrow_rows(iterator), prefix, partition, attempt, counts
+        )
         return PublishCommit.of(result)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        tasks, confirmed = _summary(messages)
+        tasks = _summary(messages)[0]
+        rows, size, confirmed = _commit_totals(self.counts, messages)
         logger.info(
-            "rabbitmq write %s: %d task(s), %d message(s) confirmed", self.job_id, tasks, confirmed
+            "rabbitmq write %s: %d task(s), %d row(s), %d byte(s), %d confirmed",
+            self.job_id,
+            tasks,
+            rows,
+            size,
+            confirmed,
         )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -408,6 +467,8 @@ class StreamWriter(_StreamWriterBase):
 
     def __init__(self, options: WriteOptions) -> None:
         self.options = options
+        #: What this sink did (see :mod:`rabbitry.spark._metrics`).
+        self.counts = Counts("sink", options.exchange)
 
     def write(self, iterator: Iterator[Any]) -> PublishCommit:
         partition, attempt, context = _task()
@@ -415,12 +476,19 @@ class StreamWriter(_StreamWriterBase):
         batch_id = context.getLocalProperty("streaming.sql.batchId") if context else None
         prefix = f"{query_id or self.options.job_id or 'query'}:{batch_id or 0}:{partition}"
         rows: Iterator[Any] = _arrow_rows(iterator) if _STREAM_ARROW else _row_dicts(iterator)
-        result = publish_rows(self.options, rows, prefix, partition, attempt)
+        counts = _sink_counts(self.options)
+        result = publish_rows(self.options, rows, prefix, partition, attempt, counts)
         return PublishCommit.of(result)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        _tasks, confirmed = _summary(messages)
-        logger.info("rabbitmq stream write batch %d: %d message(s) confirmed", batchId, confirmed)
+        rows, size, confirmed = _commit_totals(self.counts, messages)
+        logger.info(
+            "rabbitmq stream write batch %d: %d row(s), %d byte(s), %d confirmed, 0 nacked",
+            batchId,
+            rows,
+            size,
+            confirmed,
+        )
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _tasks, confirmed = _summary(messages)

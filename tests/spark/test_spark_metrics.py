@@ -1,0 +1,102 @@
+"""The source and the sink count what they did: totals, one INFO line per batch, OTel.
+
+The reader and writer objects are driven here in the test process the way Spark drives
+them (``write``/``commit``, ``read``/``commit``/``stop``) so the in-memory metric reader
+sees their counters; no JVM is started.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from rabbitry import observability
+from rabbitry.spark._options import parse_read_options, parse_write_options
+from rabbitry.spark.datasource import QueueStreamReader, StreamWriter
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import pytest
+
+ROWS = 25
+BODY = b"0123456789"
+
+
+def _values(reader: InMemoryMetricReader, queue: str) -> dict[str, int]:
+    found: dict[str, int] = {}
+    data = reader.get_metrics_data()
+    assert data is not None
+    for resource in data.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                if not metric.name.startswith("rabbitry.spark."):
+                    continue
+                for point in metric.data.data_points:
+                    if point.attributes.get("messaging.destination.name") == queue:
+                        found[metric.name] = point.value
+    return found
+
+
+def test_sink_and_source_count_rows_bytes_confirms_and_acks(
+    url: str, make_queue: Callable[..., str], caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = make_queue()
+    metric_reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[metric_reader])
+    observability.instrument(meter_provider=provider)
+    caplog.set_level(logging.INFO, logger="rabbitry.spark")
+    try:
+        writer = StreamWriter(parse_write_options({"url": url, "routingKey": queue}))
+        batch = pa.RecordBatch.from_pylist([{"body": BODY} for _ in range(ROWS)])
+        message = writer.write(iter([batch]))
+        writer.commit([message], 0)
+
+        source = QueueStreamReader(
+            parse_read_options({"url": url, "queue": queue, "maxMessagesPerBatch": "10"})
+        )
+        offset: dict[str, Any] = source.initialOffset()
+        rows: list[tuple[Any, ...]] = []
+        deadline = time.monotonic() + 60
+        while len(rows) < ROWS and time.monotonic() < deadline:
+            batch_rows, offset = source.read(offset)
+            rows.extend(batch_rows)
+        source.commit(offset)
+        source.stop()
+    finally:
+        observability.uninstrument()
+    assert len(rows) == ROWS
+    assert writer.counts.totals == {
+        "rows": ROWS,
+        "bytes": ROWS * len(BODY),
+        "confirmed": ROWS,
+        "nacked": 0,
+        "unroutable": 0,
+    }
+    assert source.counts.totals == {
+        "rows": ROWS,
+        "bytes": ROWS * len(BODY),
+        "acks": ROWS,
+        "redelivered": 0,
+    }
+    # The write task (an executor's, here in this process) reports to OTel with the
+    # exchange as destination: "" for the default exchange.
+    assert _values(metric_reader, "") == {
+        "rabbitry.spark.sink.rows": ROWS,
+        "rabbitry.spark.sink.bytes": ROWS * len(BODY),
+        "rabbitry.spark.sink.confirmed": ROWS,
+    }
+    assert _values(metric_reader, queue) == {
+        "rabbitry.spark.source.rows": ROWS,
+        "rabbitry.spark.source.bytes": ROWS * len(BODY),
+        "rabbitry.spark.source.acks": ROWS,
+    }
+    lines = [r.getMessage() for r in caplog.records if r.name == "rabbitry.spark"]
+    assert f"rabbitmq stream write batch 0: {ROWS} row(s), {ROWS * 10} byte(s), " in lines[0]
+    batches = [line for line in lines if line.startswith(f"rabbitmq source {queue!r} batch")]
+    assert batches and all("redelivered" in line for line in batches)
