@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import rabbitry
+from rabbitry import observability
 from rabbitry.cli._app import cli
 from rabbitry.cli._exit import ExitCode
 from rabbitry.topology import (
@@ -435,3 +436,38 @@ def test_bench_refuses_count_with_duration(url: str) -> None:
     result = invoke(url, "bench", "-n", "10", "--duration", "1")
     assert result.exit_code == 2
     assert "not both" in result.output
+
+
+def test_bench_metrics_reports_the_publisher_counts(url: str) -> None:
+    result = invoke(url, "--json", "bench", "--count", "200", "--size", "16", "--metrics")
+    assert result.exit_code == 0, result.output
+    points = {
+        p["name"]: p for p in json.loads(result.stdout)["metrics"] if "value" in p or "count" in p
+    }
+    assert points["rabbitry.publisher.published"]["value"] == 200
+    assert points["rabbitry.publisher.confirmed"]["value"] == 200
+    assert points["rabbitry.publisher.confirm.duration"]["count"] == 200
+    assert not observability.is_instrumented()
+
+    table = invoke(url, "bench", "-n", "50", "-s", "10", "--metrics")
+    assert table.exit_code == 0, table.output
+    assert "rabbitry.publisher.confirmed{messaging.destination.name=amq.default} 50" in (
+        table.stdout
+    )
+
+
+def test_consume_metrics_prints_the_connection_metrics_at_the_end(url: str, broker: Broker) -> None:
+    queue = broker.queue(broker.name("q"))
+    assert invoke(url, "publish", "-k", queue, "one", "two").exit_code == 0
+    result = invoke(url, "--json", "consume", queue, "--count", "2", "--metrics")
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["body"] for r in lines[:2]] == ["one", "two"]
+    names = {p["name"] for p in lines[2]["metrics"]}
+    assert "rabbitry.connection.state" in names
+    assert not observability.is_instrumented()
+
+    assert invoke(url, "publish", "-k", queue, "three").exit_code == 0
+    text = invoke(url, "consume", queue, "--count", "1", "--metrics")
+    assert text.exit_code == 0, text.output
+    assert "metrics:\n  rabbitry.connection.state{" in text.stdout

@@ -34,6 +34,7 @@ from ._common import (
     progress,
 )
 from ._exit import ExitCode
+from ._metrics import CommandMetrics, metrics_option, print_metrics
 from ._mgmt import MANAGEMENT_URL, management_client, management_for
 
 if TYPE_CHECKING:
@@ -431,14 +432,40 @@ def message_record(message: Any, index: int) -> dict[str, Any]:
     "there (they are requeued when the command ends): a non-destructive peek.",
 )
 @click.option("--prefetch", type=click.IntRange(min=1), help="basic.qos prefetch count.")
+@metrics_option
 @handle_errors
 def consume(
-    queue: str, count: int | None, idle: float | None, ack: bool, prefetch: int | None
+    queue: str,
+    count: int | None,
+    idle: float | None,
+    ack: bool,
+    prefetch: int | None,
+    metrics: bool,
 ) -> None:
     """Print messages from QUEUE (one JSON object per line with --json)."""
     state = get_state()
     if prefetch is None and ack:
         prefetch = min(count or 100, 1000)
+    recorder = CommandMetrics() if metrics else None
+    try:
+        _consume(state, queue, count, idle, ack, prefetch)
+    finally:
+        if recorder is not None:
+            points = recorder.collect()
+            recorder.close()
+            if state.json:
+                state.emit_json({"metrics": points})
+            print_metrics(state, points)
+
+
+def _consume(
+    state: State,
+    queue: str,
+    count: int | None,
+    idle: float | None,
+    ack: bool,
+    prefetch: int | None,
+) -> None:
     received = 0
     conn = state.connect()
     try:

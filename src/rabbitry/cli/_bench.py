@@ -26,6 +26,7 @@ from ..exceptions import AMQPError
 from ..protocol.frames import Int64
 from ..protocol.spec import BasicProperties
 from ._common import fail, get_state, handle_errors
+from ._metrics import CommandMetrics, metrics_option, print_metrics
 
 if TYPE_CHECKING:
     from ..message import Message
@@ -100,6 +101,7 @@ class _Counters:
     help="Prefetch per consumer.",
 )  # fmt: skip
 @click.option("--persistent/--transient", default=False, show_default=True)
+@metrics_option
 @handle_errors
 def bench(
     count: int | None,
@@ -113,6 +115,7 @@ def bench(
     max_in_flight: int,
     prefetch: int,
     persistent: bool,
+    metrics: bool,
 ) -> None:
     """Measure publish and consume throughput (msgs/s) and latency percentiles."""
     if count is not None and duration is not None:
@@ -121,7 +124,13 @@ def bench(
         count = 10_000
     state = get_state()
     counters = _Counters()
-    conn = state.connect()
+    recorder = CommandMetrics() if metrics else None
+    try:
+        conn = state.connect()
+    except BaseException:
+        if recorder is not None:
+            recorder.close()
+        raise
     names: list[str] = []
     try:
         admin = conn.channel(timeout=state.timeout)
@@ -143,7 +152,14 @@ def bench(
             except AMQPError:
                 pass  # exclusive: the broker deletes it with the connection anyway
         conn.close()
+        points = recorder.collect() if recorder is not None else None
+        if recorder is not None:
+            recorder.close()
+    if points is not None:
+        result["metrics"] = points
     _report(state, result)
+    if points is not None:
+        print_metrics(state, points)
     if result["publish_failed"]:
         reason = f": {counters.first_error!r}" if counters.first_error else ""
         fail(f"{result['publish_failed']} of {result['published']} publishes failed{reason}")
