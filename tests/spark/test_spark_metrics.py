@@ -12,17 +12,18 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from rabbitry import observability
 from rabbitry.spark._options import parse_read_options, parse_write_options
+from rabbitry.spark._write import UnroutableRows
 from rabbitry.spark.datasource import QueueStreamReader, StreamWriter
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    import pytest
 
 ROWS = 25
 BODY = b"0123456789"
@@ -100,3 +101,33 @@ def test_sink_and_source_count_rows_bytes_confirms_and_acks(
     assert f"rabbitmq stream write batch 0: {ROWS} row(s), {ROWS * 10} byte(s), " in lines[0]
     batches = [line for line in lines if line.startswith(f"rabbitmq source {queue!r} batch")]
     assert batches and all("redelivered" in line for line in batches)
+
+
+def test_unroutable_rows_are_counted_by_the_failed_task(url: str) -> None:
+    metric_reader = InMemoryMetricReader()
+    observability.instrument(meter_provider=MeterProvider(metric_readers=[metric_reader]))
+    try:
+        options = parse_write_options(
+            {"url": url, "exchange": "amq.direct", "routingKey": "rabbitry-nowhere"}
+        )
+        writer = StreamWriter(options)
+        with pytest.raises(UnroutableRows):
+            writer.write(iter([pa.RecordBatch.from_pylist([{"body": BODY}])]))
+    finally:
+        observability.uninstrument()
+    assert _values(metric_reader, "amq.direct") == {
+        "rabbitry.spark.sink.rows": 1,
+        "rabbitry.spark.sink.bytes": len(BODY),
+        "rabbitry.spark.sink.unroutable": 1,
+    }
+
+
+def test_option_otel_instruments_the_reader_process() -> None:
+    options = parse_read_options({"queue": "q", "otel": "true"})
+    assert options.otel and not parse_read_options({"queue": "q"}).otel
+    assert not observability.is_instrumented()
+    try:
+        QueueStreamReader(options)
+        assert observability.is_instrumented()
+    finally:
+        observability.uninstrument()
