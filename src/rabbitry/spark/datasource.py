@@ -294,8 +294,9 @@ class QueueStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         return iter([])
 
     def commit(self, end: Offset) -> None:
-        self.consumer.ack_through(int(end["seq"]))
-        self._count([], 0, 0)
+        seq = int(end["seq"])
+        self.consumer.ack_through(seq)
+        self._count([], seq, seq)
 
     def _count(self, rows: list[tuple[Any, ...]], begin: int, end: int) -> None:
         acks = self.consumer.acked - self._acked
@@ -305,6 +306,11 @@ class QueueStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         size = sum(len(row[0]) for row in rows if row[0] is not None)
         redelivered = sum(1 for row in rows if row[6])
         self.counts.add(rows=len(rows), bytes=size, acks=acks, redelivered=redelivered)
+        if not rows:
+            logger.info(
+                "rabbitmq source %r commit through %d: %d ack(s)", self.options.queue, end, acks
+            )
+            return
         logger.info(
             "rabbitmq source %r batch [%d, %d): %d row(s), %d byte(s), %d ack(s), %d redelivered",
             self.options.queue,
