@@ -40,6 +40,7 @@ SINK_COUNTS = {
 }
 
 _A_DESTINATION = "messaging.destination.name"
+_UNITS = {"bytes": "By", "acks": "{message}"}
 _lock = threading.Lock()
 # Counters per meter provider (None: the global one); the SDK refuses duplicates.
 _instruments: dict[int, tuple[Any, dict[str, Any]]] = {}
@@ -67,7 +68,7 @@ def _counters(kind: str) -> dict[str, Any] | None:
             meter = metrics.get_meter("rabbitry.spark", __version__, provider)
             made = {
                 f"{family}.{name}": meter.create_counter(
-                    f"rabbitry.spark.{family}.{name}", "By" if name == "bytes" else "{row}", text
+                    f"rabbitry.spark.{family}.{name}", _UNITS.get(name, "{row}"), text
                 )
                 for family, table in (("source", SOURCE_COUNTS), ("sink", SINK_COUNTS))
                 for name, text in table.items()
