@@ -304,7 +304,7 @@ class AsyncBatchingPublisher:
         self._options = _EnvelopeOptions(properties, persistent, expiration, mandatory, timeout)
         self._acc = _Accumulator(batch_records, batch_bytes)
         self._loop = publisher._loop
-        self._lock = asyncio.Lock()
+        self._sender: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -389,12 +389,25 @@ class AsyncBatchingPublisher:
         task.add_done_callback(self._tasks.discard)
 
     async def _drain(self) -> None:
-        """Hand sealed batches to the publisher, in order, one caller at a time."""
+        """Hand sealed batches to the publisher, in order; returns once they are.
+
+        The sending runs in one task of the batching publisher's own, which the caller
+        only waits for: a caller cancelled meanwhile (``wait_for``, a task cancelled at
+        shutdown) stops waiting, but the envelope, which holds other callers' records
+        too, is still sent.
+        """
+        while self._acc.sealed:
+            task = self._sender
+            if task is None or task.done():
+                task = self._sender = self._loop.create_task(self._send_sealed())
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            await asyncio.shield(task)
+
+    async def _send_sealed(self) -> None:
         sealed = self._acc.sealed
-        async with self._lock:
-            while sealed:
-                batch = sealed.popleft()
-                await self._send(batch)
+        while sealed:
+            await self._send(sealed.popleft())
 
     async def _send(self, batch: _Batch) -> None:
         options = self._options
@@ -402,14 +415,19 @@ class AsyncBatchingPublisher:
         try:
             body, props = options.message(batch)
             sent = await self.publisher.publish(body, **options.publish_options(batch, props))
-        except Exception as exc:
+        except BaseException as exc:
             logger.error(
                 "batching publisher: an envelope of %d records was not sent: %r",
                 len(futures),
                 exc,
             )
-            _fail_all(futures, exc)
-            return
+            if isinstance(exc, Exception):
+                _fail_all(futures, exc)
+                return
+            # This sending task itself was cancelled (the event loop is shutting down):
+            # nothing will send these records, so their futures fail now.
+            _fail_all(futures, InvalidStateError(f"the envelope was not sent: {exc!r}"))
+            raise
         if len(futures) == 1:
             self._acc.stats.singles += 1
         else:
@@ -484,11 +502,7 @@ class BatchingPublisher:
             acc = self._acc
             if acc.add((exchange, routing_key), body, future) and acc.open is not None:
                 self._deadline = time.monotonic() + self.linger
-                if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._linger_loop, name="rabbitry-batch-linger", daemon=True
-                    )
-                    self._thread.start()
+                self._start_linger_thread()
                 self._wake.notify()
             if acc.sealed:
                 self._drain()
@@ -537,11 +551,27 @@ class BatchingPublisher:
                 )
                 _fail_all(futures, exc)
                 continue
+            except BaseException:
+                # The sending thread was interrupted (Ctrl-C, ServiceStopped) while the
+                # envelope, which holds other threads' records too, waited for the
+                # publisher: it goes back first in line, and the linger thread sends it.
+                sealed.appendleft(batch)
+                self._deadline = time.monotonic()
+                self._start_linger_thread()
+                self._wake.notify()
+                raise
             if len(futures) == 1:
                 self._acc.stats.singles += 1
             else:
                 self._acc.stats.envelopes += 1
             sent.add_done_callback(functools.partial(_settle_all, futures))
+
+    def _start_linger_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._linger_loop, name="rabbitry-batch-linger", daemon=True
+            )
+            self._thread.start()
 
     def _linger_loop(self) -> None:
         with self._lock:

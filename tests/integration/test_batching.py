@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import struct
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from tests.support.proxy import TcpProxy
 
 import rabbitry
 from rabbitry import (
@@ -33,6 +38,8 @@ from rabbitry.batching import BatchRecord
 from rabbitry.shovel import Shovel
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tests.integration.conftest import Names
 
 WAIT = 20.0
@@ -413,3 +420,118 @@ def test_a_shovel_moves_envelopes_unchanged_and_raw_iteration_sees_them(
         assert split_by_hand(raw.body) == [b"m0", b"m1", b"m2"]
         assert raw.properties.headers == {"springBatchFormat": "lengthHeader4", "amqp_batchSize": 3}
         raw.ack()
+
+
+async def test_a_cancelled_caller_does_not_take_other_callers_records_with_it(
+    url: str, names: Names
+) -> None:
+    """The caller whose record sealed a batch is cancelled while the batch waits for the
+    publisher's window: the envelope (which holds another caller's record) is still
+    sent, and every record's future settles."""
+    queue = names.queue()
+    async with AsyncConnection(url) as admin:
+        await (await admin.channel()).queue_declare(queue)
+    with TcpProxy("127.0.0.1", int(url.rsplit(":", 1)[1].split("/")[0])) as proxy:
+        async with AsyncConnection(proxy.url()) as conn:
+            publisher = await conn.publisher(max_in_flight=1)
+            batching = AsyncBatchingPublisher(publisher, batch_records=2, linger=30)
+            proxy.latency(2.0)  # the first envelope holds the window (1) for seconds
+            first = [await batching.publish(b"a0", routing_key=queue)]
+            first.append(await batching.publish(b"a1", routing_key=queue))
+            other = await batching.publish(b"b0", routing_key=queue)
+            sealing = asyncio.ensure_future(batching.publish(b"b1", routing_key=queue))
+            # b1 sealed [b0, b1] (nothing open) and the batch left the queue of sealed
+            # ones: it waits for the window now.
+            acc = batching._acc
+            assert await _until(lambda: acc.open is None and not acc.sealed)
+            sealing.cancel()
+            assert (await asyncio.gather(sealing, return_exceptions=True))[0] is not None
+            proxy.latency(0)
+            await asyncio.wait_for(asyncio.gather(*first, other), WAIT)
+            await batching.close()
+            await publisher.wait_for_confirms(timeout=WAIT)
+    async with AsyncConnection(url) as admin:
+        channel = await admin.channel()
+        bodies = [r for m in await get_raw(channel, queue) for r in split_by_hand(m.body)]
+    assert bodies == [b"a0", b"a1", b"b0", b"b1"]
+
+
+SYNC_INTERRUPT = r"""
+import os, signal, sys, threading, time
+import rabbitry
+from rabbitry import BatchingPublisher
+from tests.support.proxy import TcpProxy
+
+url, port, queue = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+with TcpProxy("127.0.0.1", port) as proxy, rabbitry.Connection(proxy.url()) as conn:
+    publisher = conn.publisher(max_in_flight=1)
+    batching = BatchingPublisher(publisher, batch_records=2, linger=30)
+    proxy.latency(2.0)
+    first = [batching.publish(body, routing_key=queue) for body in (b"a0", b"a1")]
+    other = []
+    thread = threading.Thread(
+        target=lambda: other.append(batching.publish(b"b0", routing_key=queue))
+    )
+    thread.start()
+    thread.join()
+
+    def interrupt_when_blocked():
+        # The main thread holds the sealed [b0, b1] batch and waits for the window.
+        while not (batching._acc.open is None and not batching._acc.sealed):
+            time.sleep(0.005)
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_when_blocked, daemon=True).start()
+    try:
+        batching.publish(b"b1", routing_key=queue)
+        print("not interrupted")
+    except KeyboardInterrupt:
+        print("interrupted")
+    proxy.latency(0)
+    for future in [*first, *other]:
+        future.result(20)
+    batching.close()
+    publisher.wait_for_confirms(timeout=20)
+    print("settled")
+"""
+
+
+def test_an_interrupted_publishing_thread_does_not_lose_other_threads_records(
+    url: str, names: Names, tmp_path: Path
+) -> None:
+    """Ctrl-C in the thread handing a full batch to the publisher: the envelope goes
+    back in line and the linger thread sends it; the other thread's record settles."""
+    queue = names.queue()
+    with rabbitry.Connection(url) as admin:
+        admin.channel().queue_declare(queue)
+    script = tmp_path / "interrupt.py"
+    script.write_text(SYNC_INTERRUPT)
+    port = url.rsplit(":", 1)[1].split("/")[0]
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{root / 'src'}{os.pathsep}{root}"}
+    result = subprocess.run(
+        [sys.executable, str(script), url, port, queue],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["interrupted", "settled"], result.stdout
+    with rabbitry.Connection(url) as admin:
+        channel = admin.channel()
+        bodies = []
+        while (message := channel.basic_get(queue, no_ack=True)) is not None:
+            bodies.extend(split_by_hand(message.body))
+    assert bodies == [b"a0", b"a1", b"b0", b"b1"]
+
+
+async def _until(predicate: Callable[[], bool], timeout: float = WAIT) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.005)
+    return True
