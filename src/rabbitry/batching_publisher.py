@@ -198,6 +198,13 @@ class _EnvelopeOptions:
             raise ConfigurationError(
                 f"properties: must be rabbitry.Properties, got {type(properties).__name__}"
             )
+        if properties is not None and properties.message_id is not None:
+            # Each envelope is one message and gets its own id from the publisher; one
+            # fixed id would make a deduplicating consumer drop every envelope but one.
+            raise ConfigurationError(
+                "properties.message_id: must be unset; every envelope gets its own "
+                f"message_id (got {properties.message_id!r} for all of them)"
+            )
         base = properties if properties is not None else spec.BasicProperties()
         base.encode()  # validated now, not at the first envelope
         self.base = base

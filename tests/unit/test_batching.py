@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from rabbitry import BatchFormatError, ConfigurationError, InvalidStateError, Message, Reject
+from rabbitry import (
+    BatchFormatError,
+    ConfigurationError,
+    InvalidStateError,
+    Message,
+    Properties,
+    Reject,
+)
 from rabbitry.batching import (
     BATCH_FORMAT_HEADER,
     BATCH_SIZE_HEADER,
@@ -232,6 +239,8 @@ def test_accumulator_seals_on_count_bytes_and_target() -> None:
         ({"batch_bytes": 4}, "batch_bytes"),
         ({"linger": -1}, "linger"),
         ({"linger": "1"}, "linger"),
+        # One fixed id on every envelope: a deduplicating consumer would drop all but one.
+        ({"properties": Properties(message_id="fixed")}, "properties.message_id"),
     ],
 )
 def test_batching_publisher_options_are_checked(options: dict[str, Any], field: str) -> None:
