@@ -130,9 +130,11 @@ async def handle_batch_with_envelopes(consumer: AsyncConsumer, batch: list[Messa
     for envelope, error in failed_envelopes.values():
         if not envelope.settled:
             await consumer._fail(envelope, error)
-    for message in items:
-        if id(message) not in owner and id(message) not in failed_plain:
-            consumer._ack(message)  # no-op when the handler settled it
-    for envelope in envelopes:
-        if id(envelope) not in failed_envelopes:
-            consumer._ack(envelope)
+    handled = [m for m in items if id(m) not in owner and id(m) not in failed_plain]
+    handled += [e for e in envelopes if id(e) not in failed_envelopes]
+    for message in handled:
+        consumer._ack(message)  # no-op when the handler settled it
+    if consumer.dedup is not None:
+        for message in handled:
+            if message.properties.message_id:
+                consumer.dedup.add(message.properties.message_id)

@@ -718,13 +718,13 @@ class AsyncConsumer:
             self.dedup.add(message_id)
 
     async def _handle_batch(self, batch: list[Message]) -> None:
+        if self.dedup is not None:
+            batch = self._drop_duplicates(batch)  # an envelope by its own message_id
+            if not batch:
+                return
         if any(m.properties.headers and BATCH_FORMAT_HEADER in m.properties.headers for m in batch):
             await handle_batch_with_envelopes(self, batch)  # records in the envelopes' place
             return
-        if self.dedup is not None:
-            batch = self._drop_duplicates(batch)
-            if not batch:
-                return
         failed: list[tuple[Message, BaseException]] = []
         try:
             result = self._handler(batch)
@@ -768,12 +768,15 @@ class AsyncConsumer:
         """Ack the messages the dedup store has seen; return the others."""
         assert self.dedup is not None
         fresh = []
+        in_batch: set[str] = set()  # a second copy in the same batch is a duplicate too
         for message in batch:
             message_id = message.properties.message_id
-            if message_id and self.dedup.seen(message_id):
+            if message_id and (message_id in in_batch or self.dedup.seen(message_id)):
                 self.stats.deduplicated += 1
                 self._ack(message)
             else:
+                if message_id:
+                    in_batch.add(message_id)
                 fresh.append(message)
         return fresh
 

@@ -535,3 +535,45 @@ async def _until(predicate: Callable[[], bool], timeout: float = WAIT) -> bool:
             return False
         await asyncio.sleep(0.005)
     return True
+
+
+@pytest.mark.parametrize("batch_size", [None, 10])
+async def test_a_deduplicating_consumer_handles_a_repeated_envelope_once(
+    conn: AsyncConnection, names: Names, batch_size: int | None
+) -> None:
+    """The same envelope and the same plain message, each delivered twice (as after a
+    resend): a consumer with ``dedup=`` hands their records out once, per message
+    handler or list handler alike."""
+    queue = names.queue()
+    channel = await conn.channel()
+    await channel.queue_declare(queue)
+    publisher = await conn.publisher()
+    envelope = Properties(message_id="envelope-1", headers=SPRING)
+    for _ in range(2):
+        await (
+            await publisher.publish(by_hand(b"r0", b"r1"), routing_key=queue, properties=envelope)
+        )
+    for _ in range(2):
+        plain = Properties(message_id="plain-1")
+        await (await publisher.publish(b"plain", routing_key=queue, properties=plain))
+    seen: list[bytes] = []
+
+    async def one(message: Message) -> None:
+        seen.append(message.body)
+
+    async def many(messages: list[Message]) -> None:
+        seen.extend(m.body for m in messages)
+
+    async with conn.consumer(
+        queue,
+        many if batch_size else one,  # type: ignore[arg-type]
+        batch_size=batch_size,
+        batch_timeout=0.5 if batch_size else None,
+        dedup=rabbitry.MemoryDedupStore(),
+    ) as consumer:
+        deadline = time.monotonic() + WAIT
+        while (len(seen) < 3 or consumer.stats.deduplicated < 2) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+    assert sorted(seen) == [b"plain", b"r0", b"r1"]
+    assert consumer.stats.deduplicated == 2
+    assert (await channel.queue_declare(queue, passive=True)).message_count == 0
