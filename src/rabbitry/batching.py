@@ -37,7 +37,7 @@ from .protocol.message import Message
 from .protocol.spec import BasicProperties
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Sequence
+    from collections.abc import Callable, Generator, Sequence
 
 __all__ = [
     "BATCH_FORMAT_HEADER",
@@ -324,7 +324,7 @@ def _no_settle(how: str, **options: object) -> None:
     return None
 
 
-def iter_delivery(message: Message, no_ack: bool = False) -> Iterator[Message]:
+def iter_delivery(message: Message, no_ack: bool = False) -> Generator[Message, None, None]:
     """What an iterator hands out for one delivery: the message itself, or its records
     (stopping early when one of them settled the envelope). With ``no_ack`` the broker
     settled the envelope already, and the records' acks do nothing."""
@@ -333,7 +333,18 @@ def iter_delivery(message: Message, no_ack: bool = False) -> Iterator[Message]:
         return
     records = unpack(message, _no_settle if no_ack else None)
     settler = records[0].channel if records else None
-    for record in records:
-        if settler is not None and settler.done:
-            return
-        yield record
+    handed = 0
+    try:
+        for record in records:
+            if settler is not None and settler.done:
+                return
+            handed += 1
+            yield record
+    finally:
+        if settler is not None and not settler.done and handed < len(records):
+            # The iteration ended inside the envelope: nobody can ack the records not
+            # handed out, so the whole envelope goes back to the queue now (the records
+            # handed out come again, flagged redelivered), not when the channel closes.
+            settler.done = True
+            if not no_ack and not settler.is_closed:
+                settler.settle("nack", requeue=True)

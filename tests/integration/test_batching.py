@@ -577,3 +577,54 @@ async def test_a_deduplicating_consumer_handles_a_repeated_envelope_once(
     assert sorted(seen) == [b"plain", b"r0", b"r1"]
     assert consumer.stats.deduplicated == 2
     assert (await channel.queue_declare(queue, passive=True)).message_count == 0
+
+
+async def test_an_async_iterator_left_inside_an_envelope_returns_it_to_the_queue(
+    conn: AsyncConnection, names: Names
+) -> None:
+    """``break`` after the first record of a 3-record envelope: the envelope goes back
+    to the queue at once, so the next iterator on the same channel gets every record
+    again (the first one flagged redelivered), not nothing until the channel closes."""
+    queue = names.queue()
+    channel = await conn.channel()
+    await channel.queue_declare(queue)
+    publisher = await conn.publisher()
+    await (
+        await publisher.publish(
+            by_hand(b"r0", b"r1", b"r2"), routing_key=queue, properties=Properties(headers=SPRING)
+        )
+    )
+    async for message in channel.consume(queue, timeout=5):
+        assert message.body == b"r0"
+        message.ack()
+        break
+    again = []
+    async for message in channel.consume(queue, timeout=2):
+        again.append((message.body, message.redelivered))
+        message.ack()
+    assert again == [(b"r0", True), (b"r1", True), (b"r2", True)]
+    assert (await channel.queue_declare(queue, passive=True)).message_count == 0
+
+
+def test_a_sync_iterator_left_inside_an_envelope_returns_it_to_the_queue(
+    url: str, names: Names
+) -> None:
+    queue = names.queue()
+    with rabbitry.Connection(url) as conn:
+        channel = conn.channel()
+        channel.queue_declare(queue)
+        with conn.publisher() as publisher:
+            envelope = Properties(headers=SPRING)
+            publisher.publish(
+                by_hand(b"r0", b"r1", b"r2"), routing_key=queue, properties=envelope
+            ).result(WAIT)
+        for message in channel.consume(queue, timeout=5):
+            assert message.body == b"r0"
+            message.ack()
+            break
+        again = []
+        for message in channel.consume(queue, timeout=2):
+            again.append((message.body, message.redelivered))
+            message.ack()
+        assert again == [(b"r0", True), (b"r1", True), (b"r2", True)]
+        assert channel.queue_declare(queue, passive=True).message_count == 0

@@ -197,9 +197,27 @@ def test_rejecting_a_record_rejects_the_envelope_and_skips_the_rest() -> None:
     assert handed == [b"a", b"b"]
     assert channel.calls == [("reject", 7, False)]
     envelope2, channel2 = _envelope(_by_hand(b"a", b"b"), {BATCH_FORMAT_HEADER: LENGTH_HEADER4})
-    first = next(iter_delivery(envelope2))
+    records = iter_delivery(envelope2)
+    first = next(records)
     first.nack(requeue=True)
     assert channel2.calls == [("nack", 7, False, True)]
+
+
+def test_an_iteration_ended_inside_an_envelope_requeues_it() -> None:
+    envelope, channel = _envelope(_by_hand(b"a", b"b", b"c"), {BATCH_FORMAT_HEADER: LENGTH_HEADER4})
+    records = iter_delivery(envelope)
+    next(records).ack()
+    records.close()  # ``break`` after the first record
+    assert channel.calls == [("nack", 7, False, True)]
+    # Ended after its last record was handed out: the caller can still settle them all.
+    envelope, channel = _envelope(_by_hand(b"a", b"b"), {BATCH_FORMAT_HEADER: LENGTH_HEADER4})
+    records = iter_delivery(envelope)
+    held = [next(records), next(records)]
+    records.close()
+    assert channel.calls == []
+    for record in held:
+        record.ack()
+    assert channel.calls == [("ack", 7, False)]
 
 
 def test_no_ack_records_settle_nothing() -> None:

@@ -708,8 +708,12 @@ class AsyncChannel:
                 if not unpack_batches:
                     yield item
                     continue
-                for handed in iter_delivery(item, no_ack):  # batch envelopes: records
-                    yield handed
+                records = iter_delivery(item, no_ack)  # batch envelopes: records
+                try:
+                    for handed in records:
+                        yield handed
+                finally:
+                    records.close()  # an envelope left part-way goes back at once
         finally:
             await self._abandon_consumer(tag)
             # Deliveries that reached us but were never handed out go back to the queue
