@@ -1,7 +1,7 @@
 """Rate-limited ERROR logging of handler failures, one limiter per consumer.
 
-Every handler failure is logged at ERROR with what happened to the message ("retry in
-10 s via jobs.retry.10s", "parked in jobs.parking-lot", "dropped: ..."). The first
+Every handler failure is logged at ERROR with what happened to the message ("sent for a
+retry in 10 s via jobs.retry.10s", "parked in jobs.parking-lot", "dropped: ..."). The first
 ``burst`` failures of each ``interval`` carry the handler's traceback; later ones in the
 same interval are only counted, by action, and reported as one summary line when the
 interval ends (or the consumer stops). A handler that fails on every message therefore

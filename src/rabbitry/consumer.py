@@ -1063,7 +1063,7 @@ def _describe(outcome: str, decision: RetryDecision | None) -> str:
         return {"retry": "retried", "park": "parked", "drop": "dropped"}.get(outcome, outcome)
     if outcome == "retry":
         return (
-            f"retry in {decision.delay:g} s via {decision.routing_key} "
+            f"sent for a retry in {decision.delay:g} s via {decision.routing_key} "
             f"(attempt {decision.attempts} failed)"
         )
     if outcome == "park":
