@@ -22,7 +22,7 @@ LOAD ?= 0
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv broker broker4 test-rmq4 lint types test flake-hunt demo demo-quick java docs format bench
+.PHONY: help venv broker broker4 test-rmq4 lint types test flake-hunt demo demo-quick java docs docs-serve format bench
 
 help:
 	@echo "Targets:"
@@ -41,6 +41,7 @@ help:
 	@echo "           orders published with confirms, a Spark stream, retries, parking lot, Parquet"
 	@echo "  demo-quick  venv + broker, then a 10k-message confirmed round trip (python -m rabbitry.demo)"
 	@echo "  docs     build the documentation site (mkdocs --strict) into $(DOCS_OUT)"
+	@echo "  docs-serve  serve the documentation site locally at DOCS_ADDR=$(DOCS_ADDR)"
 	@echo "  format   ruff format and ruff check --fix on $(LINT_PATHS)"
 	@echo "  bench    peer benchmarks (bench/peers, own venv bench/peers/.venv) -> $(BENCH_OUT);"
 	@echo "           e.g. make bench BENCH_ARGS='--repeats 1 --scale 0.3 --clients raw,rabbitry_async'"
@@ -127,6 +128,12 @@ java:
 DOCS_OUT ?= site
 docs: venv
 	$(BIN)/mkdocs build --strict --site-dir $(DOCS_OUT)
+
+# The documentation site with the API reference, rebuilt on every change, at
+# http://127.0.0.1:8000/ (DOCS_ADDR=host:port for another address).
+DOCS_ADDR ?= 127.0.0.1:8000
+docs-serve: venv
+	$(BIN)/mkdocs serve --dev-addr $(DOCS_ADDR)
 
 format: venv
 	$(BIN)/ruff format $(LINT_PATHS)
