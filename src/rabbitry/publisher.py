@@ -593,6 +593,7 @@ class AsyncPublisher:
         if mandatory is None:
             mandatory = self._mandatory
         traced = _obs.active
+        finish = None
         if traced is not None:  # rabbitry.observability: a span, its context in headers
             properties, finish = traced.publish(self, exchange, routing_key, properties)
         frames, message_id = self._encode(
@@ -623,7 +624,7 @@ class AsyncPublisher:
             self._conn._kick()
         else:
             self._send(frames, future, message_id, mandatory, deadline, release)
-        if traced is not None:
+        if finish is not None:
             finish(future)
         return future
 
@@ -664,6 +665,7 @@ class AsyncPublisher:
                 first message was sent (later, the unsent messages get it as outcome).
         """
         traced = _obs.active
+        finish = None
         if traced is not None:  # rabbitry.observability: a span per message
             messages, finish = traced.publish_batch(
                 self, messages, exchange, routing_key, properties
@@ -698,7 +700,7 @@ class AsyncPublisher:
                 count = 1 + extra
             self._send_batch(encoded[start : start + count], batch, start, deadline, release)
             start += count
-        if traced is not None:
+        if finish is not None:
             finish(done)
         return await asyncio.shield(done)
 

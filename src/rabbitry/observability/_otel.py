@@ -176,11 +176,18 @@ class Instrumentation:
         exchange: str,
         routing_key: str,
         properties: BasicProperties | None,
-    ) -> tuple[BasicProperties | None, Callable[[Any], None]]:
+    ) -> tuple[BasicProperties | None, Callable[[Any], None] | None]:
+        """Start the ``publish`` span of one message and put its context in the headers.
+
+        Returns:
+            The properties to send, and what to call with the publish's future; ``None``
+            instead of it when nothing would be recorded (no SDK behind either provider).
+        """
         if not self._complete:
-            self._refresh()
+            if time.monotonic() >= self._next_check:
+                self._refresh()
             if not (self._tracing or self._metering):
-                return properties, _ignore
+                return properties, None
         destination = exchange or DEFAULT_EXCHANGE
         if not self._tracing:
             return properties, _PublishWatch(self, INVALID_SPAN, destination, publisher._confirm)
@@ -218,13 +225,15 @@ class Instrumentation:
         exchange: str,
         routing_key: str,
         properties: BasicProperties | None,
-    ) -> tuple[Iterable[OutgoingMessage | Body], Callable[[Any], None]]:
+    ) -> tuple[Iterable[OutgoingMessage | Body], Callable[[Any], None] | None]:
+        """:meth:`publish` for each message of a batch; the same ``None`` when idle."""
         if isinstance(messages, bytes | bytearray | memoryview | str | OutgoingMessage):
-            return messages, _ignore  # publish_batch refuses one message itself
+            return messages, None  # publish_batch refuses one message itself
         if not self._complete:
-            self._refresh()
+            if time.monotonic() >= self._next_check:
+                self._refresh()
             if not (self._tracing or self._metering):
-                return messages, _ignore
+                return messages, None
         out: list[OutgoingMessage | Body] = []
         watches: list[_PublishWatch] = []
         for message in messages:
@@ -247,7 +256,7 @@ class Instrumentation:
 
     def records_process(self) -> bool:
         """Whether :meth:`process` would record anything (else the consumer skips it)."""
-        if not self._complete:
+        if not self._complete and time.monotonic() >= self._next_check:
             self._refresh()
         return self._tracing or self._metering
 
@@ -404,10 +413,6 @@ class Instrumentation:
 def _api_default(provider: object) -> bool:
     """``provider`` is the OpenTelemetry API's own (proxy or no-op): nothing records."""
     return type(provider).__module__.startswith(("opentelemetry.trace", "opentelemetry.metrics"))
-
-
-def _ignore(_future: Any) -> None:
-    """The publish hook's ``finish`` while no SDK is configured."""
 
 
 class _PublishWatch:

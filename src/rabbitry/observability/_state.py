@@ -31,9 +31,10 @@ class Hooks(Protocol):
         exchange: str,
         routing_key: str,
         properties: BasicProperties | None,
-    ) -> tuple[BasicProperties | None, Callable[[Any], None]]:
+    ) -> tuple[BasicProperties | None, Callable[[Any], None] | None]:
         """Start a publish span, inject its context; returns the properties to send
-        and ``finish(future)`` to call with the future of the outcome."""
+        and ``finish(future)`` to call with the future of the outcome, or ``None`` when
+        nothing would be recorded."""
         ...
 
     def publish_batch(
@@ -43,9 +44,9 @@ class Hooks(Protocol):
         exchange: str,
         routing_key: str,
         properties: BasicProperties | None,
-    ) -> tuple[Iterable[OutgoingMessage | Body], Callable[[Any], None]]:
+    ) -> tuple[Iterable[OutgoingMessage | Body], Callable[[Any], None] | None]:
         """As :meth:`publish` for each message of a batch; ``finish(future)`` takes the
-        future of the list of outcomes."""
+        future of the list of outcomes (``None``: nothing would be recorded)."""
         ...
 
     def records_process(self) -> bool:

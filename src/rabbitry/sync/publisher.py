@@ -160,6 +160,7 @@ class Publisher:
         if mandatory is None:
             mandatory = engine._mandatory
         traced = _obs.active
+        finish = None
         if traced is not None:  # rabbitry.observability: a span, its context in headers
             properties, finish = traced.publish(engine, exchange, routing_key, properties)
         frames, message_id = engine._encode(
@@ -185,7 +186,7 @@ class Publisher:
                 None,
                 size=sum(map(len, frames)),
             )
-            if traced is not None:
+            if finish is not None:
                 finish(_SENT)
             return _SENT
         if not self._slots.acquire(True, _remaining(deadline)):
@@ -212,7 +213,7 @@ class Publisher:
         except BaseException:
             self._slots.release()  # not handed over: give the slot back from here
             raise
-        if traced is not None:
+        if finish is not None:
             finish(future)
         return future
 
@@ -239,6 +240,7 @@ class Publisher:
         """
         engine = self._async
         traced = _obs.active
+        finish = None
         if traced is not None:  # rabbitry.observability: a span per message
             messages, finish = traced.publish_batch(
                 engine, messages, exchange, routing_key, properties
@@ -291,7 +293,7 @@ class Publisher:
                 size=sum(sum(map(len, frames)) for frames, _id, _mandatory in chunk),
             )
             start += count
-        if traced is not None:
+        if finish is not None:
             finish(done)
         wait = None if deadline is None else max(0.0, deadline - time.monotonic()) + 1.0
         try:
