@@ -72,6 +72,17 @@ def test_orders_pipeline_accounts_for_every_message(
         # Every routed message reached Spark once, plus one delivery per retry.
         routed = len(plan.events) - plan.unroutable
         assert summary.consumed == routed + summary.retried
+        # What the source handed over after dedup and what the sink published: every
+        # routed order once plus one copy of its body per retry; one move per retry or
+        # parking, each confirmed.
+        first = sum(len(e.body) for e in plan.unique if e.kind != "unroutable")
+        again = sum(
+            len(e.body) * (1 if e.kind == "transient" else config.max_attempts - 1)
+            for e in plan.unique
+            if e.kind in ("transient", "poison")
+        )
+        assert summary.body_bytes == first + again
+        assert summary.moves_published == summary.retried + summary.parked
         assert summary.ok
 
         # The Parquet output: each valid order once, totals equal to the generator's.

@@ -170,6 +170,9 @@ class Summary:
     batches: int = 0
     revenue_rows: int = 0
     revenue_eur: float = 0.0
+    body_bytes: int = 0
+    redelivered: int = 0
+    moves_published: int = 0
     publish_seconds: float = 0.0
     first_batch_seconds: float = 0.0
     batch_seconds: float = 0.0
@@ -298,6 +301,9 @@ class _Counters:
     parked_failing: int = 0
     parked_ids: set[str] = field(default_factory=set)
     done_ids: set[str] = field(default_factory=set)  # aggregated or parked
+    body_bytes: int = 0
+    redelivered: int = 0
+    moves_published: int = 0
 
 
 @dataclass
@@ -438,6 +444,8 @@ class _Job:
                 (F.col("status") == "ok").alias("ok"),
                 (F.col("attempt") > 0).alias("retried"),
                 F.when(F.col("status") != "ok", details).alias("failed"),
+                F.octet_length("body").alias("size"),
+                "redelivered",
             ).collect()
             ok = [row["retried"] for row in rows if row["ok"]]
             done = [row["message_id"] for row in rows if row["ok"]]
@@ -474,6 +482,10 @@ class _Job:
             df.unpersist()
         c = self.counters
         with c.lock:
+            c.body_bytes += sum(row["size"] or 0 for row in rows)
+            c.redelivered += sum(1 for row in rows if row["redelivered"])
+            # The sink raises unless the broker confirmed every row (mandatory, routed).
+            c.moves_published += len(moves)
             c.rows += sum(counts.values()) + len(failed)
             c.aggregated_rows += sum(counts.values())
             c.recovered += counts.get(True, 0)
@@ -713,6 +725,9 @@ def _finish(
         summary.parked_invalid = c.parked_invalid
         summary.parked_failing = c.parked_failing
         summary.parked_ids = set(c.parked_ids)
+        summary.body_bytes = c.body_bytes
+        summary.redelivered = c.redelivered
+        summary.moves_published = c.moves_published
     summary.aggregated = len(aggregated_ids)
     expected_valid, expected_parked = plan.valid_ids, plan.parked_ids
     summary.lost = len(expected_valid - aggregated_ids) + len(expected_parked - summary.parked_ids)
