@@ -8,6 +8,7 @@ API their twins :class:`Connection` / :class:`Channel`; messages are
 
 import logging
 
+from ._version import __version__
 from .aio import AsyncChannel, AsyncConnection
 from .batching_publisher import AsyncBatchingPublisher, BatchingPublisher
 from .config import ConnectionParameters, parse_url, parse_urls
@@ -95,8 +96,6 @@ from .topology import (
     Topology,
     handle_failure,
 )
-
-__version__ = "0.1.0.dev0"
 
 # A library leaves logging to the application. Without a handler of its own, Python's
 # last-resort handler would print rabbitry's WARNING and ERROR lines to stderr in

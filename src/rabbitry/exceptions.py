@@ -80,10 +80,44 @@ registering a code twice is a programming error and fails at import time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .protocol.message import Message
+    from collections.abc import Callable
+
+
+class Message(Protocol):
+    """The message an error carries: a :class:`rabbitry.Message` (a returned, delivered
+    or reply message).
+
+    This module is the bottom of the package and imports nothing from it, so the
+    errors name the message by what they and their callers use of it.
+    """
+
+    body: bytes
+    properties: Any
+    delivery_tag: int
+    redelivered: bool
+    exchange: str
+    routing_key: str
+    consumer_tag: str
+    message_count: int | None
+    reply_code: int
+    reply_text: str
+
+    @property
+    def headers(self) -> dict[str, Any]: ...
+
+    def ack(self, multiple: bool = False) -> Any: ...
+
+    def nack(self, multiple: bool = False, requeue: bool = True) -> Any: ...
+
+    def reject(self, requeue: bool = True) -> Any: ...
+
+
+# Set by rabbitry.protocol when it is imported (this module imports nothing of the
+# package): turns (class id, method id) into "queue.declare" in error texts.
+_method_name: Callable[[int, int], str] = "{}.{}".format
 
 __all__ = [
     "AMQPConnectionError",
@@ -257,9 +291,7 @@ class _Close(AMQPError):
     def __str__(self) -> str:
         text = f"({self.reply_code}) {self.reply_text}".rstrip()
         if self.class_id or self.method_id:
-            from .protocol.spec import method_name
-
-            text += f" [in {method_name(self.class_id, self.method_id)}]"
+            text += f" [in {_method_name(self.class_id, self.method_id)}]"
         return text
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .. import __version__
+from .._version import __version__
 from ..exceptions import Nacked, Unroutable
 from ..protocol.spec import BasicProperties
 from . import _globals

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from .. import __version__
+from .._version import __version__
 from ._outbox import OutboxMetrics
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ from opentelemetry import metrics, propagate, trace
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import INVALID_SPAN, Link, SpanKind, Status, StatusCode
 
-from .. import __version__
+from .._version import __version__
 from ..exceptions import AMQPError, Nacked, PublishRefused, Unroutable
 from ..protocol.spec import BasicProperties
 from ..publisher import OutgoingMessage

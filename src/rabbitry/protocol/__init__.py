@@ -3,6 +3,7 @@
 See ``docs/sansio.md`` for how an engine drives it.
 """
 
+from .. import exceptions as _exceptions
 from .channel import ChannelProtocol, ChannelState
 from .connection import ConnectionProtocol, ConnectionState
 from .frames import (
@@ -15,6 +16,11 @@ from .frames import (
     UInt16,
     UInt32,
 )
+from .spec import method_name as _method_name
+
+# The errors name the method a broker close was about ("queue.declare"); rabbitry.exceptions
+# sits below this package and gets the names from it.
+_exceptions._method_name = _method_name
 
 __all__ = [
     "ChannelProtocol",

@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 import struct
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..exceptions import (
     AMQPError,
@@ -60,9 +60,28 @@ from .frames import (
 from .message import Message
 
 if TYPE_CHECKING:
-    from .connection import ConnectionProtocol
+    from .events import Event
 
 __all__ = ["ChannelProtocol", "ChannelState"]
+
+
+class _Connection(Protocol):
+    """What a channel uses of its :class:`~rabbitry.protocol.connection.ConnectionProtocol`.
+
+    The connection creates its channels and imports this module; a channel knows it
+    only through these members.
+    """
+
+    frame_max: int
+    max_message_size: int
+    _out: list[bytes]
+    _events: list[Event]
+
+    def _write(self, frame: bytes) -> None: ...
+
+    def _write_many(self, frames: list[bytes]) -> None: ...
+
+    def _channel_finished(self, channel_id: int) -> None: ...
 
 
 class ChannelState(enum.Enum):
@@ -107,7 +126,7 @@ class ChannelProtocol:
         close_exc: why the channel closed, once it has.
     """
 
-    def __init__(self, connection: ConnectionProtocol, channel_id: int) -> None:
+    def __init__(self, connection: _Connection, channel_id: int) -> None:
         self._conn = connection
         self.channel_id = channel_id
         self.state = OPENING

@@ -63,7 +63,7 @@ def _counters(kind: str) -> dict[str, Any] | None:
         if known is None or (known[0] is not None and known[0]() is not provider):
             from opentelemetry import metrics
 
-            from .. import __version__
+            from .._version import __version__
 
             meter = metrics.get_meter("rabbitry.spark", __version__, provider)
             made = {

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
-    from ._report import Display
+    from ._progress import Display
 
 __all__ = ["Names", "PipelineConfig", "PipelineError", "Summary", "run"]
 
@@ -595,7 +595,7 @@ def run(
         PipelineError: the streaming query failed or a publish was not confirmed.
         Timeout: the run took longer than ``config.timeout``.
     """
-    from ._report import make_display
+    from ._progress import make_display
 
     config = config or PipelineConfig()
     display = display or make_display(config.progress)
