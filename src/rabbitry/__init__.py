@@ -8,8 +8,9 @@ API their twins :class:`Connection` / :class:`Channel`; messages are
 
 import logging
 
+from ._connection import AsyncConnection
 from ._version import __version__
-from .aio import AsyncChannel, AsyncConnection
+from .aio import AsyncChannel
 from .batching_publisher import AsyncBatchingPublisher, BatchingPublisher
 from .config import ConnectionParameters, parse_url, parse_urls
 from .consumer import AsyncConsumer, ConsumerStats, DedupStore, MemoryDedupStore

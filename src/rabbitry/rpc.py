@@ -49,6 +49,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from .consumer import AsyncConsumer
 from .exceptions import (
     AMQPError,
     ConfigurationError,
@@ -66,7 +67,6 @@ from .recovery import State
 if TYPE_CHECKING:
     from .aio.channel import AsyncChannel
     from .aio.connection import AsyncConnection
-    from .consumer import AsyncConsumer
 
 __all__ = [
     "ERROR_HEADER",
@@ -414,8 +414,8 @@ class AsyncRpcServer:
         self.queue = queue
         self._handler = handler
         self._reply_channel: AsyncChannel | None = None
-        self.consumer: AsyncConsumer = connection.consumer(
-            queue, self._serve, prefetch=prefetch, concurrency=concurrency
+        self.consumer: AsyncConsumer = AsyncConsumer(
+            connection, queue, self._serve, prefetch=prefetch, concurrency=concurrency
         )
 
     def __repr__(self) -> str:

@@ -33,7 +33,7 @@ from .topology._sharding import shard_queue_name
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from .aio.connection import AsyncConnection
+    from ._connection import AsyncConnection
     from .consumer import AsyncConsumer
     from .sync.connection import Connection
     from .sync.consumer import Consumer

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     import concurrent.futures
     from collections.abc import Awaitable, Callable, Mapping
 
-    from .aio.connection import AsyncConnection
+    from ._connection import AsyncConnection
     from .consumer import AsyncConsumer
     from .protocol.spec import BasicProperties
     from .publisher import AsyncPublisher, Body

@@ -396,7 +396,7 @@ class AsyncShovel:
             AMQPConnectionError: a connection could not be made or recovered.
             NotFound: the source queue or destination exchange does not exist.
         """
-        from .aio.connection import AsyncConnection
+        from ._connection import AsyncConnection
 
         if self._started:
             raise InvalidStateError("a shovel runs once; create a new one to run again")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..exceptions import (
     AMQPError,
@@ -40,14 +40,56 @@ from ..recovery import RecoveryPolicy, is_permanent
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from ..config import ConnectionParameters
     from ..protocol import spec
+    from ..protocol.connection import ConnectionProtocol
+    from ..protocol.events import Event
     from ..record import RecordedBinding, RecordedExchange, RecordedQueue, TopologyRecord
     from .channel import AsyncChannel
-    from .connection import AsyncConnection
 
 __all__ = ["Recovery", "declare_binding", "declare_exchange", "declare_queue", "redeclare_queue"]
 
 logger = logging.getLogger("rabbitry.connection")
+
+
+class _Connection(Protocol):
+    """What recovery uses of its :class:`~rabbitry.aio.connection.AsyncConnection`.
+
+    The connection creates its recovery and imports this module; recovery knows it only
+    through these members.
+    """
+
+    params: ConnectionParameters
+    _candidates: list[ConnectionParameters]
+    _channels: dict[int, AsyncChannel]
+    _closing: bool
+    _proto: ConnectionProtocol | None
+    close_exc: AMQPError | None
+    topology_record: TopologyRecord
+
+    async def _connect_one(self, params: ConnectionParameters) -> None: ...
+
+    async def _open_channel(
+        self,
+        channel_id: int | None,
+        timeout: float | None,
+        *,
+        record: bool = True,
+        internal: bool = False,
+    ) -> AsyncChannel: ...
+
+    def _reset_attempt(self) -> None: ...
+
+    def _handle_events(self, events: list[Event]) -> None: ...
+
+    def _give_up(self, exc: AMQPError) -> None: ...
+
+    def _recovery_done(self) -> None: ...
+
+    def _notify_recovery_error(self, kind: str, name: str, exc: AMQPError) -> None: ...
+
+    def _notify_renamed(self, old: str, new: str) -> None: ...
+
 
 #: Seconds each re-declaration, re-subscription and re-opened channel may take.
 _STEP_TIMEOUT = 30.0
@@ -64,7 +106,7 @@ class _Aborted(Exception):
 class Recovery:
     """The reconnect loop and the replay of one connection (one instance per outage)."""
 
-    def __init__(self, connection: AsyncConnection, policy: RecoveryPolicy) -> None:
+    def __init__(self, connection: _Connection, policy: RecoveryPolicy) -> None:
         self._conn = connection
         self._policy = policy
         #: What could not be restored in the last replay: ``(kind, name, cause)``.

@@ -38,7 +38,7 @@ from ..record import RecordedBinding, RecordedExchange, RecordedQueue
 from ..streams import check_consume
 
 if TYPE_CHECKING:
-    from .connection import AsyncConnection
+    from ..record import TopologyRecord
 
 __all__ = ["AsyncChannel", "ConsumerCallback"]
 
@@ -50,6 +50,33 @@ ReturnCallback = Callable[[Message], Any]
 CancelCallback = Callable[[str], Any]
 
 M = TypeVar("M", bound=Method)
+
+
+class _Connection(Protocol):
+    """What a channel uses of its :class:`~rabbitry.aio.connection.AsyncConnection`.
+
+    The connection creates its channels and imports this module; a channel knows it
+    only through these members.
+    """
+
+    _loop: asyncio.AbstractEventLoop | None
+    _channels: dict[int, AsyncChannel]
+    _write_paused: bool
+    topology_record: TopologyRecord
+
+    async def _await_recovery(self, timeout: float | None, what: str) -> None: ...
+
+    async def _wait_writable(self) -> None: ...
+
+    def _kick(self) -> None: ...
+
+    def _pause_reading(self) -> None: ...
+
+    def _resume_reading(self) -> None: ...
+
+    def _forget_if_auto_deleted(self, queue: str) -> None: ...
+
+    def _records_channel_topology(self) -> bool: ...
 
 
 class Settleable(Protocol):
@@ -110,7 +137,7 @@ class AsyncChannel:
     exceptions are logged, never raised into the connection.
     """
 
-    def __init__(self, connection: AsyncConnection, protocol: ChannelProtocol) -> None:
+    def __init__(self, connection: _Connection, protocol: ChannelProtocol) -> None:
         self._conn = connection
         self._proto = protocol
         self.channel_id = protocol.channel_id
@@ -189,7 +216,7 @@ class AsyncChannel:
         return self._proto.flow_active
 
     @property
-    def connection(self) -> AsyncConnection:
+    def connection(self) -> _Connection:
         """The connection this channel belongs to."""
         return self._conn
 

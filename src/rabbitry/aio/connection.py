@@ -19,7 +19,7 @@ import os
 import ssl
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, cast, overload
+from typing import Any, Self, cast
 
 from ..broker import RABBITMQ_3_MAX_MESSAGE_SIZE, server_capabilities
 from ..config import ConnectionParameters, default_url, parse_urls
@@ -57,19 +57,10 @@ from ..protocol.events import (
     RpcReply,
 )
 from ..record import TopologyRecord
-from ..recovery import DEFAULT_RECOVERY, NackRetry, RecoveryPolicy, State, is_recoverable
+from ..recovery import DEFAULT_RECOVERY, RecoveryPolicy, State, is_recoverable
 from ._connect_errors import refine, wait_opened
 from ._recovery import Recovery
 from .channel import AsyncChannel
-
-if TYPE_CHECKING:
-    from ..consumer import AsyncConsumer, AsyncHandler, DedupStore
-    from ..outbox import Outbox
-    from ..outbox_publisher import AsyncOutboxPublisher
-    from ..pool import AsyncChannelPool
-    from ..publisher import AsyncPublisher
-    from ..rpc import AsyncRpcClient, AsyncRpcServer, RpcHandler
-    from ..topology import RetryPolicy
 
 __all__ = ["AsyncConnection"]
 
@@ -128,39 +119,13 @@ class _Transport(asyncio.Protocol):
 
 
 class AsyncConnection:
-    """A connection to RabbitMQ for asyncio code.
+    """The asyncio engine of :class:`rabbitry.AsyncConnection`: the socket, the timers,
+    the channels and recovery.
 
-    Usage::
-
-        async with AsyncConnection("amqp://guest:guest@localhost/") as conn:
-            channel = await conn.channel()
-            await channel.queue_declare("jobs", durable=True)
-
-    Args:
-        url: an ``amqp://`` or ``amqps://`` URL, or several tried in order on connect.
-            ``None`` reads ``RABBITMQ_URL`` (default ``amqp://guest:guest@127.0.0.1:5672/``).
-        heartbeat: seconds; negotiated as the lower non-zero of ours and the broker's.
-        connection_timeout: seconds for TCP connect + TLS + AMQP handshake, per address.
-        channel_max: highest channel number wanted.
-        frame_max: largest frame wanted (>= 4096).
-        connection_name: shown in the management UI.
-        auth_mechanism: PLAIN (default), AMQPLAIN or EXTERNAL.
-        ssl_context: TLS settings; giving one turns TLS on for ``amqp://`` URLs too.
-        client_properties: extra client-properties entries.
-        max_message_size: largest message body sent or accepted (bytes; 0 = no limit).
-            ``None`` (the default) follows the broker's default for its version: 128 MiB
-            on RabbitMQ 3.x, 16 MiB on 4.x (:mod:`rabbitry.broker`); a bigger body raises
-            :class:`MessageTooLarge` before anything is sent.
-        recovery: how to reconnect and replay channels, topology and consumers after a
-            connection failure (:class:`rabbitry.RecoveryPolicy`; on by default);
-            ``None`` ends the connection instead.
-        credentials_provider: a callable returning ``(username, password)``, called
-            before each connect and reconnect attempt (e.g. to fetch a short-lived token);
-            what it returns replaces the URL's user and password. It may be a coroutine
-            function. If it raises, the attempt fails with :class:`CredentialsError`
-            (recovery then tries again after its backoff).
-
-    Options given as keywords override the same options in the URLs' query strings.
+    Applications construct :class:`rabbitry.AsyncConnection`, which adds the factories of
+    the high-level objects (``publisher()``, ``consumer()``, ``channel_pool()``,
+    ``rpc_client()``, ``rpc_server()``); its documentation describes the arguments. The
+    engine knows nothing of those objects: they are built on it.
     """
 
     def __init__(
@@ -472,7 +437,7 @@ class AsyncConnection:
         except OSError as exc:
             raise ConnectError(f"{params.address}: {exc}") from exc
 
-    async def __aenter__(self) -> AsyncConnection:
+    async def __aenter__(self) -> Self:
         await self.connect()
         return self
 
@@ -605,91 +570,6 @@ class AsyncConnection:
         await channel._await_rpc(spec.ChannelOpen.NAME, timeout)
         return channel
 
-    @overload
-    async def publisher(
-        self,
-        *,
-        confirm: bool = ...,
-        max_in_flight: int = ...,
-        mandatory: bool = ...,
-        timeout: float | None = ...,
-        republish_unconfirmed: bool = ...,
-        nack_retry: NackRetry | None = ...,
-        outbox: None = ...,
-    ) -> AsyncPublisher: ...
-
-    @overload
-    async def publisher(
-        self,
-        *,
-        confirm: bool = ...,
-        max_in_flight: int = ...,
-        mandatory: bool = ...,
-        timeout: float | None = ...,
-        republish_unconfirmed: bool = ...,
-        nack_retry: NackRetry | None = ...,
-        outbox: Outbox,
-    ) -> AsyncOutboxPublisher: ...
-
-    async def publisher(
-        self,
-        *,
-        confirm: bool = True,
-        max_in_flight: int = 1000,
-        mandatory: bool = False,
-        timeout: float | None = None,
-        republish_unconfirmed: bool = False,
-        nack_retry: NackRetry | None = None,
-        outbox: Outbox | None = None,
-    ) -> AsyncPublisher | AsyncOutboxPublisher:
-        """A publisher on its own channel (see :class:`rabbitry.AsyncPublisher`).
-
-        ``timeout`` is the default deadline of each publish and also bounds opening the
-        publisher's channel. With ``outbox`` (e.g. ``SQLiteOutbox(path)``) the result is
-        an :class:`rabbitry.AsyncOutboxPublisher`: ``publish()`` returns once the message
-        is durably stored, and the stored messages are delivered in the background.
-        """
-        from ..publisher import AsyncPublisher
-
-        if outbox is not None:
-            from ..outbox_publisher import AsyncOutboxPublisher
-
-            if nack_retry is not None:
-                raise ConfigurationError(
-                    "nack_retry: not used with outbox (the outbox resends nacked messages "
-                    "itself, with its own backoff)"
-                )
-
-            return await AsyncOutboxPublisher._create(
-                self,
-                outbox,
-                open_timeout=timeout,
-                confirm=confirm,
-                max_in_flight=max_in_flight,
-                mandatory=mandatory,
-                timeout=timeout,
-                republish_unconfirmed=republish_unconfirmed,
-            )
-        return await AsyncPublisher._create(
-            self,
-            open_timeout=timeout,
-            confirm=confirm,
-            max_in_flight=max_in_flight,
-            mandatory=mandatory,
-            timeout=timeout,
-            republish_unconfirmed=republish_unconfirmed,
-            nack_retry=nack_retry,
-        )
-
-    async def channel_pool(
-        self, size: int = 10, *, confirm: bool = True, confirm_timeout: float | None = 30.0
-    ) -> AsyncChannelPool:
-        """A pool of at most ``size`` channels (see :class:`rabbitry.AsyncChannelPool`)."""
-        from ..pool import AsyncChannelPool
-
-        self._require_open()
-        return AsyncChannelPool(self, size=size, confirm=confirm, confirm_timeout=confirm_timeout)
-
     async def update_secret(
         self, new_secret: bytes | str, reason: str = "", *, timeout: float | None = None
     ) -> None:
@@ -704,63 +584,6 @@ class AsyncConnection:
                 await waiter
         except TimeoutError:
             raise Timeout(f"connection.update-secret got no answer within {timeout} s") from None
-
-    def consumer(
-        self,
-        queue: str,
-        handler: AsyncHandler,
-        *,
-        ack: Literal["manual", "auto"] = "manual",
-        prefetch: int = 100,
-        concurrency: int = 1,
-        retry: RetryPolicy | None = None,
-        batch_size: int | None = None,
-        batch_timeout: float | None = None,
-        exclusive: bool = False,
-        arguments: dict[str, Any] | None = None,
-        dedup: DedupStore | None = None,
-        on_cancel: Callable[[str], Any] | None = None,
-        resubscribe: bool = True,
-    ) -> AsyncConsumer:
-        """A handler-based consumer of ``queue`` (not started: ``await c.start()`` or
-        ``async with``); see :class:`rabbitry.consumer.AsyncConsumer`."""
-        from ..consumer import AsyncConsumer
-
-        return AsyncConsumer(
-            self,
-            queue,
-            handler,
-            ack=ack,
-            prefetch=prefetch,
-            concurrency=concurrency,
-            retry=retry,
-            batch_size=batch_size,
-            batch_timeout=batch_timeout,
-            exclusive=exclusive,
-            arguments=arguments,
-            dedup=dedup,
-            on_cancel=on_cancel,
-            resubscribe=resubscribe,
-        )
-
-    async def rpc_client(
-        self, *, exchange: str = "", timeout: float | None = 30.0
-    ) -> AsyncRpcClient:
-        """A started request/reply client; see :class:`rabbitry.rpc.AsyncRpcClient`."""
-        from ..rpc import AsyncRpcClient
-
-        client = AsyncRpcClient(self, exchange=exchange, timeout=timeout)
-        await client.start()
-        return client
-
-    def rpc_server(
-        self, queue: str, handler: RpcHandler, *, prefetch: int = 10, concurrency: int = 1
-    ) -> AsyncRpcServer:
-        """A request/reply server of ``queue`` (not started: ``await s.start()`` or
-        ``async with``); see :class:`rabbitry.rpc.AsyncRpcServer`."""
-        from ..rpc import AsyncRpcServer
-
-        return AsyncRpcServer(self, queue, handler, prefetch=prefetch, concurrency=concurrency)
 
     def _records_channel_topology(self) -> bool:
         """Whether channels record their declarations for recovery (the policy says)."""

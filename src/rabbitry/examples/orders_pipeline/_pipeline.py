@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...aio import AsyncConnection
+from ..._connection import AsyncConnection
 from ...config import default_url, parse_urls
 from ...exceptions import ConfigurationError, Timeout
 from ...message import Properties
