@@ -182,7 +182,7 @@ async def _serve(
 def _serve_sync(
     main: Callable[[], Any], signals: tuple[signal.Signals, ...], close_timeout: float
 ) -> Any:
-    from .sync.connection import _CONNECTED
+    from .sync._connection import _CONNECTED
 
     before = set(_CONNECTED)
     received: list[int] = []

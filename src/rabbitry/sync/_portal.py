@@ -669,3 +669,9 @@ class Dispatcher:
         # else the worker is busy and sees _stopping once the queue is empty
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
+
+
+def _wait(timeout: float | None) -> float | None:
+    """How long the calling thread waits for an operation bounded by ``timeout``."""
+    # The IO thread enforces ``timeout`` itself; the grace only covers the hand-off.
+    return None if timeout is None else timeout + 1.0

@@ -14,12 +14,13 @@ they raise are logged.
 from __future__ import annotations
 
 import queue as queue_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..batching import iter_delivery
 from ..exceptions import AMQPError, ConsumerCancelled, InvalidStateError
 from ..protocol.message import Message
 from ._portal import ConfirmFuture
+from ._portal import _wait as _wait  # re-exported: the twins import it from here
 
 if TYPE_CHECKING:
     import concurrent.futures
@@ -27,21 +28,29 @@ if TYPE_CHECKING:
 
     from ..aio.channel import AsyncChannel
     from ..protocol import spec
-    from .connection import Connection
+    from ._portal import Dispatcher, Portal
 
 __all__ = ["Channel"]
 
 
-def _wait(timeout: float | None) -> float | None:
-    """How long the calling thread waits for an operation bounded by ``timeout``."""
-    # The IO thread enforces ``timeout`` itself; the grace only covers the hand-off.
-    return None if timeout is None else timeout + 1.0
+class _Connection(Protocol):
+    """What a channel uses of its :class:`~rabbitry.sync.Connection`, which creates its
+    channels and imports this module."""
+
+    _dispatcher: Dispatcher | None
+
+    @property
+    def is_open(self) -> bool: ...
+
+    def _require_portal(self) -> Portal: ...
+
+    def _post(self, fn: Callable[..., Any], *args: Any) -> None: ...
 
 
 class Channel:
     """An open channel for threaded code. Get one with ``connection.channel()``."""
 
-    def __init__(self, connection: Connection, channel: AsyncChannel) -> None:
+    def __init__(self, connection: _Connection, channel: AsyncChannel) -> None:
         self._connection = connection
         self._async = channel
         self._portal = connection._require_portal()
@@ -99,7 +108,7 @@ class Channel:
         return self._async.flow_active
 
     @property
-    def connection(self) -> Connection:
+    def connection(self) -> _Connection:
         """The connection this channel belongs to."""
         return self._connection
 

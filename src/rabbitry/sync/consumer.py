@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 
     from ..exceptions import AMQPError
     from ..protocol.message import Message
-    from ..topology import RetryPolicy
+    from ..topology._retry import RetryPolicy
+    from ._connection import Connection
     from ._portal import Portal
-    from .connection import Connection
 
 __all__ = ["Consumer"]
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ..outbox_publisher import AsyncOutboxPublisher, OutboxStats
     from ..protocol import spec
     from ..publisher import AsyncPublisher, Body, OutgoingMessage
-    from .connection import Connection
+    from ._connection import Connection
 
 __all__ = ["OutboxPublisher"]
 

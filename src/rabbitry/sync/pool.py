@@ -16,7 +16,7 @@ from .channel import Channel, _wait
 if TYPE_CHECKING:
     from ..aio.channel import AsyncChannel
     from ..pool import AsyncChannelPool
-    from .connection import Connection
+    from ._connection import Connection
 
 __all__ = ["ChannelPool"]
 

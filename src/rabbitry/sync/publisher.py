@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from ..protocol import spec
     from ..publisher import AsyncPublisher, Body, OutgoingMessage, UnconfirmedMessage
-    from .connection import Connection
+    from ._connection import Connection
 
 __all__ = ["Publisher"]
 

@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any
 from ..exceptions import AMQPError, ConfigurationError
 from ..rpc import _UNSET, AsyncRpcClient, ReplyBody, check_request, reply_for, reply_lost
 from .channel import _wait
+from .consumer import Consumer
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ..protocol.message import Message
     from ..protocol.spec import BasicProperties
+    from ._connection import Connection
     from .channel import Channel
-    from .connection import Connection
-    from .consumer import Consumer
 
 __all__ = ["RpcClient", "RpcServer"]
 
@@ -120,8 +120,8 @@ class RpcServer:
         self.queue = queue
         self._handler = handler
         self._reply_channel: Channel | None = None
-        self.consumer: Consumer = connection.consumer(
-            queue, self._serve, prefetch=prefetch, concurrency=concurrency
+        self.consumer: Consumer = Consumer(
+            connection, queue, self._serve, prefetch=prefetch, concurrency=concurrency
         )
 
     def __repr__(self) -> str:

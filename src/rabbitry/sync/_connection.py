@@ -1,0 +1,377 @@
+"""The core of :class:`rabbitry.Connection`, the thread-safe twin of
+:class:`rabbitry.AsyncConnection`.
+
+One IO thread per connection runs the asyncio engine; this class only forwards to it
+(see ``_portal.py`` for the hand-off and the callback dispatcher). The factories of the
+publisher, consumer, pool and RPC twins are added by the public class in
+``connection.py``, which those twins do not import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import weakref
+from typing import TYPE_CHECKING, Any, Self
+
+from .._connection import AsyncConnection
+from ..exceptions import AMQPError, ConnectionClosedByClient, InvalidStateError, Timeout
+from ..recovery import DEFAULT_RECOVERY
+from ._portal import Dispatcher, Portal, _wait
+from .channel import Channel
+
+if TYPE_CHECKING:
+    import ssl
+    from collections.abc import Callable, Sequence
+
+    from ..aio.connection import CredentialsProvider
+    from ..config import ConnectionParameters
+    from ..record import TopologyRecord
+    from ..recovery import RecoveryPolicy, State
+
+__all__ = ["Connection"]
+
+_CLOSE_TIMEOUT = 10.0
+_ids = itertools.count(1)
+#: Connections that connected in this process (rabbitry.run closes those left open).
+_CONNECTED: weakref.WeakSet[Connection] = weakref.WeakSet()
+
+
+class Connection:
+    """The thread-safe connection without the factories of the high-level objects: the
+    IO thread, the portal, the channels and the state.
+
+    Applications construct :class:`rabbitry.Connection` (``rabbitry.sync.Connection``),
+    which adds ``publisher()``, ``consumer()``, ``channel_pool()``, ``rpc_client()`` and
+    ``rpc_server()``; its documentation describes the arguments. The thread-safe twins of
+    those objects are built on this class and import it, not the public one.
+    """
+
+    callback_queue_size = 1024
+
+    def __init__(
+        self,
+        url: str | Sequence[str] | None = None,
+        *,
+        heartbeat: int | None = None,
+        connection_timeout: float | None = None,
+        channel_max: int | None = None,
+        frame_max: int | None = None,
+        connection_name: str | None = None,
+        auth_mechanism: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        client_properties: dict[str, Any] | None = None,
+        max_message_size: int | None = None,
+        recovery: RecoveryPolicy | None = DEFAULT_RECOVERY,
+        credentials_provider: CredentialsProvider | None = None,
+    ) -> None:
+        provider: CredentialsProvider | None = None
+        if credentials_provider is not None and callable(credentials_provider):
+            # A plain function may block (an HTTP call for a token): it runs in a worker
+            # thread so the IO thread keeps serving the other connections' heartbeats.
+            provider = _off_loop(credentials_provider)
+        elif credentials_provider is not None:
+            provider = credentials_provider  # AsyncConnection reports the type error
+        self._async = AsyncConnection(
+            url,
+            heartbeat=heartbeat,
+            connection_timeout=connection_timeout,
+            channel_max=channel_max,
+            frame_max=frame_max,
+            connection_name=connection_name,
+            auth_mechanism=auth_mechanism,
+            ssl_context=ssl_context,
+            client_properties=client_properties,
+            max_message_size=max_message_size,
+            recovery=recovery,
+            credentials_provider=provider,
+        )
+        self._id = next(_ids)
+        self._portal: Portal | None = None
+        self._dispatcher: Dispatcher | None = None
+
+    def __repr__(self) -> str:
+        return repr(self._async).replace("AsyncConnection", "Connection", 1)
+
+    def __enter__(self) -> Self:
+        if self._portal is None:
+            self.connect()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def params(self) -> ConnectionParameters:
+        """The parameters of the address in use (the first one before connecting)."""
+        return self._async.params
+
+    @property
+    def is_open(self) -> bool:
+        """The connection is open and usable."""
+        return self._async.is_open
+
+    @property
+    def is_closed(self) -> bool:
+        """The connection was opened and is now closed."""
+        return self._async.is_closed
+
+    @property
+    def recovery(self) -> RecoveryPolicy | None:
+        """The recovery policy (``None``: a failed connection stays closed)."""
+        return self._async.recovery
+
+    @property
+    def state(self) -> State:
+        """CONNECTING, OPEN, RECOVERING or CLOSED."""
+        return self._async.state
+
+    def on_state_change(self, callback: Callable[[State, AMQPError | None], Any]) -> None:
+        """Call ``callback(state, cause)`` on every state change; on the dispatcher thread.
+
+        May be called before :meth:`connect`, as on the async twin; changes made while
+        ``connect()`` runs are not reported (the dispatcher starts once it returns).
+        """
+        self._subscribe(
+            self._async.on_state_change, lambda state, cause: self._post(callback, state, cause)
+        )
+
+    def on_queue_renamed(self, callback: Callable[[str, str], Any]) -> None:
+        """Call ``callback(old, new)`` when recovery renames a server-named queue.
+
+        May be called before :meth:`connect`; runs on the dispatcher thread.
+        """
+        self._subscribe(
+            self._async.on_queue_renamed, lambda old, new: self._post(callback, old, new)
+        )
+
+    def on_recovery_error(self, callback: Callable[[str, str, AMQPError], Any]) -> None:
+        """Call ``callback(kind, name, exc)`` when an entity fails to re-declare.
+
+        May be called before :meth:`connect`; runs on the dispatcher thread.
+        """
+        self._subscribe(
+            self._async.on_recovery_error,
+            lambda kind, name, exc: self._post(callback, kind, name, exc),
+        )
+
+    def wait_recovered(self, timeout: float | None = None) -> None:
+        """Block until the connection is OPEN; see :meth:`AsyncConnection.wait_recovered`."""
+        self._require_portal().call(self._async.wait_recovered, timeout, wait=_wait(timeout))
+
+    @property
+    def is_blocked(self) -> bool:
+        """The broker blocked publishing (resource alarm)."""
+        return self._async.is_blocked
+
+    @property
+    def blocked_reason(self) -> str | None:
+        """The broker's reason for the current block, or ``None``."""
+        return self._async.blocked_reason
+
+    @property
+    def server_properties(self) -> dict[str, Any]:
+        """The broker's server-properties."""
+        return self._async.server_properties
+
+    @property
+    def server_version(self) -> tuple[int, ...]:
+        """The broker's version, e.g. ``(4, 0, 5)``; ``()`` before connecting or if unknown."""
+        return self._async.server_version
+
+    @property
+    def server_capabilities(self) -> dict[str, bool]:
+        """The broker's ``capabilities`` table."""
+        return self._async.server_capabilities
+
+    @property
+    def max_message_size(self) -> int:
+        """The largest body sent or accepted (0 = no limit); follows the broker when not set."""
+        return self._async.max_message_size
+
+    @property
+    def heartbeat(self) -> int:
+        """The negotiated heartbeat interval in seconds."""
+        return self._async.heartbeat
+
+    @property
+    def frame_max(self) -> int:
+        """The negotiated largest frame size."""
+        return self._async.frame_max
+
+    @property
+    def channel_max(self) -> int:
+        """The negotiated highest channel number."""
+        return self._async.channel_max
+
+    @property
+    def close_exc(self) -> AMQPError | None:
+        """Why the connection ended, once it has."""
+        return self._async.close_exc
+
+    @property
+    def topology_record(self) -> TopologyRecord:
+        """What ``Topology.apply`` declared on this connection, in order (for recovery)."""
+        return self._async.topology_record
+
+    @property
+    def io_thread_name(self) -> str | None:
+        """The IO thread's name (for diagnostics)."""
+        return self._portal.thread.name if self._portal else None
+
+    def add_blocked_callback(self, callback: Callable[[str | None], Any]) -> None:
+        """Call ``callback(reason)`` on connection.blocked, ``callback(None)`` on unblocked.
+
+        Runs on the dispatcher thread. May be called before :meth:`connect`.
+        """
+        self._subscribe(
+            self._async.add_blocked_callback, lambda reason: self._post(callback, reason)
+        )
+
+    def add_close_callback(self, callback: Callable[[AMQPError], Any]) -> None:
+        """Call ``callback(exc)`` once when the connection ends; on the dispatcher thread.
+
+        May be called before :meth:`connect`.
+        """
+        self._subscribe(self._async.add_close_callback, lambda exc: self._post(callback, exc))
+
+    # ------------------------------------------------------------------ open / close
+
+    def connect(self, timeout: float | None = None) -> None:
+        """Start the IO thread and connect (see :meth:`AsyncConnection.connect`).
+
+        Raises:
+            AuthenticationError, ConnectError, Timeout: as the async twin.
+            InvalidStateError: already connected.
+        """
+        if self._portal is not None:
+            raise InvalidStateError("connect() was already called on this connection")
+        portal = Portal(f"rabbitry-io-{self._id}")
+        engine = self._async
+
+        def write_gate(resume: Callable[[], None]) -> bool:
+            if engine._write_paused and engine._transport is not None:
+                engine._writable_hooks.append(resume)
+                return True
+            return False
+
+        portal.set_write_gate(write_gate)
+        portal.on_stop = self._end_engine
+        self._portal = portal
+        try:
+            portal.call(engine.connect, timeout, wait=_wait(timeout))
+        except BaseException:
+            portal.stop()
+            self._portal = None
+            raise
+        self._dispatcher = Dispatcher(
+            portal,
+            f"rabbitry-callbacks-{self._id}",
+            self.callback_queue_size,
+            engine._pause_reading,
+            engine._resume_reading,
+        )
+        portal.dispatcher = self._dispatcher
+        _CONNECTED.add(self)
+
+    def close(
+        self,
+        reply_code: int = 200,
+        reply_text: str = "Normal shutdown",
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        """Close the connection and stop its threads; from any thread, idempotent.
+
+        Returns within ``timeout`` (default 10 s) plus a short grace, even when the broker
+        is gone or has blocked the connection: past it the socket is dropped.
+
+        Everything pending fails at once with the reason: calls waiting in other threads,
+        unconfirmed publishes, publishes still queued for the IO thread; threads blocked
+        for room or by a resource alarm wake up and raise. Consumer callbacks not started
+        yet are dropped (the broker requeues their messages): none starts once this
+        returns. See "What close does to futures, consumers and callbacks" in
+        ``docs/recovery.md``.
+        """
+        portal = self._portal
+        if portal is None:
+            return
+        limit = _CLOSE_TIMEOUT if timeout is None else timeout
+        if not portal.in_io_thread():
+            try:
+                portal.call(
+                    self._async.close, reply_code, reply_text, timeout=limit, wait=limit + 2.0
+                )
+            except (AMQPError, InvalidStateError, Timeout):
+                pass
+        reason = self._async.close_exc or ConnectionClosedByClient(reply_code, reply_text)
+        if self._dispatcher is not None:
+            self._dispatcher.stop(timeout=min(limit, 1.0))
+        portal.stop(timeout=min(limit, 5.0), reason=reason)
+
+    def wait_closed(self, timeout: float | None = None) -> AMQPError:
+        """Block until the connection ends; returns the reason."""
+        return self._require_portal().call(self._async.wait_closed, timeout, wait=_wait(timeout))
+
+    # ------------------------------------------------------------------ channels
+
+    def channel(self, channel_id: int | None = None, *, timeout: float | None = None) -> Channel:
+        """Open a channel (the lowest free number unless ``channel_id`` is given)."""
+        portal = self._require_portal()
+        channel = portal.call(self._async.channel, channel_id, timeout=timeout, wait=_wait(timeout))
+        return Channel(self, channel)
+
+    def update_secret(
+        self, new_secret: bytes | str, reason: str = "", *, timeout: float | None = None
+    ) -> None:
+        """Replace the credentials of the open connection (connection.update-secret)."""
+        self._require_portal().call(
+            self._async.update_secret, new_secret, reason, timeout=timeout, wait=_wait(timeout)
+        )
+
+    # ------------------------------------------------------------------ internals
+
+    def _end_engine(self) -> None:
+        """IO thread, loop stopped: end the engine if ``close()`` did not (e.g. it was
+        called from the IO thread, or its wait ran out), so that every future it holds
+        fails now, and drop the socket."""
+        reason = self._portal._stop_reason if self._portal is not None else None
+        if not isinstance(reason, AMQPError):
+            reason = ConnectionClosedByClient(200, "the connection's IO thread stopped")
+        self._async._abort(reason)
+
+    def _require_portal(self) -> Portal:
+        if self._portal is None:
+            raise InvalidStateError("the connection is not open (call connect() first)")
+        return self._portal
+
+    def _subscribe(self, register: Callable[[Any], None], relay: Callable[..., None]) -> None:
+        """Hand ``relay`` to one of the engine's ``register`` methods.
+
+        Before :meth:`connect` the IO thread does not run yet, so nothing else touches
+        the engine: register directly. After it, register on the IO thread.
+        """
+        portal = self._portal
+        if portal is None:
+            register(relay)
+        else:
+            portal.submit(register, relay)
+
+    def _post(self, fn: Callable[..., Any], *args: Any) -> None:
+        """IO thread: hand a user callback to the dispatcher thread."""
+        dispatcher = self._dispatcher
+        if dispatcher is not None:
+            dispatcher.post(fn, *args)
+
+
+def _off_loop(provider: CredentialsProvider) -> CredentialsProvider:
+    async def call() -> tuple[str, str]:
+        result = await asyncio.to_thread(provider)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+    return call
