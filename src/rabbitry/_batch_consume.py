@@ -19,19 +19,58 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .batching import is_envelope, settler_of, unpack
 from .exceptions import BatchFormatError
 
 if TYPE_CHECKING:
-    from .consumer import AsyncConsumer
+    from collections.abc import Callable
+
     from .protocol.message import Message
 
 __all__ = ["handle_batch_with_envelopes", "handle_envelope"]
 
 
-async def handle_envelope(consumer: AsyncConsumer, envelope: Message) -> None:
+class _Dedup(Protocol):
+    def seen(self, key: str) -> bool: ...
+
+    def add(self, key: str) -> None: ...
+
+
+class _Stats(Protocol):
+    deduplicated: int
+    released: int
+
+
+class _Consumer(Protocol):
+    """What these functions use of their :class:`~rabbitry.consumer.AsyncConsumer`, which
+    imports this module."""
+
+    @property
+    def dedup(self) -> _Dedup | None: ...
+
+    @property
+    def stats(self) -> _Stats: ...
+
+    @property
+    def _handler(self) -> Callable[[Any], object]: ...
+
+    @property
+    def _release_on_cancel(self) -> bool: ...
+
+    def _ack(self, message: Message) -> None: ...
+
+    def _settle(self, message: Message, how: str, **options: Any) -> bool: ...
+
+    async def _fail(self, message: Message, exc: BaseException) -> None: ...
+
+    def _failed_items(
+        self, batch: list[Message], result: object
+    ) -> list[tuple[Message, BaseException]]: ...
+
+
+async def handle_envelope(consumer: _Consumer, envelope: Message) -> None:
     """Hand the records of ``envelope`` to ``consumer``'s handler; settle the envelope."""
     dedup = consumer.dedup
     message_id = envelope.properties.message_id
@@ -75,7 +114,7 @@ async def handle_envelope(consumer: AsyncConsumer, envelope: Message) -> None:
         dedup.add(message_id)
 
 
-def _settle_for(consumer: AsyncConsumer, envelope: Message) -> Any:
+def _settle_for(consumer: _Consumer, envelope: Message) -> Any:
     def settle(how: str, *, multiple: bool = False, requeue: bool = True) -> None:
         if how == "ack":
             consumer._ack(envelope)
@@ -85,7 +124,7 @@ def _settle_for(consumer: AsyncConsumer, envelope: Message) -> Any:
     return settle
 
 
-async def handle_batch_with_envelopes(consumer: AsyncConsumer, batch: list[Message]) -> None:
+async def handle_batch_with_envelopes(consumer: _Consumer, batch: list[Message]) -> None:
     """A list handler's batch that holds envelopes: records in their place (see above)."""
     items: list[Message] = []
     owner: dict[int, Message] = {}

@@ -63,7 +63,7 @@ from .streams import STREAM_OFFSET, check_consume
 if TYPE_CHECKING:
     from .aio.channel import AsyncChannel
     from .aio.connection import AsyncConnection
-    from .topology import RetryDecision, RetryPolicy
+    from .topology._retry import RetryDecision, RetryPolicy
 
 __all__ = [
     "AsyncConsumer",
@@ -400,7 +400,7 @@ class AsyncConsumer:
 
     async def _check_failure_path(self, timeout: float | None) -> None:
         """Passive-check that failed messages have somewhere to go (see :meth:`start`)."""
-        from .topology._apply import missing_entities
+        from .topology._session import missing_entities
 
         record = getattr(self._conn, "topology_record", None)
         recorded = record.queue(self.queue) if record is not None else None
@@ -900,7 +900,7 @@ class AsyncConsumer:
                 kind = "dead-lettered"
             self._failures.failure(tag, exc, action, kind)
             return
-        from .topology import handle_failure
+        from .topology._retry import handle_failure
 
         retryable = False if isinstance(exc, Reject) else None
         try:
@@ -1072,7 +1072,7 @@ def _describe(outcome: str, decision: RetryDecision | None) -> str:
 
 
 def _check_retry(retry: object) -> None:
-    from .topology import RetryPolicy
+    from .topology._retry import RetryPolicy
 
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise ConfigurationError(

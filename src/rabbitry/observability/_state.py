@@ -4,6 +4,11 @@
 This module imports nothing, so the publisher, the consumer and the connection can read
 ``_state.active`` on every message for the price of an attribute load and a ``None``
 check, with or without OpenTelemetry installed.
+
+The engine reads it too, so it sits below the objects it reports on and cannot import
+them: :class:`Hooks` names them (the publisher, the consumer, the outbox publisher, the
+connection, the retry decision) in its docstrings and types them ``Any``; the
+implementation (``observability._otel``) types them exactly.
 """
 
 from __future__ import annotations
@@ -13,13 +18,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    from ..aio.connection import AsyncConnection
-    from ..consumer import AsyncConsumer
-    from ..outbox_publisher import AsyncOutboxPublisher
     from ..protocol.message import Message
     from ..protocol.spec import BasicProperties
-    from ..publisher import AsyncPublisher, Body, OutgoingMessage
-    from ..topology import RetryDecision
+
+# What the hooks are given, named for the reader (the modules that define them import
+# this one): rabbitry.AsyncPublisher, rabbitry.AsyncConsumer, rabbitry.AsyncOutboxPublisher,
+# the engine's AsyncConnection, rabbitry.topology.RetryDecision, and the messages of
+# publish_batch (OutgoingMessage or a body).
+_AsyncPublisher = Any
+_AsyncConsumer = Any
+_AsyncOutboxPublisher = Any
+_AsyncConnection = Any
+_RetryDecision = Any
+_OutgoingMessageOrBody = Any
 
 
 class Hooks(Protocol):
@@ -27,7 +38,7 @@ class Hooks(Protocol):
 
     def publish(
         self,
-        publisher: AsyncPublisher,
+        publisher: _AsyncPublisher,
         exchange: str,
         routing_key: str,
         properties: BasicProperties | None,
@@ -39,12 +50,12 @@ class Hooks(Protocol):
 
     def publish_batch(
         self,
-        publisher: AsyncPublisher,
-        messages: Iterable[OutgoingMessage | Body],
+        publisher: _AsyncPublisher,
+        messages: Iterable[_OutgoingMessageOrBody],
         exchange: str,
         routing_key: str,
         properties: BasicProperties | None,
-    ) -> tuple[Iterable[OutgoingMessage | Body], Callable[[Any], None] | None]:
+    ) -> tuple[Iterable[_OutgoingMessageOrBody], Callable[[Any], None] | None]:
         """As :meth:`publish` for each message of a batch; ``finish(future)`` takes the
         future of the list of outcomes (``None``: nothing would be recorded)."""
         ...
@@ -54,33 +65,35 @@ class Hooks(Protocol):
         the API's no-op providers it would not: the consumer then skips it)."""
         ...
 
-    async def process(self, consumer: AsyncConsumer, work: Message | list[Message]) -> None:
+    async def process(self, consumer: _AsyncConsumer, work: Message | list[Message]) -> None:
         """Run ``consumer``'s handling of ``work`` inside a process span."""
         ...
 
-    def handler_failed(self, consumer: AsyncConsumer, message: Message, exc: BaseException) -> None:
+    def handler_failed(
+        self, consumer: _AsyncConsumer, message: Message, exc: BaseException
+    ) -> None:
         """The handler raised ``exc`` for ``message`` (inside its process span)."""
         ...
 
     def moved(
         self,
-        consumer: AsyncConsumer,
+        consumer: _AsyncConsumer,
         message: Message,
         outcome: str,
-        decision: RetryDecision | None,
+        decision: _RetryDecision | None,
     ) -> None:
         """The retry policy retried, parked or dropped ``message``."""
         ...
 
-    def consumer_started(self, consumer: AsyncConsumer) -> None:
+    def consumer_started(self, consumer: _AsyncConsumer) -> None:
         """``consumer`` subscribed (loop thread)."""
         ...
 
-    def outbox_started(self, publisher: AsyncOutboxPublisher) -> None:
+    def outbox_started(self, publisher: _AsyncOutboxPublisher) -> None:
         """An outbox publisher started delivering (loop thread)."""
         ...
 
-    def connection_created(self, connection: AsyncConnection) -> None:
+    def connection_created(self, connection: _AsyncConnection) -> None:
         """``connection`` was made (any thread)."""
         ...
 
