@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal
 
 from ..exceptions import (
     ChannelClosedByBroker,
@@ -40,9 +40,9 @@ from ..exceptions import (
     TopologyMissingExchange,
 )
 from ..record import RecordedBinding, RecordedExchange, RecordedQueue, TopologyRecord
+from ._base import T, TopologyData
 from ._model import Binding, Exchange, Policy, Queue, is_reserved
 from ._session import _Session, missing_entities
-from ._topology import Topology
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -71,7 +71,7 @@ MissingExchanges = Literal["error", "warn"]
 
 
 @dataclass(frozen=True, eq=False)
-class ApplyResult:
+class ApplyResult(Generic[T]):
     """What ``Topology.apply`` declared.
 
     Attributes:
@@ -81,7 +81,7 @@ class ApplyResult:
         message_counts: ready messages per queue name, from queue.declare-ok.
     """
 
-    topology: Topology
+    topology: T
     queue_names: tuple[str, ...]
     message_counts: Mapping[str, int]
     _original: tuple[Queue, ...] = field(repr=False, default=())
@@ -189,12 +189,12 @@ _PASSIVE = " (an amq.* name: checked with a passive declare, not declared)"
 
 
 async def apply_topology(
-    topology: Topology,
+    topology: T,
     connection: AsyncConnection,
     *,
     timeout: float | None = None,
     missing_exchanges: MissingExchanges = "error",
-) -> ApplyResult:
+) -> ApplyResult[T]:
     """Declare exchanges, then queues, then bindings; record each. See ``Topology.aapply``."""
     await check_references(topology, connection, missing_exchanges, timeout)
     record = _record_of(connection)
@@ -287,7 +287,7 @@ async def apply_topology(
         q if q.name else _renamed(q, assigned[i]) for i, q in enumerate(topology.queues)
     ]
     return ApplyResult(
-        Topology(topology.exchanges, resolved_queues, resolved_bindings, topology.policies),
+        type(topology)(topology.exchanges, resolved_queues, resolved_bindings, topology.policies),
         tuple(assigned),
         counts,
         topology.queues,
@@ -442,7 +442,7 @@ async def _conflict(
 # --------------------------------------------------------------------------- existence
 
 
-def _references(topology: Topology) -> list[tuple[str, str, str]]:
+def _references(topology: TopologyData) -> list[tuple[str, str, str]]:
     """``(entity, field, exchange)`` for every alternate / dead-letter exchange named
     by ``topology`` and not declared by it (the default exchange ``""`` excluded)."""
     declared = {x.name for x in topology.exchanges}
@@ -464,7 +464,7 @@ def _references(topology: Topology) -> list[tuple[str, str, str]]:
 
 
 async def check_references(
-    topology: Topology,
+    topology: TopologyData,
     connection: AsyncConnection,
     missing_exchanges: MissingExchanges,
     timeout: float | None,
@@ -507,7 +507,7 @@ async def check_references(
 
 
 async def verify_topology(
-    topology: Topology,
+    topology: TopologyData,
     connection: AsyncConnection,
     *,
     timeout: float | None = None,
@@ -550,19 +550,21 @@ async def verify_topology(
     return VerifyReport(tuple(missing), tuple(present), tuple(unchecked), counts, dangling=dangling)
 
 
-def check_policies(topology: Topology, report: VerifyReport, found: list[Policy]) -> VerifyReport:
+def check_policies(
+    topology: TopologyData, report: VerifyReport, found: list[Policy]
+) -> VerifyReport:
     """``report`` with the topology's policies checked against ``found`` (the broker's)."""
     from ._diff import diff_topologies
 
     missing = list(report.missing)
     present = list(report.present)
-    theirs = Topology(policies=found)
+    theirs = type(topology)(policies=found)
     for policy in topology.policies:
         if theirs.policy(policy.name) is None:
             missing.append(policy)
         else:
             present.append(policy)
-    ours = Topology(policies=topology.policies)
+    ours = type(topology)(policies=topology.policies)
     differences = [
         line
         for line in diff_topologies(ours, theirs, extra=False)
@@ -583,7 +585,7 @@ def check_policies(topology: Topology, report: VerifyReport, found: list[Policy]
 
 
 async def delete_topology(
-    topology: Topology, connection: AsyncConnection, *, timeout: float | None = None
+    topology: TopologyData, connection: AsyncConnection, *, timeout: float | None = None
 ) -> None:
     """Unbind, delete queues, delete exchanges; forget each. See ``Topology.adelete``."""
     record = _record_of(connection)

@@ -31,10 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..exceptions import TopologyValidationError
 from ._model import Binding, Exchange, Policy, Queue, broker_policies
-from ._topology import Topology
 
 if TYPE_CHECKING:
     import os
+
+    from ._base import T, TopologyData
 
 __all__ = [
     "from_definitions",
@@ -86,7 +87,7 @@ def is_definitions(data: Mapping[str, Any]) -> bool:
     return False
 
 
-def from_dict(data: Mapping[str, Any]) -> Topology:
+def from_dict(make: type[T], data: Mapping[str, Any]) -> T:
     """Build a :class:`Topology` from our own form (see the module docstring)."""
     if not isinstance(data, Mapping):
         raise TopologyValidationError(
@@ -121,10 +122,10 @@ def from_dict(data: Mapping[str, Any]) -> Topology:
             except TypeError as exc:  # a required field is missing
                 raise TopologyValidationError(f"{section}[{index}]", "fields", str(exc)) from None
         built[section] = items
-    return Topology(built["exchanges"], built["queues"], built["bindings"], built["policies"])
+    return make(built["exchanges"], built["queues"], built["bindings"], built["policies"])
 
 
-def from_definitions(data: Mapping[str, Any], vhost: str = "/") -> Topology:
+def from_definitions(make: type[T], data: Mapping[str, Any], vhost: str = "/") -> T:
     """Build a :class:`Topology` from a RabbitMQ definitions export (one vhost).
 
     Entries without a ``vhost`` key are taken as belonging to ``vhost`` (a single-vhost
@@ -186,10 +187,10 @@ def from_definitions(data: Mapping[str, Any], vhost: str = "/") -> Topology:
             )
             for e in mine("policies")
         ]
-    return Topology(exchanges, queues, bindings, policies)
+    return make(exchanges, queues, bindings, policies)
 
 
-def to_dict(topology: Topology) -> dict[str, Any]:
+def to_dict(topology: TopologyData) -> dict[str, Any]:
     """Our own form: only fields that differ from their defaults.
 
     Raises:
@@ -216,7 +217,7 @@ def to_dict(topology: Topology) -> dict[str, Any]:
     return result
 
 
-def to_definitions(topology: Topology, vhost: str = "/") -> dict[str, Any]:
+def to_definitions(topology: TopologyData, vhost: str = "/") -> dict[str, Any]:
     """The topology as a definitions document for ``rabbitmqctl import_definitions``.
 
     Exclusive and server-named queues, and bindings to them, are left out: they belong
@@ -301,16 +302,16 @@ def parse_text(text: str, fmt: str) -> Any:
         raise TopologyValidationError("topology", "document", f"invalid YAML: {exc}") from None
 
 
-def from_data(data: Any, vhost: str) -> Topology:
+def from_data(make: type[T], data: Any, vhost: str) -> T:
     """Our form or a definitions export, whichever ``data`` is."""
     if data is None:
-        return Topology()
+        return make()
     if isinstance(data, Mapping) and is_definitions(data):
-        return from_definitions(data, vhost)
-    return from_dict(data)
+        return from_definitions(make, data, vhost)
+    return from_dict(make, data)
 
 
-def load(path: str | os.PathLike[str], vhost: str = "/") -> Topology:
+def load(make: type[T], path: str | os.PathLike[str], vhost: str = "/") -> T:
     """Read a topology file: ``.json``, or ``.yaml``/``.yml`` (needs PyYAML).
 
     Raises:
@@ -327,7 +328,7 @@ def load(path: str | os.PathLike[str], vhost: str = "/") -> Topology:
         raise TopologyValidationError(
             f"file {str(file)!r}", "suffix", "must be .json, .yaml or .yml"
         )
-    return from_data(parse_text(file.read_text(encoding="utf-8"), fmt), vhost)
+    return from_data(make, parse_text(file.read_text(encoding="utf-8"), fmt), vhost)
 
 
 def dump_yaml(data: Any) -> str:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from ._model import Binding, Exchange, Policy, Queue
 
 if TYPE_CHECKING:
-    from ._topology import Topology
+    from ._base import TopologyData
 
 __all__ = [
     "ARGUMENT_WINS",
@@ -141,7 +141,11 @@ def _queue_view(q: Queue, default_type: str) -> dict[str, Any]:
 
 
 def diff_topologies(
-    ours: Topology, theirs: Topology, *, extra: bool = True, default_queue_type: str = "classic"
+    ours: TopologyData,
+    theirs: TopologyData,
+    *,
+    extra: bool = True,
+    default_queue_type: str = "classic",
 ) -> list[str]:
     """Readable differences; empty when ``theirs`` has everything ``ours`` declares.
 
@@ -195,7 +199,7 @@ def _policy_view(p: Policy) -> dict[str, Any]:
     return view
 
 
-def _diff_policies(ours: Topology, theirs: Topology) -> list[str]:
+def _diff_policies(ours: TopologyData, theirs: TopologyData) -> list[str]:
     lines = []
     for p in ours.policies:
         other = theirs.policy(p.name)
@@ -307,7 +311,7 @@ def _lower(key: str, policy_value: Any, argument_value: Any) -> bool:
     return policy_value < argument_value
 
 
-def _extra(ours: Topology, theirs: Topology) -> list[str]:
+def _extra(ours: TopologyData, theirs: TopologyData) -> list[str]:
     lines = []
     for x in theirs.exchanges:
         if ours.exchange(x.name) is None:

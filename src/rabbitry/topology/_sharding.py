@@ -18,14 +18,14 @@ from ..exceptions import TopologyValidationError
 from ._model import Binding, Exchange, Policy, Queue
 
 if TYPE_CHECKING:
-    from ._topology import Topology
+    from collections.abc import Iterable
 
 __all__ = [
     "SHARDS_PER_NODE",
-    "add_sharding",
     "check_sharded_names",
     "shard_queue_name",
     "sharded_exchanges",
+    "sharding_policy",
 ]
 
 SHARDS_PER_NODE = "shards-per-node"
@@ -78,17 +78,15 @@ def check_sharded_names(
             raise TopologyValidationError(binding.label, "destination", rule)
 
 
-def add_sharding(
-    topology: Topology,
+def sharding_policy(
+    exchanges: Iterable[Exchange],
     exchange: str,
     shards_per_node: int,
     routing_key: str | None,
     priority: int,
-) -> Topology:
-    """``topology`` with a sharding policy for ``exchange`` (which it must hold)."""
-    from ._topology import Topology
-
-    if topology.exchange(exchange) is None:
+) -> Policy:
+    """The sharding policy for ``exchange``, which must be one of ``exchanges``."""
+    if not any(x.name == exchange for x in exchanges):
         raise TopologyValidationError(
             "topology",
             "exchange",
@@ -98,11 +96,10 @@ def add_sharding(
     definition: dict[str, object] = {SHARDS_PER_NODE: shards_per_node}
     if routing_key is not None:
         definition["routing-key"] = routing_key
-    policy = Policy(
+    return Policy(
         f"{exchange}.sharding",
         f"^{re.escape(exchange)}$",
         apply_to="exchanges",
         definition=definition,
         priority=priority,
     )
-    return topology + Topology(policies=[policy])

@@ -7,16 +7,18 @@ and save), ``_diff``, ``_apply`` (apply/verify/delete on a connection) and ``_re
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..exceptions import TopologyError, TopologyValidationError
+from ._base import TopologyData
 from ._model import Binding, Exchange, Policy, Queue
-from ._sharding import add_sharding, check_sharded_names, sharded_exchanges
+from ._retry import HELPER_DELIVERY_LIMIT, WORK_QUEUE_DELIVERY_LIMIT
+from ._sharding import sharded_exchanges, sharding_policy
 
 if TYPE_CHECKING:
     import os
+    from collections.abc import Mapping
 
     from ..aio.connection import AsyncConnection
     from ..management import AsyncManagementClient, ManagementClient
@@ -29,8 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["Topology"]
 
 
-@dataclass(frozen=True, eq=True, init=False)
-class Topology:
+class Topology(TopologyData):
     """A set of exchanges, queues, bindings and policies, applied in that order.
 
     Build it directly, load it (:meth:`from_dict`, :meth:`load`, :meth:`from_definitions`)
@@ -49,69 +50,6 @@ class Topology:
             different settings, or a binding refers to a server-named queue that is
             not part of the topology.
     """
-
-    exchanges: tuple[Exchange, ...]
-    queues: tuple[Queue, ...]
-    bindings: tuple[Binding, ...]
-    policies: tuple[Policy, ...]
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __init__(
-        self,
-        exchanges: Iterable[Exchange] = (),
-        queues: Iterable[Queue] = (),
-        bindings: Iterable[Binding] = (),
-        policies: Iterable[Policy] = (),
-    ) -> None:
-        kept_policies = _unique(policies, Policy, "policies")
-        kept_exchanges = _unique(exchanges, Exchange, "exchanges")
-        kept_queues = _unique(queues, Queue, "queues")
-        kept_bindings: list[Binding] = []
-        for binding in _items(bindings, Binding, "bindings"):
-            if not any(binding.same_as(seen) for seen in kept_bindings):
-                kept_bindings.append(binding)
-        for binding in kept_bindings:
-            target = binding.destination
-            if isinstance(target, Queue) and not any(target is q for q in kept_queues):
-                raise TopologyValidationError(
-                    binding.label,
-                    "destination",
-                    "refers to a server-named queue that is not in this topology's queues",
-                )
-        sharded = sharded_exchanges(tuple(kept_exchanges), tuple(kept_policies))
-        check_sharded_names(sharded, tuple(kept_queues), tuple(kept_bindings))
-        object.__setattr__(self, "exchanges", tuple(kept_exchanges))
-        object.__setattr__(self, "queues", tuple(kept_queues))
-        object.__setattr__(self, "bindings", tuple(kept_bindings))
-        object.__setattr__(self, "policies", tuple(kept_policies))
-
-    def __add__(self, other: object) -> Topology:
-        if not isinstance(other, Topology):
-            return NotImplemented
-        return Topology(
-            self.exchanges + other.exchanges,
-            self.queues + other.queues,
-            self.bindings + other.bindings,
-            self.policies + other.policies,
-        )
-
-    def __len__(self) -> int:
-        return len(self.exchanges) + len(self.queues) + len(self.bindings) + len(self.policies)
-
-    def exchange(self, name: str) -> Exchange | None:
-        """The exchange called ``name``, or ``None``."""
-        return next((x for x in self.exchanges if x.name == name), None)
-
-    def queue(self, name: str) -> Queue | None:
-        """The queue called ``name``, or ``None`` (server-named queues have no name)."""
-        if not name:
-            return None
-        return next((q for q in self.queues if q.name == name), None)
-
-    def policy(self, name: str) -> Policy | None:
-        """The policy called ``name``, or ``None``."""
-        return next((p for p in self.policies if p.name == name), None)
 
     def effective_policy(self, queue: Queue | str) -> Policy | None:
         """The policy of this topology that RabbitMQ would apply to ``queue``: the
@@ -139,7 +77,9 @@ class Topology:
 
         policies = list(self.policies)
         if other is not None:
-            theirs = other if isinstance(other, Topology) else from_definitions(other, vhost)
+            theirs = (
+                other if isinstance(other, Topology) else from_definitions(Topology, other, vhost)
+            )
             policies += [p for p in theirs.policies if self.policy(p.name) is None]
         return [o for q in self.queues if q.name for o in policy_overlaps(q, policies)]
 
@@ -152,7 +92,7 @@ class Topology:
         """
         from ._definitions import from_dict
 
-        return from_dict(data)
+        return from_dict(Topology, data)
 
     @classmethod
     def from_definitions(cls, data: Mapping[str, Any], vhost: str = "/") -> Topology:
@@ -160,28 +100,28 @@ class Topology:
         management ``/api/definitions``), taking the entities of ``vhost`` only."""
         from ._definitions import from_definitions
 
-        return from_definitions(data, vhost)
+        return from_definitions(Topology, data, vhost)
 
     @classmethod
     def from_json(cls, text: str, vhost: str = "/") -> Topology:
         """Parse JSON in our form or a definitions export (``vhost`` picks its entities)."""
         from ._definitions import from_data, parse_text
 
-        return from_data(parse_text(text, "json"), vhost)
+        return from_data(Topology, parse_text(text, "json"), vhost)
 
     @classmethod
     def from_yaml(cls, text: str, vhost: str = "/") -> Topology:
         """Parse YAML (needs PyYAML: ``rabbitry[yaml]``); same shapes as :meth:`from_json`."""
         from ._definitions import from_data, parse_text
 
-        return from_data(parse_text(text, "yaml"), vhost)
+        return from_data(Topology, parse_text(text, "yaml"), vhost)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], vhost: str = "/") -> Topology:
         """Read a ``.json``, ``.yaml`` or ``.yml`` file (our form or a definitions export)."""
         from ._definitions import load
 
-        return load(path, vhost)
+        return load(Topology, path, vhost)
 
     def to_dict(self) -> dict[str, Any]:
         """Our own form, with only the fields that differ from their defaults."""
@@ -235,7 +175,6 @@ class Topology:
                 already dead-letters somewhere else, or is a quorum queue with a
                 broker-driven policy.
         """
-        from ._retry import build_retry
 
         return build_retry(self, queue, policy, delivery_limit=delivery_limit)
 
@@ -268,7 +207,8 @@ class Topology:
             TopologyValidationError: ``exchange`` is not in this topology, a value breaks
                 a rule, or a queue of this topology has the exchange's name.
         """
-        return add_sharding(self, exchange, shards_per_node, routing_key, priority)
+        policy = sharding_policy(self.exchanges, exchange, shards_per_node, routing_key, priority)
+        return self + Topology(policies=[policy])
 
     def sharded_exchanges(self) -> dict[str, int]:
         """``{exchange: shards-per-node}`` for the exchanges this topology's policies shard."""
@@ -301,7 +241,7 @@ class Topology:
         from ._diff import default_queue_type as vhost_default
         from ._diff import diff_topologies
 
-        theirs = other if isinstance(other, Topology) else from_definitions(other, vhost)
+        theirs = other if isinstance(other, Topology) else from_definitions(Topology, other, vhost)
         if default_queue_type is None:
             default_queue_type = (
                 "classic" if isinstance(other, Topology) else vhost_default(other, vhost)
@@ -317,7 +257,7 @@ class Topology:
         timeout: float | None = None,
         management: AsyncManagementClient | None = None,
         missing_exchanges: Literal["error", "warn"] = "error",
-    ) -> ApplyResult:
+    ) -> ApplyResult[Topology]:
         """Declare everything on an :class:`~rabbitry.AsyncConnection`, idempotently.
 
         Policies first (through ``management``: AMQP cannot set them), then exchanges,
@@ -373,7 +313,7 @@ class Topology:
         timeout: float | None = None,
         management: ManagementClient | None = None,
         missing_exchanges: Literal["error", "warn"] = "error",
-    ) -> ApplyResult:
+    ) -> ApplyResult[Topology]:
         """:meth:`aapply` for a thread-safe :class:`~rabbitry.Connection` (blocks);
         ``management`` is a :class:`~rabbitry.management.ManagementClient`."""
         from ._apply import apply_topology
@@ -501,6 +441,126 @@ class Topology:
                     pass
 
 
+def _work_delivery_limit(
+    work: Queue, entity: str, policy: RetryPolicy, delivery_limit: int | None
+) -> int | None:
+    """The delivery limit the work queue gets (``None``: not a quorum queue)."""
+    if work.queue_type != "quorum":
+        if delivery_limit is not None:
+            raise TopologyValidationError(
+                entity,
+                "delivery_limit",
+                f"only quorum queues have a delivery limit (queue_type is {work.queue_type!r})",
+            )
+        return None
+    limit = work.delivery_limit
+    if limit is None:
+        limit = WORK_QUEUE_DELIVERY_LIMIT if delivery_limit is None else delivery_limit
+    elif delivery_limit is not None and delivery_limit != limit:
+        raise TopologyValidationError(
+            entity,
+            "delivery_limit",
+            f"the queue already has delivery_limit={limit}; with_retry was given {delivery_limit}",
+        )
+    if policy.broker_driven and limit >= 0:
+        raise TopologyValidationError(
+            entity,
+            "with_retry",
+            f"a quorum queue dead-letters a message returned more than {limit} times (its "
+            "delivery limit: Requeue, crashes, connection losses) with reason "
+            "'delivery_limit'; with one delay (broker-driven retry) that message would "
+            "enter the queue -> retry queue -> queue cycle, which RabbitMQ drops silently. "
+            "Use RetryPolicy(..., republish=True): the queue then dead-letters to the "
+            "parking lot",
+        )
+    return limit
+
+
+def build_retry(
+    topology: Topology, queue: str, policy: RetryPolicy, *, delivery_limit: int | None = None
+) -> Topology:
+    """The topology plus the retry machinery for its queue ``queue``.
+
+    Args:
+        topology: the topology holding the work queue.
+        queue: the work queue's name.
+        policy: the retry policy (give the consumer the same one).
+        delivery_limit: for a quorum work queue without one, its delivery limit
+            (default :data:`WORK_QUEUE_DELIVERY_LIMIT`); ``-1`` is unlimited (RabbitMQ
+            4.0+ only: 3.x dead-letters at the first return).
+
+    Raises:
+        TopologyValidationError: the queue is not in the topology, is a stream or
+            server-named, already dead-letters elsewhere, a derived name is too long, or
+            it is a quorum queue with a broker-driven policy (see the module docstring).
+    """
+    work = topology.queue(queue)
+    entity = f"queue {queue!r}"
+    if work is None:
+        raise TopologyValidationError(
+            entity, "with_retry", "the queue is not in this topology; add Queue(...) first"
+        )
+    if work.queue_type == "stream":
+        raise TopologyValidationError(
+            entity, "with_retry", "stream queues cannot dead-letter, so they cannot retry"
+        )
+    if policy.queue not in (None, queue):
+        raise TopologyValidationError(
+            entity, "with_retry", f"the policy is for queue {policy.queue!r}"
+        )
+    work_limit = _work_delivery_limit(work, entity, policy, delivery_limit)
+    names = policy.names(queue)
+    kind = work.queue_type
+    helpers: dict[str, Any] = {"durable": work.durable, "queue_type": kind}
+    if kind not in ("quorum", "stream"):
+        helpers["exclusive"] = work.exclusive
+    if kind == "quorum":
+        helpers["delivery_limit"] = HELPER_DELIVERY_LIMIT
+    retry_queues = [
+        Queue(
+            name,
+            message_ttl=ms,
+            dead_letter_exchange=names.dlx,
+            dead_letter_routing_key=queue,
+            **helpers,
+        )
+        for ms, name in zip(policy.tiers, names.retry_queues, strict=True)
+    ]
+    parking = [Queue(names.parking_lot, **helpers)] if names.parking_lot else []
+    if policy.broker_driven:
+        dead_letter_key: str | None = names.retry_queues[0]
+    else:
+        dead_letter_key = names.parking_lot
+    if work_limit is not None and work.delivery_limit is None:
+        work = replace(work, delivery_limit=work_limit)
+    queues = [work if q.name == queue else q for q in topology.queues]
+    if dead_letter_key is not None:
+        for existing, wanted in (
+            (work.dead_letter_exchange, names.dlx),
+            (work.dead_letter_routing_key, dead_letter_key),
+        ):
+            if existing not in (None, wanted):
+                raise TopologyValidationError(
+                    entity,
+                    "dead_letter_exchange",
+                    f"already dead-letters to {work.dead_letter_exchange!r} / "
+                    f"{work.dead_letter_routing_key!r}; with_retry needs {names.dlx!r} / "
+                    f"{dead_letter_key!r}",
+                )
+        updated = replace(
+            work, dead_letter_exchange=names.dlx, dead_letter_routing_key=dead_letter_key
+        )
+        queues = [updated if q is work else q for q in queues]
+    bindings = [Binding(names.dlx, queue, queue)]
+    bindings += [Binding(names.dlx, q.name, q.name) for q in retry_queues + parking]
+    return Topology(
+        (*topology.exchanges, Exchange(names.dlx, "direct", durable=work.durable)),
+        queues + retry_queues + parking,
+        (*topology.bindings, *bindings),
+        topology.policies,
+    )
+
+
 def _check_for_broker(topology: Topology, version: tuple[int, ...]) -> None:
     """Refuse what means something else on this broker's version (before sending)."""
     if not version or version >= (4,):
@@ -557,43 +617,3 @@ def _require_sync(connection: object, name: str, twin: str) -> Portal:
         )
     portal: Portal = require()
     return portal
-
-
-def _items(values: object, cls: type, name: str) -> list[Any]:
-    if isinstance(values, str | bytes | Mapping) or not isinstance(values, Iterable):
-        raise TopologyValidationError(
-            "topology", name, f"must be a sequence of {cls.__name__}, got {type(values).__name__}"
-        )
-    items = list(values)
-    for index, item in enumerate(items):
-        if not isinstance(item, cls):
-            raise TopologyValidationError(
-                "topology",
-                f"{name}[{index}]",
-                f"must be a {cls.__name__}, got {type(item).__name__}",
-            )
-    return items
-
-
-def _unique(values: object, cls: type, name: str) -> list[Any]:
-    kept: list[Any] = []
-    by_name: dict[str, Any] = {}
-    for item in _items(values, cls, name):
-        if not item.name:  # server-named: each object is its own queue
-            if not any(item is other for other in kept):
-                kept.append(item)
-            continue
-        seen = by_name.get(item.name)
-        if seen is None:
-            by_name[item.name] = item
-            kept.append(item)
-        elif seen != item:
-            changed = [
-                f"{f.name}: {getattr(seen, f.name)!r} vs {getattr(item, f.name)!r}"
-                for f in fields(item)
-                if getattr(seen, f.name) != getattr(item, f.name)
-            ]
-            raise TopologyValidationError(
-                item.label, "name", f"defined twice with different settings ({'; '.join(changed)})"
-            )
-    return kept
