@@ -28,7 +28,8 @@ help:
 	@echo "Targets:"
 	@echo "  venv     create $(VENV) and install the package with its dev extras"
 	@echo "  broker   make sure a RabbitMQ broker answers at RABBITMQ_URL (starts a local one if needed)"
-	@echo "  lint     ruff format --check and ruff check on $(LINT_PATHS)"
+	@echo "  lint     ruff format --check and ruff check on $(LINT_PATHS), then the import"
+	@echo "           graph of src/: no cycles, no import from a higher layer (tools/check_imports.py)"
 	@echo "  types    mypy (strict on src/rabbitry, configured in pyproject.toml)"
 	@echo "  test     venv + broker, then lint, types, docs and the whole pytest suite (what CI runs):"
 	@echo "           PYTEST_WORKERS workers, then the serial tests alone (tools/run_pytest.py);"
@@ -71,6 +72,7 @@ broker4:
 lint: venv
 	$(BIN)/ruff format --check $(LINT_PATHS)
 	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/python tools/check_imports.py src
 
 types: venv
 	$(BIN)/mypy

@@ -36,29 +36,46 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
 # Bottom to top. A pattern is a module name, or a name ending in ".*" for a package and
-# everything in it. The first layer whose pattern matches a module is its layer.
+# everything in it. The first layer (from the bottom) whose pattern matches a module is
+# its layer, so an explicit name in a lower layer wins over a ".*" above.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("leaves", ("rabbitry._version", "rabbitry.exceptions")),
+    (
+        "leaves",
+        (
+            "rabbitry._version",
+            "rabbitry.exceptions",
+            "rabbitry.broker",
+            "rabbitry.record",
+            "rabbitry._failure_log",
+        ),
+    ),
+    # Sans-IO: bytes in, events out. Knows nothing of sockets, asyncio or threads.
     ("protocol", ("rabbitry.protocol.*",)),
     (
         "engine helpers",
         (
             "rabbitry.message",
             "rabbitry.config",
-            "rabbitry.broker",
             "rabbitry.recovery",
-            "rabbitry.record",
             "rabbitry.streams",
             "rabbitry.batching",
-            "rabbitry._failure_log",
             "rabbitry.observability._state",
         ),
     ),
+    # The asyncio engine: connection I/O, channels, recovery.
     ("engine", ("rabbitry.aio.*",)),
+    # Built on the engine's AsyncConnection and AsyncChannel, asyncio only.
     (
         "high-level",
         (
-            "rabbitry.topology.*",
+            "rabbitry.topology._model",
+            "rabbitry.topology._sharding",
+            "rabbitry.topology._base",
+            "rabbitry.topology._session",
+            "rabbitry.topology._retry",
+            "rabbitry.topology._diff",
+            "rabbitry.topology._definitions",
+            "rabbitry.topology._apply",
             "rabbitry.outbox",
             "rabbitry.publisher",
             "rabbitry.outbox_publisher",
@@ -66,25 +83,37 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rabbitry._batch_consume",
             "rabbitry.consumer",
             "rabbitry.rpc",
+            "rabbitry.management.*",
+        ),
+    ),
+    # rabbitry.AsyncConnection: the engine plus the factories of the high-level objects.
+    ("connection with factories", ("rabbitry._connection",)),
+    # The thread-safe twins.
+    ("sync facade", ("rabbitry.sync.*",)),
+    # Topology.apply / verify / delete take either connection.
+    ("topology", ("rabbitry.topology", "rabbitry.topology._topology")),
+    # Objects with an asyncio and a thread-safe twin in one module, and rabbitry.run.
+    (
+        "twins",
+        (
             "rabbitry.sharding",
             "rabbitry.sharded_queue",
             "rabbitry.batching_publisher",
             "rabbitry.shovel",
-            "rabbitry.management.*",
+            "rabbitry.service",
         ),
     ),
-    ("connection with factories", ("rabbitry._connection",)),
-    ("sync facade", ("rabbitry.sync.*",)),
+    # The package's public names.
     ("package", ("rabbitry",)),
+    # Optional extras and programs built on the library.
     (
         "applications",
         (
-            "rabbitry.service",
             "rabbitry.observability.*",
-            "rabbitry.demo",
-            "rabbitry.__main__",
             "rabbitry.spark.*",
             "rabbitry.cli.*",
+            "rabbitry.demo",
+            "rabbitry.__main__",
             "rabbitry.examples.*",
         ),
     ),
