@@ -34,6 +34,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from .exceptions import AMQPError, ConfigurationError, InvalidStateError, PoolTimeout, Timeout
+from .observability import _state as _obs
 from .protocol.channel import ChannelState
 
 if TYPE_CHECKING:
@@ -95,6 +96,8 @@ class AsyncChannelPool:
         self._settling: set[asyncio.Task[None]] = set()
         self._owned = 0
         self._closed = False
+        if _obs.active is not None:  # rabbitry.observability: waiters, lent channels
+            _obs.active.pool_created(self)
 
     def __repr__(self) -> str:
         return (

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ..aio.connection import AsyncConnection
     from ..consumer import AsyncConsumer
     from ..outbox_publisher import AsyncOutboxPublisher
+    from ..pool import AsyncChannelPool
     from ..protocol.message import Message
     from ..protocol.spec import BasicProperties
     from ..publisher import AsyncPublisher, Body, OutgoingMessage
@@ -82,6 +83,10 @@ class Hooks(Protocol):
 
     def connection_created(self, connection: AsyncConnection) -> None:
         """``connection`` was made (any thread)."""
+        ...
+
+    def pool_created(self, pool: AsyncChannelPool) -> None:
+        """A channel pool was made (its waiters and lent channels are reported)."""
         ...
 
 
