@@ -74,7 +74,8 @@ NOT_YET_CHECKED = (
 )
 
 _SECTION = re.compile(r"^([A-Z][A-Za-z ]*):\s*$")
-_ENTRY = re.compile(r"^\s*\**([\w.]+)\s*(\([^)]*\))?\s*:")
+# An entry: ``name:``, ``name (type):``, ``*args:``; in Raises also ``A, B: ...``.
+_ENTRY = re.compile(r"^\s*([\w.*]+(?:\s*[,/]\s*[\w.*]+)*)\s*(\([^)]*\))?\s*:")
 _NO_RETURN = {"None", "NoReturn", "Never"}
 
 _Function = ast.FunctionDef | ast.AsyncFunctionDef
@@ -107,7 +108,8 @@ def parse_docstring(doc: str) -> Sections:
     """The sections of a cleaned docstring (``inspect.cleandoc``) and their entries.
 
     A section starts at an unindented ``Name:`` line; its entries are its lines at the
-    indentation of its first indented line that read ``name:`` or ``name (type):``.
+    indentation of its first indented line that read ``name:`` or ``name (type):``
+    (``*args`` counts as ``args``; ``A, B:`` or ``A / B:`` names both).
     """
     sections = Sections()
     current: set[str] | None = None
@@ -126,7 +128,8 @@ def parse_docstring(doc: str) -> Sections:
         if entry_indent is None:
             entry_indent = indent
         if indent == entry_indent and (entry := _ENTRY.match(line)):
-            current.add(entry.group(1))
+            names = re.split(r"\s*[,/]\s*", entry.group(1))
+            current.update(name.strip("*.") for name in names)
     return sections
 
 
