@@ -41,7 +41,8 @@ help:
 	@echo "           examples/orders_pipeline: orders published with confirms, a Spark stream,"
 	@echo "           retries, parking lot, Parquet"
 	@echo "  demo-quick  venv + broker, then a 10k-message confirmed round trip (python -m rabbitry.demo)"
-	@echo "  docs     build the documentation site (mkdocs --strict) into $(DOCS_OUT)"
+	@echo "  docs     check the API docstrings (tools/check_docstrings.py), then build the"
+	@echo "           documentation site (mkdocs --strict) into $(DOCS_OUT)"
 	@echo "  docs-serve  serve the documentation site locally at DOCS_ADDR=$(DOCS_ADDR)"
 	@echo "  format   ruff format and ruff check --fix on $(LINT_PATHS)"
 	@echo "  bench    peer benchmarks (bench/peers, own venv bench/peers/.venv) -> $(BENCH_OUT);"
@@ -129,9 +130,13 @@ java:
 	fi
 
 # The documentation site: docs/*.md plus an API reference generated from docstrings
-# (mkdocstrings). --strict turns every warning (broken link, bad docstring) into an error.
+# (mkdocstrings). First tools/check_docstrings.py: every public function and method of
+# the API documents its parameters (Args), its result (Returns) and the exceptions it
+# raises itself (Raises). --strict turns every warning (broken link, bad docstring) into
+# an error.
 DOCS_OUT ?= site
 docs: venv
+	$(BIN)/python tools/check_docstrings.py
 	$(BIN)/mkdocs build --strict --site-dir $(DOCS_OUT)
 
 # The documentation site with the API reference, rebuilt on every change, at
