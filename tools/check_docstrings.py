@@ -12,7 +12,7 @@ functions nested in functions are not checked. For each, its Google-style docstr
 have:
 
 * ``Args:`` with an entry (``name:`` or ``name (type):``) for every parameter besides
-  ``self``/``cls`` (``*args``/``**kwargs`` as ``args``, ``*args`` and so on);
+  ``self``/``cls`` (``*args`` may be written ``args`` or ``*args``, ``**kwargs`` likewise);
 * ``Returns:`` (or ``Yields:``) when the return annotation is neither ``None`` nor
   ``NoReturn``/``Never`` (the awaited value, for a coroutine);
 * ``Raises:`` with an entry for every exception class the body raises itself: a
@@ -59,6 +59,7 @@ MODULES = (
     "rabbitry.management",
     "rabbitry.observability",
     "rabbitry.spark",
+    "rabbitry.exceptions",
 )
 
 #: Not yet checked (relative to the repository root; fnmatch patterns): these files are
