@@ -159,6 +159,9 @@ class AsyncChannelPool:
         Args:
             timeout: seconds to wait for a channel (``None``: no limit).
 
+        Returns:
+            An async context manager lending the channel.
+
         Raises:
             PoolTimeout: no channel became free within ``timeout`` (on entering).
             InvalidStateError: the pool or the connection is closed.
@@ -326,8 +329,11 @@ class AsyncChannelPool:
         """Close the idle channels and refuse new borrowers; idempotent.
 
         Lent channels are closed when they come back. Waiters get
-        :class:`InvalidStateError`. Waits up to ``timeout`` for channels that are
-        settling confirms.
+        :class:`InvalidStateError`.
+
+        Args:
+            timeout: seconds to wait for channels that are settling confirms
+                (``None``: no limit).
         """
         if self._closed:
             return

@@ -173,7 +173,14 @@ class ConnectOptions:
         return context
 
     def connect(self, suffix: str = "") -> Connection:
-        """Open a new connection (the caller closes it)."""
+        """Open a new connection (the caller closes it).
+
+        Args:
+            suffix: appended to the connection name (which task, which role).
+
+        Returns:
+            The open connection.
+        """
         from ..sync.connection import Connection
 
         name = self.connection_name or "rabbitry-spark"

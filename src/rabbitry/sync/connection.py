@@ -151,6 +151,10 @@ class Connection:
 
         May be called before :meth:`connect`, as on the async twin; changes made while
         ``connect()`` runs are not reported (the dispatcher starts once it returns).
+
+        Args:
+            callback: called with the new :class:`State` and the error that caused the
+                change (``None`` when there is none).
         """
         self._subscribe(
             self._async.on_state_change, lambda state, cause: self._post(callback, state, cause)
@@ -160,6 +164,9 @@ class Connection:
         """Call ``callback(old, new)`` when recovery renames a server-named queue.
 
         May be called before :meth:`connect`; runs on the dispatcher thread.
+
+        Args:
+            callback: called with the queue's old and new names.
         """
         self._subscribe(
             self._async.on_queue_renamed, lambda old, new: self._post(callback, old, new)
@@ -169,6 +176,9 @@ class Connection:
         """Call ``callback(kind, name, exc)`` when an entity fails to re-declare.
 
         May be called before :meth:`connect`; runs on the dispatcher thread.
+
+        Args:
+            callback: called with the kind of entity, its name and the error.
         """
         self._subscribe(
             self._async.on_recovery_error,
@@ -176,7 +186,11 @@ class Connection:
         )
 
     def wait_recovered(self, timeout: float | None = None) -> None:
-        """Block until the connection is OPEN; see :meth:`AsyncConnection.wait_recovered`."""
+        """Block until the connection is OPEN; see :meth:`AsyncConnection.wait_recovered`.
+
+        Args:
+            timeout: seconds to wait (``None``: no limit).
+        """
         self._require_portal().call(self._async.wait_recovered, timeout, wait=_wait(timeout))
 
     @property
@@ -243,6 +257,9 @@ class Connection:
         """Call ``callback(reason)`` on connection.blocked, ``callback(None)`` on unblocked.
 
         Runs on the dispatcher thread. May be called before :meth:`connect`.
+
+        Args:
+            callback: called with the broker's reason, or ``None`` when unblocked.
         """
         self._subscribe(
             self._async.add_blocked_callback, lambda reason: self._post(callback, reason)
@@ -252,6 +269,9 @@ class Connection:
         """Call ``callback(exc)`` once when the connection ends; on the dispatcher thread.
 
         May be called before :meth:`connect`.
+
+        Args:
+            callback: called with why the connection ended.
         """
         self._subscribe(self._async.add_close_callback, lambda exc: self._post(callback, exc))
 
@@ -259,6 +279,10 @@ class Connection:
 
     def connect(self, timeout: float | None = None) -> None:
         """Start the IO thread and connect (see :meth:`AsyncConnection.connect`).
+
+        Args:
+            timeout: overall deadline in seconds (each address also has its own
+                ``connection_timeout``).
 
         Raises:
             AuthenticationError, ConnectError, Timeout: as the async twin.
@@ -312,6 +336,11 @@ class Connection:
         yet are dropped (the broker requeues their messages): none starts once this
         returns. See "What close does to futures, consumers and callbacks" in
         ``docs/recovery.md``.
+
+        Args:
+            reply_code: the close code sent to the broker.
+            reply_text: the close text sent to the broker.
+            timeout: seconds to wait for close-ok (``None``: 10 s).
         """
         portal = self._portal
         if portal is None:
@@ -330,13 +359,28 @@ class Connection:
         portal.stop(timeout=min(limit, 5.0), reason=reason)
 
     def wait_closed(self, timeout: float | None = None) -> AMQPError:
-        """Block until the connection ends; returns the reason."""
+        """Block until the connection ends.
+
+        Args:
+            timeout: seconds to wait (``None``: no limit).
+
+        Returns:
+            Why it ended.
+        """
         return self._require_portal().call(self._async.wait_closed, timeout, wait=_wait(timeout))
 
     # ------------------------------------------------------------------ channels
 
     def channel(self, channel_id: int | None = None, *, timeout: float | None = None) -> Channel:
-        """Open a channel (the lowest free number unless ``channel_id`` is given)."""
+        """Open a channel.
+
+        Args:
+            channel_id: the channel number (``None``: the lowest free one).
+            timeout: seconds to wait for open-ok (``None``: no limit).
+
+        Returns:
+            The open channel.
+        """
         portal = self._require_portal()
         channel = portal.call(self._async.channel, channel_id, timeout=timeout, wait=_wait(timeout))
         return Channel(self, channel)
@@ -380,9 +424,22 @@ class Connection:
     ) -> Publisher | OutboxPublisher:
         """A publisher on its own channel (see :class:`rabbitry.Publisher`).
 
-        ``timeout`` is the default deadline of each publish and also bounds opening the
-        publisher's channel. With ``outbox`` the result is an
-        :class:`rabbitry.OutboxPublisher` (durable; see ``docs/outbox.md``).
+        Args:
+            confirm: use publisher confirms; ``False`` is fire-and-forget.
+            max_in_flight: at most this many unconfirmed messages; past it ``publish``
+                waits for a confirm.
+            mandatory: default of ``publish(mandatory=...)``.
+            timeout: the default deadline of each publish in seconds (``None``: none); it
+                also bounds opening the publisher's channel.
+            republish_unconfirmed: keep unconfirmed messages for recovery to send again
+                after a reconnect (at-least-once).
+            nack_retry: send a nacked message again after a backoff (``None``: a nack
+                fails its future with :class:`Nacked`).
+            outbox: store every message durably first (see ``docs/outbox.md``).
+
+        Returns:
+            A :class:`rabbitry.Publisher`; with ``outbox``, an
+            :class:`rabbitry.OutboxPublisher`.
         """
         from .publisher import Publisher
 
@@ -416,7 +473,19 @@ class Connection:
     def channel_pool(
         self, size: int = 10, *, confirm: bool = True, confirm_timeout: float | None = 30.0
     ) -> ChannelPool:
-        """A pool of at most ``size`` channels (see :class:`rabbitry.ChannelPool`)."""
+        """A pool of at most ``size`` channels (see :class:`rabbitry.ChannelPool`).
+
+        Args:
+            size: the most channels open at once.
+            confirm: put the channels in confirm mode.
+            confirm_timeout: seconds to wait for a confirm (``None``: no limit).
+
+        Returns:
+            The pool (channels are opened as needed).
+
+        Raises:
+            InvalidStateError: the connection is not open.
+        """
         from ..pool import AsyncChannelPool
         from .pool import ChannelPool
 
@@ -433,7 +502,13 @@ class Connection:
     def update_secret(
         self, new_secret: bytes | str, reason: str = "", *, timeout: float | None = None
     ) -> None:
-        """Replace the credentials of the open connection (connection.update-secret)."""
+        """Replace the credentials of the open connection (connection.update-secret).
+
+        Args:
+            new_secret: the new secret (e.g. a refreshed OAuth 2 token).
+            reason: a text the broker logs.
+            timeout: seconds to wait for update-secret-ok (``None``: no limit).
+        """
         self._require_portal().call(
             self._async.update_secret, new_secret, reason, timeout=timeout, wait=_wait(timeout)
         )
@@ -459,6 +534,26 @@ class Connection:
 
         ``handler(message)`` runs on a pool of ``concurrency`` threads; see
         :class:`rabbitry.sync.Consumer`.
+
+        Args:
+            queue: the queue to consume from.
+            handler: ``handler(message)`` (or ``handler(messages)`` with batches).
+            ack: ``"manual"`` (at-least-once, default) or ``"auto"`` (at-most-once).
+            prefetch: unacknowledged deliveries allowed (raised to ``concurrency``).
+            concurrency: handlers running at once.
+            retry: a ``RetryPolicy`` (see ``rabbitry.topology``); ``None`` dead-letters.
+            batch_size: deliver lists of up to this many messages.
+            batch_timeout: seconds to wait for a batch to fill (default 1.0 with batches).
+            exclusive: an exclusive consumer.
+            arguments: consumer arguments (e.g. ``{"x-priority": 10}``).
+            dedup: a :class:`DedupStore`; messages whose ``message_id`` it has seen are
+                acked without calling the handler.
+            on_cancel: ``callback(consumer_tag)`` when the broker cancels the consumer.
+            resubscribe: consume again (with backoff) after a broker cancel or a channel
+                error.
+
+        Returns:
+            The consumer, not started.
         """
         from .consumer import Consumer
 
@@ -480,7 +575,15 @@ class Connection:
         )
 
     def rpc_client(self, *, exchange: str = "", timeout: float | None = 30.0) -> RpcClient:
-        """A started request/reply client; see :class:`rabbitry.sync.rpc.RpcClient`."""
+        """A started request/reply client; see :class:`rabbitry.sync.rpc.RpcClient`.
+
+        Args:
+            exchange: the exchange requests are published to (``""``: the default one).
+            timeout: the default seconds to wait for a reply (``None``: no limit).
+
+        Returns:
+            The started client.
+        """
         from .rpc import RpcClient
 
         client = RpcClient(self, exchange=exchange, timeout=timeout)
@@ -495,8 +598,19 @@ class Connection:
         prefetch: int = 10,
         concurrency: int = 1,
     ) -> RpcServer:
-        """A request/reply server of ``queue`` (not started: ``s.start()`` or ``with``);
-        see :class:`rabbitry.sync.rpc.RpcServer`."""
+        """A request/reply server of ``queue`` (not started: ``s.start()`` or ``with``).
+
+        See :class:`rabbitry.sync.rpc.RpcServer`.
+
+        Args:
+            queue: the queue requests arrive on.
+            handler: ``handler(request)`` returns the reply body.
+            prefetch: unacknowledged requests allowed.
+            concurrency: handlers running at once.
+
+        Returns:
+            The server, not started.
+        """
         from .rpc import RpcServer
 
         return RpcServer(self, queue, handler, prefetch=prefetch, concurrency=concurrency)

@@ -100,23 +100,50 @@ class Topology:
         return len(self.exchanges) + len(self.queues) + len(self.bindings) + len(self.policies)
 
     def exchange(self, name: str) -> Exchange | None:
-        """The exchange called ``name``, or ``None``."""
+        """The exchange called ``name``.
+
+        Args:
+            name: the exchange name.
+
+        Returns:
+            The exchange, or ``None``.
+        """
         return next((x for x in self.exchanges if x.name == name), None)
 
     def queue(self, name: str) -> Queue | None:
-        """The queue called ``name``, or ``None`` (server-named queues have no name)."""
+        """The queue called ``name``.
+
+        Args:
+            name: the queue name.
+
+        Returns:
+            The queue, or ``None`` (server-named queues have no name).
+        """
         if not name:
             return None
         return next((q for q in self.queues if q.name == name), None)
 
     def policy(self, name: str) -> Policy | None:
-        """The policy called ``name``, or ``None``."""
+        """The policy called ``name``.
+
+        Args:
+            name: the policy name.
+
+        Returns:
+            The policy, or ``None``.
+        """
         return next((p for p in self.policies if p.name == name), None)
 
     def effective_policy(self, queue: Queue | str) -> Policy | None:
-        """The policy of this topology that RabbitMQ would apply to ``queue``: the
-        highest-priority match (on a tie the first one given here is reported; the
-        broker's choice between equal priorities is not documented)."""
+        """The policy of this topology that RabbitMQ would apply to ``queue``.
+
+        Args:
+            queue: the queue, or its name.
+
+        Returns:
+            The highest-priority matching policy (on a tie the first one given here; the
+            broker's choice between equal priorities is not documented), or ``None``.
+        """
         from ._diff import effective_policy
 
         q = queue if isinstance(queue, Queue) else (self.queue(queue) or Queue(queue))
@@ -125,14 +152,17 @@ class Topology:
     def policy_overlaps(
         self, other: Topology | Mapping[str, Any] | None = None, *, vhost: str = "/"
     ) -> list[PolicyOverlap]:
-        """Every key that both a queue argument and the policy in force set, with the
-        value that applies (RabbitMQ's rule per key; see :mod:`rabbitry.topology`).
+        """Every key that both a queue argument and the policy in force set.
 
         Args:
             other: what else exists (another topology, or the broker's definitions
                 export): its policies count too, unless this topology has one of the
                 same name.
             vhost: the vhost to read from a definitions export.
+
+        Returns:
+            One :class:`PolicyOverlap` per key, with the value that applies (RabbitMQ's
+            rule per key; see :mod:`rabbitry.topology`).
         """
         from ._definitions import from_definitions
         from ._diff import policy_overlaps
@@ -147,8 +177,16 @@ class Topology:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Topology:
-        """Build from our own form: ``{"exchanges": [...], "queues": [...], "bindings": [...]}``
-        with the constructors' keyword names. Unknown keys are errors.
+        """Build from our own form: ``{"exchanges": [...], "queues": [...], "bindings": [...]}``.
+
+        Args:
+            data: the document, with the constructors' keyword names.
+
+        Returns:
+            The topology.
+
+        Raises:
+            TopologyValidationError: an unknown key or an invalid entity.
         """
         from ._definitions import from_dict
 
@@ -156,29 +194,75 @@ class Topology:
 
     @classmethod
     def from_definitions(cls, data: Mapping[str, Any], vhost: str = "/") -> Topology:
-        """Build from a RabbitMQ definitions export (``rabbitmqctl export_definitions``,
-        management ``/api/definitions``), taking the entities of ``vhost`` only."""
+        """Build from a RabbitMQ definitions export.
+
+        Args:
+            data: the export (``rabbitmqctl export_definitions``, management
+                ``/api/definitions``).
+            vhost: the vhost whose entities are taken.
+
+        Returns:
+            The topology.
+
+        Raises:
+            TopologyValidationError: an invalid entity.
+        """
         from ._definitions import from_definitions
 
         return from_definitions(data, vhost)
 
     @classmethod
     def from_json(cls, text: str, vhost: str = "/") -> Topology:
-        """Parse JSON in our form or a definitions export (``vhost`` picks its entities)."""
+        """Parse JSON in our form or a definitions export.
+
+        Args:
+            text: the JSON text.
+            vhost: the vhost whose entities a definitions export gives.
+
+        Returns:
+            The topology.
+
+        Raises:
+            TopologyValidationError: invalid JSON or an invalid entity.
+        """
         from ._definitions import from_data, parse_text
 
         return from_data(parse_text(text, "json"), vhost)
 
     @classmethod
     def from_yaml(cls, text: str, vhost: str = "/") -> Topology:
-        """Parse YAML (needs PyYAML: ``rabbitry[yaml]``); same shapes as :meth:`from_json`."""
+        """Parse YAML (needs PyYAML: ``rabbitry[yaml]``); same shapes as :meth:`from_json`.
+
+        Args:
+            text: the YAML text.
+            vhost: the vhost whose entities a definitions export gives.
+
+        Returns:
+            The topology.
+
+        Raises:
+            TopologyValidationError: invalid YAML or an invalid entity.
+            ImportError: PyYAML is not installed.
+        """
         from ._definitions import from_data, parse_text
 
         return from_data(parse_text(text, "yaml"), vhost)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], vhost: str = "/") -> Topology:
-        """Read a ``.json``, ``.yaml`` or ``.yml`` file (our form or a definitions export)."""
+        """Read a ``.json``, ``.yaml`` or ``.yml`` file (our form or a definitions export).
+
+        Args:
+            path: the file.
+            vhost: the vhost whose entities a definitions export gives.
+
+        Returns:
+            The topology.
+
+        Raises:
+            TopologyValidationError: unknown suffix, invalid document or invalid entities.
+            OSError: the file cannot be read.
+        """
         from ._definitions import load
 
         return load(path, vhost)
@@ -190,7 +274,14 @@ class Topology:
         return to_dict(self)
 
     def to_json(self, *, indent: int | None = 2) -> str:
-        """:meth:`to_dict` as JSON text."""
+        """:meth:`to_dict` as JSON text.
+
+        Args:
+            indent: ``json.dumps``'s indent (``None``: one line).
+
+        Returns:
+            The JSON text.
+        """
         return json.dumps(self.to_dict(), indent=indent)
 
     def to_yaml(self) -> str:
@@ -200,8 +291,16 @@ class Topology:
         return dump_yaml(self.to_dict())
 
     def to_definitions(self, vhost: str = "/") -> dict[str, Any]:
-        """A definitions document for ``rabbitmqctl import_definitions`` (exclusive and
-        server-named queues are left out, as RabbitMQ's own export does)."""
+        """A definitions document for ``rabbitmqctl import_definitions``.
+
+        Exclusive and server-named queues are left out, as RabbitMQ's own export does.
+
+        Args:
+            vhost: the vhost the entities are given.
+
+        Returns:
+            The document.
+        """
         from ._definitions import to_definitions
 
         return to_definitions(self, vhost)
@@ -229,6 +328,9 @@ class Topology:
             policy: the retry policy.
             delivery_limit: a quorum work queue's delivery limit when it has none;
                 ``-1`` is unlimited (RabbitMQ 4.0+ only).
+
+        Returns:
+            The new topology (this one is unchanged).
 
         Raises:
             TopologyValidationError: ``queue`` is not in this topology, is a stream,
@@ -263,6 +365,9 @@ class Topology:
             routing_key: the key the shards are bound with (``x-modulus-hash`` and
                 ``fanout`` ignore it; a ``direct`` exchange then routes only that key).
             priority: the policy's priority.
+
+        Returns:
+            The new topology (this one is unchanged).
 
         Raises:
             TopologyValidationError: ``exchange`` is not in this topology, a value breaks
@@ -374,8 +479,22 @@ class Topology:
         management: ManagementClient | None = None,
         missing_exchanges: Literal["error", "warn"] = "error",
     ) -> ApplyResult:
-        """:meth:`aapply` for a thread-safe :class:`~rabbitry.Connection` (blocks);
-        ``management`` is a :class:`~rabbitry.management.ManagementClient`."""
+        """:meth:`aapply` for a thread-safe :class:`~rabbitry.Connection` (blocks).
+
+        Args:
+            connection: an open connection.
+            timeout: seconds per declaration.
+            management: a :class:`~rabbitry.management.ManagementClient` for the same
+                broker; required when the topology has policies.
+            missing_exchanges: ``"error"`` or ``"warn"``, as for :meth:`aapply`.
+
+        Returns:
+            What was declared (:class:`ApplyResult`).
+
+        Raises:
+            TopologyMissingExchange, TopologyError, ManagementError, TopologyConflict,
+                ChannelClosedByBroker: as :meth:`aapply`.
+        """
         from ._apply import apply_topology
 
         portal = _require_sync(connection, "apply", "aapply")
@@ -412,6 +531,16 @@ class Topology:
         must be in it or on the broker: with ``missing_exchanges="error"`` (default) a
         dangling one raises :class:`~rabbitry.TopologyMissingExchange`; with
         ``"warn"`` it is logged at ERROR and listed in the report's ``dangling``.
+
+        Args:
+            connection: an open connection.
+            timeout: seconds per passive declare.
+            management: an :class:`~rabbitry.management.AsyncManagementClient` to check
+                the policies with (``None``: they are reported as unchecked).
+            missing_exchanges: ``"error"`` or ``"warn"`` (above).
+
+        Returns:
+            What exists and what is missing (:class:`VerifyReport`).
         """
         from ._apply import check_policies, verify_topology
 
@@ -433,7 +562,18 @@ class Topology:
         management: ManagementClient | None = None,
         missing_exchanges: Literal["error", "warn"] = "error",
     ) -> VerifyReport:
-        """:meth:`averify` for a thread-safe :class:`~rabbitry.Connection` (blocks)."""
+        """:meth:`averify` for a thread-safe :class:`~rabbitry.Connection` (blocks).
+
+        Args:
+            connection: an open connection.
+            timeout: seconds per passive declare.
+            management: a :class:`~rabbitry.management.ManagementClient` to check the
+                policies with (``None``: they are reported as unchecked).
+            missing_exchanges: ``"error"`` or ``"warn"``, as for :meth:`averify`.
+
+        Returns:
+            What exists and what is missing (:class:`VerifyReport`).
+        """
         from ._apply import check_policies, verify_topology
 
         portal = _require_sync(connection, "verify", "averify")
@@ -463,6 +603,12 @@ class Topology:
         them again. What is already gone is skipped. Server-named queues are skipped
         unless this is ``ApplyResult.topology`` (which carries their names). Policies
         need ``management`` (checked before anything is deleted).
+
+        Args:
+            connection: an open connection.
+            timeout: seconds per deletion.
+            management: an :class:`~rabbitry.management.AsyncManagementClient`; needed
+                when the topology has policies.
         """
         from ..exceptions import ManagementNotFound
         from ._apply import delete_topology
@@ -485,7 +631,14 @@ class Topology:
         timeout: float | None = None,
         management: ManagementClient | None = None,
     ) -> None:
-        """:meth:`adelete` for a thread-safe :class:`~rabbitry.Connection` (blocks)."""
+        """:meth:`adelete` for a thread-safe :class:`~rabbitry.Connection` (blocks).
+
+        Args:
+            connection: an open connection.
+            timeout: seconds per deletion.
+            management: a :class:`~rabbitry.management.ManagementClient`; needed when the
+                topology has policies.
+        """
         from ..exceptions import ManagementNotFound
         from ._apply import delete_topology
 
