@@ -56,7 +56,7 @@ from .exceptions import (
 from .observability import _state as _obs
 from .outbox import Outbox, OutboxBatch, OutboxRecord, OutboxStatus
 from .protocol.channel import ChannelState
-from .protocol.frames import content_frames
+from .protocol.publish import publish_key, publish_parts
 from .publisher import AsyncPublisher
 
 if TYPE_CHECKING:
@@ -444,7 +444,7 @@ class AsyncOutboxPublisher:
         for frames, message_id, flag in encoded:
             key = keys.get(frames[0])
             if key is None:  # the message's own exchange and routing key, from its head
-                key = keys[frames[0]] = _head_key(frames[0])
+                key = keys[frames[0]] = publish_key(frames[0])
             entries.append(make(frames, message_id, key[0], key[1], flag, now))
         rows = len(entries)
         size = sum(e.size for e in entries)
@@ -525,16 +525,7 @@ class AsyncOutboxPublisher:
         mandatory: bool,
         now: float,
     ) -> _Entry:
-        # Layout (see publisher._retarget): [method, header head, header payload, end,
-        # body head, body, end, ...]; the header payload is class, weight, size (12
-        # bytes) then the encoded properties.
-        properties = frames[2][12:]
-        if len(frames) == 7:
-            body = frames[5]
-        elif len(frames) == 4:
-            body = b""
-        else:
-            body = b"".join(frames[5::3])
+        properties, body = publish_parts(frames)
         size = len(body) + len(properties)
         if size > self._outbox.max_bytes:
             raise LocalProtocolError(
@@ -808,15 +799,9 @@ class AsyncOutboxPublisher:
             pub._send(frames, send, record.message_id, record.mandatory, None, pub._release_slot_cb)
 
     def _frames(self, record: OutboxRecord) -> list[bytes]:
-        pub = self._pub
-        channel_id, heads, frame_max = pub._enc
-        key = (record.exchange, record.routing_key, record.mandatory)
-        head = heads.get(key)
-        if head is None:
-            head = pub._new_head(channel_id, heads, key, frame_max)
-        frames = content_frames(channel_id, 60, record.properties, record.body, frame_max)
-        frames.insert(0, head)
-        return frames
+        return self._pub._encoder.frames(
+            record.exchange, record.routing_key, record.mandatory, record.properties, record.body
+        )
 
     def _acked(self, entry: _Entry) -> None:
         if entry.state in (_ACKED, _DEAD, _STORING):
@@ -930,16 +915,3 @@ def _open_store(outbox: Outbox) -> tuple[OutboxStatus, list[OutboxRecord]]:
         outbox.close()
         raise
     return status, records
-
-
-def _head_key(head: bytes) -> tuple[str, str, bool]:
-    """(exchange, routing_key, mandatory) of an encoded basic.publish method frame."""
-    # frame head (7) + class/method (4) + reserved short (2), then two shortstrs, a bit.
-    offset = 13
-    length = head[offset]
-    exchange = head[offset + 1 : offset + 1 + length].decode()
-    offset += 1 + length
-    length = head[offset]
-    routing_key = head[offset + 1 : offset + 1 + length].decode()
-    offset += 1 + length
-    return exchange, routing_key, bool(head[offset] & 1)
