@@ -715,9 +715,7 @@ class AsyncPublisher:
             for kept in channel._resend:
                 if isinstance(kept, _Pending) and not kept.settled:
                     out.append(UnconfirmedMessage(kept.seq, kept.message_id, kept.frames))
-            confirms = channel._confirms
-            for seq in channel._confirm_order:
-                record = confirms.get(seq)
+            for seq, record in channel._confirms:
                 if isinstance(record, _Pending) and not record.settled:
                     out.append(UnconfirmedMessage(seq, record.message_id, record.frames))
         for frames, _future, message_id, *_rest in self._backlog:
@@ -1065,10 +1063,9 @@ class AsyncPublisher:
         assert future is not None
         record = _Pending(self, future, frames, message_id, release)
         record.seq = seq
-        # The channel's confirm table: AsyncChannel._on_confirm settles it in
-        # O(confirmed), and AsyncChannel._on_closed fails what is left.
-        channel._confirms[seq] = record
-        channel._confirm_order.append(seq)
+        # The channel's confirm tracker settles it (AsyncChannel._on_confirm), and
+        # AsyncChannel._on_closed fails it if the channel ends first.
+        channel._confirms.add(seq, record)
         self._outstanding += 1
         if mandatory and message_id is not None:
             record.returnable = True

@@ -32,7 +32,7 @@ from . import spec
 from .frames import FRAME_BODY, FRAME_HEADER, FRAME_OVERHEAD, method_frame
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterator, KeysView
 
 __all__ = [
     "ConfirmTracker",
@@ -339,6 +339,10 @@ class ConfirmTracker(Generic[W]):
     def get(self, tag: int) -> W | None:
         """The waiter of ``tag``, if it is still unconfirmed."""
         return self._pending.get(tag)
+
+    def tags(self) -> KeysView[int]:
+        """The unconfirmed tags (a live view)."""
+        return self._pending.keys()
 
     def take_all(self) -> dict[int, W]:
         """Forget every unconfirmed publish (the channel ended); returns them by tag."""
