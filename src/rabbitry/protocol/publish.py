@@ -208,7 +208,12 @@ class PublishEncoder:
         if head is None:
             head = self._new_head((exchange, routing_key, mandatory))
         if message_id is not None:
-            properties = properties + _SHORT_LEN[len(message_id)] + message_id
+            try:
+                properties = properties + _SHORT_LEN[len(message_id)] + message_id
+            except IndexError:
+                raise LocalProtocolError(
+                    f"basic.properties.message_id: at most 255 bytes, got {len(message_id)}"
+                ) from None
         frame_max = self.frame_max
         if frame_max and len(properties) + _HEADER_OVERHEAD > frame_max:
             raise LocalProtocolError(
