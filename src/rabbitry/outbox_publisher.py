@@ -55,7 +55,6 @@ from .exceptions import (
 )
 from .observability import _state as _obs
 from .outbox import Outbox, OutboxBatch, OutboxRecord, OutboxStatus
-from .protocol.channel import ChannelState
 from .protocol.publish import publish_key, publish_parts
 from .publisher import AsyncPublisher
 
@@ -71,7 +70,6 @@ __all__ = ["AsyncOutboxPublisher", "OutboxStats"]
 
 logger = logging.getLogger("rabbitry.outbox")
 
-_OPEN = ChannelState.OPEN
 # Entry states.
 _STORING, _READY, _IN_FLIGHT, _WAITING, _ACKED, _DEAD = range(6)
 _RETRY_WRITE_DELAY = 1.0
@@ -726,18 +724,7 @@ class AsyncOutboxPublisher:
                 event.clear()
                 await event.wait()
                 continue
-            channel = pub._channel
-            if (
-                pub._blocked_reason is None
-                and not self._conn._write_paused
-                and not pub._closing
-                and channel is not None
-                and channel._proto.state is _OPEN
-                and pub._in_flight < pub._max
-                and not pub._room_waiters
-            ):
-                pub._in_flight += 1
-            else:
+            if not pub._reserve_now():
                 try:
                     await pub._acquire(None, None)
                 except InvalidStateError:
@@ -752,13 +739,12 @@ class AsyncOutboxPublisher:
             # Send every ready row the window has room for, then one flush.
             send = self._send_one
             send(ready.popleft())
-            while ready and pub._in_flight < pub._max and not pub._room_waiters:
-                pub._in_flight += 1
+            while ready and pub._reserve_more():
                 send(ready.popleft())
             self._conn._kick()
 
     def _send_one(self, entry: _Entry) -> None:
-        """Send one row; its window slot is reserved (``pub._in_flight``) by the caller."""
+        """Send one row; its window slot is reserved by the caller."""
         pub = self._pub
         if entry.state != _READY:  # acked late while waiting: nothing to send
             pub._release_slot()
@@ -782,21 +768,9 @@ class AsyncOutboxPublisher:
         entry.state = _IN_FLIGHT
         entry.sent_at = self._loop.time()
         self._in_flight[record.id] = entry
-        channel = pub._channel
-        send = _Send(self, entry, entry.gen)
-        if (
-            channel is not None
-            and channel._proto.state is _OPEN
-            and not pub._backlog
-            and not pub._closing
-        ):
-            # What AsyncPublisher._send does in this case, without a flush per message.
-            pub._send_now(
-                channel, frames, send, record.message_id, record.mandatory, None,
-                pub._release_slot_cb,
-            )  # fmt: skip
-        else:
-            pub._send(frames, send, record.message_id, record.mandatory, None, pub._release_slot_cb)
+        pub._send_reserved(
+            frames, _Send(self, entry, entry.gen), record.message_id, record.mandatory
+        )
 
     def _frames(self, record: OutboxRecord) -> list[bytes]:
         return self._pub._encoder.frames(

@@ -905,6 +905,33 @@ class AsyncPublisher:
                 raise PublishTimeout(f"could not publish within {timeout} s: {what}") from None
             raise
 
+    def _reserve_now(self) -> bool:
+        """Reserve a window slot if a message can be sent at once (loop thread).
+
+        True when the channel is open, nothing blocks publishing and the window has
+        room; False reserves nothing (wait with :meth:`_acquire` instead).
+        """
+        channel = self._channel
+        if (
+            self._blocked_reason is None
+            and not self._conn._write_paused
+            and not self._closing
+            and channel is not None
+            and channel._proto.state is _OPEN
+            and self._in_flight < self._max
+            and not self._room_waiters
+        ):
+            self._in_flight += 1
+            return True
+        return False
+
+    def _reserve_more(self) -> bool:
+        """Reserve one more window slot if there is room and nobody waits for one."""
+        if self._in_flight < self._max and not self._room_waiters:
+            self._in_flight += 1
+            return True
+        return False
+
     def _release_slot(self) -> None:
         """A confirm freed a window slot: hand it to the oldest waiter, or free it."""
         waiters = self._room_waiters
@@ -1006,6 +1033,29 @@ class AsyncPublisher:
             return
         self._send_now(channel, frames, future, message_id, mandatory, deadline, release)
         self._conn._kick()
+
+    def _send_reserved(
+        self,
+        frames: list[bytes],
+        waiter: Settleable,
+        message_id: str | None,
+        mandatory: bool,
+    ) -> None:
+        """Queue one message whose window slot is reserved, without a flush when the
+        channel is ready: the caller flushes (``_conn._kick()``) after a run of them.
+        The slot is freed when the message is settled (loop thread)."""
+        channel = self._channel
+        if (
+            channel is not None
+            and channel._proto.state is _OPEN
+            and not self._backlog
+            and not self._closing
+        ):
+            self._send_now(
+                channel, frames, waiter, message_id, mandatory, None, self._release_slot_cb
+            )
+        else:
+            self._send(frames, waiter, message_id, mandatory, None, self._release_slot_cb)
 
     def _send_batch(
         self,
