@@ -11,7 +11,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 # Touched after a successful install; pip only runs again when pyproject.toml changes.
 STAMP := $(VENV)/.installed
-LINT_PATHS := src tests tools
+LINT_PATHS := src tests tools examples
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS='-k proxy -x'`.
 PYTEST_ARGS ?=
 # pytest-xdist workers for the parallel phase of the suite (0: one process).
@@ -30,7 +30,7 @@ help:
 	@echo "  broker   make sure a RabbitMQ broker answers at RABBITMQ_URL (starts a local one if needed)"
 	@echo "  lint     ruff format --check and ruff check on $(LINT_PATHS), then the import"
 	@echo "           graph of src/: no cycles, no import from a higher layer (tools/check_imports.py)"
-	@echo "  types    mypy (strict on src/rabbitry, configured in pyproject.toml)"
+	@echo "  types    mypy --strict on src/rabbitry and examples/orders_pipeline (pyproject.toml)"
 	@echo "  test     venv + broker, then lint, types, docs and the whole pytest suite (what CI runs):"
 	@echo "           PYTEST_WORKERS workers, then the serial tests alone (tools/run_pytest.py);"
 	@echo "           then $(RMQ4_TESTS) again against a RabbitMQ 4.x node (RMQ4=0 skips that)"
@@ -38,10 +38,12 @@ help:
 	@echo "  test-rmq4  only the RabbitMQ 4.x run: $(RMQ4_TESTS) against a node started for it"
 	@echo "  flake-hunt  the whole pytest suite N=$(N) times on a fresh clone of HEAD, LOAD=1 with"
 	@echo "           one core kept busy; lists every test that failed (tools/flake_hunt.py)"
-	@echo "  demo     venv + Java check + broker, then the reference pipeline (docs/pipeline.md):"
-	@echo "           orders published with confirms, a Spark stream, retries, parking lot, Parquet"
+	@echo "  demo     venv + Java check + broker, then the reference pipeline (docs/pipeline.md),"
+	@echo "           examples/orders_pipeline: orders published with confirms, a Spark stream,"
+	@echo "           retries, parking lot, Parquet"
 	@echo "  demo-quick  venv + broker, then a 10k-message confirmed round trip (python -m rabbitry.demo)"
-	@echo "  docs     build the documentation site (mkdocs --strict) into $(DOCS_OUT)"
+	@echo "  docs     check the API docstrings (tools/check_docstrings.py), then build the"
+	@echo "           documentation site (mkdocs --strict) into $(DOCS_OUT)"
 	@echo "  docs-serve  serve the documentation site locally at DOCS_ADDR=$(DOCS_ADDR)"
 	@echo "  format   ruff format and ruff check --fix on $(LINT_PATHS)"
 	@echo "  bench    peer benchmarks (bench/peers, own venv bench/peers/.venv) -> $(BENCH_OUT);"
@@ -50,7 +52,7 @@ help:
 	@echo "Variables: PY=$(PY)  PYTEST_ARGS=...  PYTEST_WORKERS=$(PYTEST_WORKERS)  RABBITMQ_URL=..."
 	@echo "           BROKER_WAIT_SECONDS=...  N=$(N)  LOAD=$(LOAD)"
 	@echo "           RMQ4=0|1  RMQ4_TESTS=...  RABBITRY_RMQ4_CACHE=... (scripts/rabbitmq4.sh)"
-	@echo "           DEMO_ARGS=... (e.g. '-n 20000 --keep'; see python -m rabbitry.examples.orders_pipeline -h)"
+	@echo "           DEMO_ARGS=... (e.g. '-n 20000 --keep'; see PYTHONPATH=examples python -m orders_pipeline -h)"
 	@echo "           BENCH_ARGS=... (run_peers.py options)  BENCH_OUT=$(BENCH_OUT)"
 
 venv: $(STAMP)
@@ -102,10 +104,14 @@ flake-hunt: venv
 	$(BIN)/python tools/flake_hunt.py --runs $(N) --workers $(PYTEST_WORKERS) \
 	    $(if $(filter 1,$(LOAD)),--load) -- $(PYTEST_ARGS)
 
-# The reference pipeline. Spark runs on the JVM: Java is checked before the broker is set up.
+# The reference pipeline, an application in examples/ (not part of the installed package):
+# it is imported as `orders_pipeline` with examples/ on PYTHONPATH (an absolute path, so
+# Spark's Python workers, which inherit the environment, find it too). Spark runs on the
+# JVM: Java is checked before the broker is set up.
 DEMO_ARGS ?=
 demo: venv java broker
-	$(BIN)/python -m rabbitry.examples.orders_pipeline $(DEMO_ARGS)
+	PYTHONPATH="$(CURDIR)/examples$${PYTHONPATH:+:$$PYTHONPATH}" \
+	    $(BIN)/python -m orders_pipeline $(DEMO_ARGS)
 
 demo-quick: venv broker
 	$(BIN)/python -m rabbitry.demo
@@ -126,9 +132,13 @@ java:
 	fi
 
 # The documentation site: docs/*.md plus an API reference generated from docstrings
-# (mkdocstrings). --strict turns every warning (broken link, bad docstring) into an error.
+# (mkdocstrings). First tools/check_docstrings.py: every public function and method of
+# the API documents its parameters (Args), its result (Returns) and the exceptions it
+# raises itself (Raises). --strict turns every warning (broken link, bad docstring) into
+# an error.
 DOCS_OUT ?= site
 docs: venv
+	$(BIN)/python tools/check_docstrings.py
 	$(BIN)/mkdocs build --strict --site-dir $(DOCS_OUT)
 
 # The documentation site with the API reference, rebuilt on every change, at

@@ -114,7 +114,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rabbitry.cli.*",
             "rabbitry.demo",
             "rabbitry.__main__",
-            "rabbitry.examples.*",
         ),
     ),
 )

@@ -109,10 +109,29 @@ class AsyncConnection(_engine.AsyncConnection):
     ) -> AsyncPublisher | AsyncOutboxPublisher:
         """A publisher on its own channel (see :class:`rabbitry.AsyncPublisher`).
 
-        ``timeout`` is the default deadline of each publish and also bounds opening the
-        publisher's channel. With ``outbox`` (e.g. ``SQLiteOutbox(path)``) the result is
-        an :class:`rabbitry.AsyncOutboxPublisher`: ``publish()`` returns once the message
-        is durably stored, and the stored messages are delivered in the background.
+        With ``outbox`` (e.g. ``SQLiteOutbox(path)``) the result is an
+        :class:`rabbitry.AsyncOutboxPublisher`: ``publish()`` returns once the message is
+        durably stored, and the stored messages are delivered in the background.
+
+        Args:
+            confirm: use publisher confirms; ``False`` is fire-and-forget.
+            max_in_flight: at most this many unconfirmed messages; past it ``publish``
+                waits for a confirm.
+            mandatory: default of ``publish(mandatory=...)``.
+            timeout: the default deadline of each publish in seconds (``None``: none); it
+                also bounds opening the publisher's channel.
+            republish_unconfirmed: keep unconfirmed messages for recovery to send again
+                after a reconnect (at-least-once).
+            nack_retry: send a nacked message again after a backoff (``None``: a nack
+                fails its future with :class:`Nacked`).
+            outbox: store every message durably first (see ``docs/outbox.md``).
+
+        Returns:
+            A :class:`rabbitry.AsyncPublisher`; with ``outbox``, an
+            :class:`rabbitry.AsyncOutboxPublisher`.
+
+        Raises:
+            ConfigurationError: ``nack_retry`` given with ``outbox``.
         """
         if outbox is not None:
             if nack_retry is not None:
@@ -145,7 +164,19 @@ class AsyncConnection(_engine.AsyncConnection):
     async def channel_pool(
         self, size: int = 10, *, confirm: bool = True, confirm_timeout: float | None = 30.0
     ) -> AsyncChannelPool:
-        """A pool of at most ``size`` channels (see :class:`rabbitry.AsyncChannelPool`)."""
+        """A pool of at most ``size`` channels (see :class:`rabbitry.AsyncChannelPool`).
+
+        Args:
+            size: the most channels open at once.
+            confirm: put the channels in confirm mode.
+            confirm_timeout: seconds to wait for a confirm (``None``: no limit).
+
+        Returns:
+            The pool (channels are opened as needed).
+
+        Raises:
+            InvalidStateError: the connection is not open.
+        """
         self._require_open()
         return AsyncChannelPool(self, size=size, confirm=confirm, confirm_timeout=confirm_timeout)
 
@@ -167,7 +198,29 @@ class AsyncConnection(_engine.AsyncConnection):
         resubscribe: bool = True,
     ) -> AsyncConsumer:
         """A handler-based consumer of ``queue`` (not started: ``await c.start()`` or
-        ``async with``); see :class:`rabbitry.consumer.AsyncConsumer`."""
+        ``async with``); see :class:`rabbitry.consumer.AsyncConsumer`.
+
+        Args:
+            queue: the queue to consume from.
+            handler: ``handler(message)``, a coroutine function or a plain one (or
+                ``handler(messages)`` with batches).
+            ack: ``"manual"`` (at-least-once, default) or ``"auto"`` (at-most-once).
+            prefetch: unacknowledged deliveries allowed (raised to ``concurrency``).
+            concurrency: handlers running at once.
+            retry: a ``RetryPolicy`` (see ``rabbitry.topology``); ``None`` dead-letters.
+            batch_size: deliver lists of up to this many messages.
+            batch_timeout: seconds to wait for a batch to fill (default 1.0 with batches).
+            exclusive: an exclusive consumer.
+            arguments: consumer arguments (e.g. ``{"x-priority": 10}``).
+            dedup: a :class:`DedupStore`; messages whose ``message_id`` it has seen are
+                acked without calling the handler.
+            on_cancel: ``callback(consumer_tag)`` when the broker cancels the consumer.
+            resubscribe: consume again (with backoff) after a broker cancel or a channel
+                error.
+
+        Returns:
+            The consumer, not started.
+        """
         return AsyncConsumer(
             self,
             queue,
@@ -188,7 +241,15 @@ class AsyncConnection(_engine.AsyncConnection):
     async def rpc_client(
         self, *, exchange: str = "", timeout: float | None = 30.0
     ) -> AsyncRpcClient:
-        """A started request/reply client; see :class:`rabbitry.rpc.AsyncRpcClient`."""
+        """A started request/reply client; see :class:`rabbitry.rpc.AsyncRpcClient`.
+
+        Args:
+            exchange: the exchange requests are published to (``""``: the default one).
+            timeout: the default seconds to wait for a reply (``None``: no limit).
+
+        Returns:
+            The started client.
+        """
         client = AsyncRpcClient(self, exchange=exchange, timeout=timeout)
         await client.start()
         return client
@@ -197,5 +258,15 @@ class AsyncConnection(_engine.AsyncConnection):
         self, queue: str, handler: RpcHandler, *, prefetch: int = 10, concurrency: int = 1
     ) -> AsyncRpcServer:
         """A request/reply server of ``queue`` (not started: ``await s.start()`` or
-        ``async with``); see :class:`rabbitry.rpc.AsyncRpcServer`."""
+        ``async with``); see :class:`rabbitry.rpc.AsyncRpcServer`.
+
+        Args:
+            queue: the queue requests arrive on.
+            handler: ``async handler(request)`` returns the reply body.
+            prefetch: unacknowledged requests allowed.
+            concurrency: handlers running at once.
+
+        Returns:
+            The server, not started.
+        """
         return AsyncRpcServer(self, queue, handler, prefetch=prefetch, concurrency=concurrency)

@@ -74,6 +74,12 @@ _BATCH_HEADERS = (BATCH_FORMAT_HEADER, BATCH_SIZE_HEADER)
 def encode_records(records: Sequence[bytes]) -> bytes:
     """The body of an envelope: each record preceded by its 4-byte big-endian length.
 
+    Args:
+        records: the records, bytes-like.
+
+    Returns:
+        The envelope's body.
+
     Raises:
         BatchFormatError: a record is not bytes-like or is longer than 2^31 - 1 bytes.
     """
@@ -99,6 +105,9 @@ def decode_records(body: bytes | bytearray | memoryview, count: int | None = Non
     Args:
         body: the envelope's body.
         count: the record count announced by ``amqp_batchSize``, checked when given.
+
+    Returns:
+        The records, in order.
 
     Raises:
         BatchFormatError: the body ends inside a length field or a record, or holds a
@@ -132,7 +141,15 @@ def decode_records(body: bytes | bytearray | memoryview, count: int | None = Non
 
 
 def envelope_headers(headers: dict[str, Any] | None, count: int) -> dict[str, Any]:
-    """The headers of an envelope of ``count`` records whose records have ``headers``."""
+    """The headers of an envelope of records.
+
+    Args:
+        headers: the records' headers (``None``: none).
+        count: how many records the envelope holds.
+
+    Returns:
+        A copy of ``headers`` with the batch format and size headers added.
+    """
     result = dict(headers) if headers else {}
     result[BATCH_FORMAT_HEADER] = LENGTH_HEADER4
     result[BATCH_SIZE_HEADER] = count
@@ -140,7 +157,14 @@ def envelope_headers(headers: dict[str, Any] | None, count: int) -> dict[str, An
 
 
 def is_envelope(message: Message) -> bool:
-    """The message carries a ``springBatchFormat`` header (of any value)."""
+    """Whether ``message`` is a batch envelope.
+
+    Args:
+        message: a delivery.
+
+    Returns:
+        ``True`` if it carries a ``springBatchFormat`` header (of any value).
+    """
     headers = message.properties.headers
     return headers is not None and BATCH_FORMAT_HEADER in headers
 
@@ -255,6 +279,9 @@ def unpack(envelope: Message, settle: Callable[..., object] | None = None) -> li
             ``"ack"``, ``"nack"``, ``"reject"``: how the records' acks reach the
             envelope (default: the envelope's own ``ack``/``nack``/``reject``).
 
+    Returns:
+        The records, in order.
+
     Raises:
         BatchFormatError: an unknown format, a malformed body, or a wrong count; its
             ``message`` is the envelope.
@@ -325,9 +352,17 @@ def _no_settle(how: str, **options: object) -> None:
 
 
 def iter_delivery(message: Message, no_ack: bool = False) -> Generator[Message, None, None]:
-    """What an iterator hands out for one delivery: the message itself, or its records
-    (stopping early when one of them settled the envelope). With ``no_ack`` the broker
-    settled the envelope already, and the records' acks do nothing."""
+    """What an iterator hands out for one delivery: the message itself, or its records.
+
+    Args:
+        message: the delivery.
+        no_ack: the broker settled the envelope already (the records' acks do
+            nothing).
+
+    Yields:
+        ``message`` itself, or each of its records (stopping early when one of them
+        settled the envelope).
+    """
     if not is_envelope(message):
         yield message
         return

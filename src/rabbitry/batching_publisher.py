@@ -333,8 +333,16 @@ class AsyncBatchingPublisher:
         """Add a record to the batch for ``exchange``/``routing_key``; returns its future.
 
         Waits only when a full batch is being handed to the publisher (whose window
-        may be full). The future resolves when the broker confirms the envelope, or
-        fails with the envelope's error.
+        may be full).
+
+        Args:
+            body: the record.
+            exchange: the exchange of the envelope it goes into.
+            routing_key: the routing key of that envelope.
+
+        Returns:
+            A future that resolves when the broker confirms the envelope, or fails
+            with the envelope's error.
 
         Raises:
             LocalProtocolError: the record or target is invalid; nothing was added.
@@ -361,7 +369,12 @@ class AsyncBatchingPublisher:
         await self._drain()
 
     async def wait_for_confirms(self, *, timeout: float | None = None) -> None:
-        """Flush, then wait until the broker has settled everything sent so far."""
+        """Flush, then wait until the broker has settled everything sent so far.
+
+        Args:
+            timeout: seconds to wait (``None``: no limit); the publisher's
+                ``wait_for_confirms`` raises :class:`PublishTimeout` past it.
+        """
         await self.flush()
         await self.publisher.wait_for_confirms(timeout=timeout)
 
@@ -499,7 +512,21 @@ class BatchingPublisher:
     def publish(
         self, body: Body, *, exchange: str = "", routing_key: str = ""
     ) -> concurrent.futures.Future[None]:
-        """Add a record; returns its future (see :meth:`AsyncBatchingPublisher.publish`)."""
+        """Add a record (see :meth:`AsyncBatchingPublisher.publish`).
+
+        Args:
+            body: the record.
+            exchange: the exchange of the envelope it goes into.
+            routing_key: the routing key of that envelope.
+
+        Returns:
+            A future that resolves when the broker confirms the envelope, or fails
+            with the envelope's error.
+
+        Raises:
+            LocalProtocolError: the record is invalid; nothing was added.
+            InvalidStateError: the batching publisher is closed.
+        """
         if type(body) is not bytes:
             body = _record_bytes(body)
         future: concurrent.futures.Future[None] = ConfirmFuture()
@@ -522,7 +549,12 @@ class BatchingPublisher:
             self._drain()
 
     def wait_for_confirms(self, *, timeout: float | None = None) -> None:
-        """Flush, then wait until the broker has settled everything sent so far."""
+        """Flush, then wait until the broker has settled everything sent so far.
+
+        Args:
+            timeout: seconds to wait (``None``: no limit); the publisher's
+                ``wait_for_confirms`` raises :class:`PublishTimeout` past it.
+        """
         self.flush()
         self.publisher.wait_for_confirms(timeout=timeout)
 

@@ -115,11 +115,22 @@ class DedupStore(Protocol):
     """Remembers processed message ids so redelivered duplicates skip the handler."""
 
     def seen(self, key: str) -> bool:
-        """True when ``key`` was processed before (and is still remembered)."""
+        """Whether ``key`` was processed before (and is still remembered).
+
+        Args:
+            key: a message id.
+
+        Returns:
+            ``True`` if it was.
+        """
         ...
 
     def add(self, key: str) -> None:
-        """Remember that ``key`` was processed."""
+        """Remember that ``key`` was processed.
+
+        Args:
+            key: a message id.
+        """
         ...
 
 
@@ -151,7 +162,14 @@ class MemoryDedupStore:
         return len(self._entries)
 
     def seen(self, key: str) -> bool:
-        """True when ``key`` was added less than ``ttl`` seconds ago."""
+        """Whether ``key`` was added less than ``ttl`` seconds ago.
+
+        Args:
+            key: a message id.
+
+        Returns:
+            ``True`` if it was (it becomes the most recently used).
+        """
         stamp = self._entries.get(key)
         if stamp is None:
             return False
@@ -162,7 +180,11 @@ class MemoryDedupStore:
         return True
 
     def add(self, key: str) -> None:
-        """Remember ``key`` now; evicts the oldest ids past ``max_size``."""
+        """Remember ``key`` now; evicts the oldest ids past ``max_size``.
+
+        Args:
+            key: a message id.
+        """
         self._entries[key] = self._clock()
         self._entries.move_to_end(key)
         while len(self._entries) > self._max_size:
@@ -376,6 +398,9 @@ class AsyncConsumer:
         queue's dead-letter exchange when the connection's topology record says it has
         one. A missing one would silently lose every failed message.
 
+        Args:
+            timeout: seconds for each broker request it makes (``None``: no limit).
+
         Raises:
             InvalidStateError: already started.
             ConfigurationError: the retry topology or the dead-letter exchange is
@@ -529,6 +554,12 @@ class AsyncConsumer:
         closes for good: ``close()``, or recovery gave up (the connection's reason).
         Connection recoveries and resubscribes do not end it. A service's main coroutine
         ends with ``await consumer.wait()`` (see ``rabbitry.run``).
+
+        Args:
+            timeout: seconds to wait (``None``: no limit).
+
+        Returns:
+            ``None`` after :meth:`stop`, else why it ended.
 
         Raises:
             InvalidStateError: the consumer was never started.

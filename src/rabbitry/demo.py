@@ -1,7 +1,7 @@
 """``python -m rabbitry.demo``: a short, visible round trip through a real broker.
 
-``make demo-quick`` runs it (``make demo`` runs the reference pipeline,
-:mod:`rabbitry.examples.orders_pipeline`). It declares a
+``make demo-quick`` runs it (``make demo`` runs the reference pipeline in the
+repository's ``examples/orders_pipeline/``). It declares a
 throw-away topology, publishes messages with publisher confirms through the asyncio API,
 consumes and acknowledges them through the thread-safe API, and prints each step with
 the numbers it measured. It exits non-zero if anything is lost.

@@ -159,7 +159,14 @@ class OutboxStatus:
     last_id: int
 
     def oldest_age(self, now: float | None = None) -> float | None:
-        """Seconds since the oldest pending message was stored, or ``None`` when empty."""
+        """Seconds since the oldest pending message was stored.
+
+        Args:
+            now: the current ``time.time()`` (default: now).
+
+        Returns:
+            The age, or ``None`` when nothing is pending.
+        """
         if self.oldest_created_at is None:
             return None
         return max(0.0, (time.time() if now is None else now) - self.oldest_created_at)
@@ -233,6 +240,9 @@ class Outbox(abc.ABC):
     def apply(self, batch: OutboxBatch) -> None:
         """Apply ``batch`` atomically and durably (see :class:`OutboxBatch`).
 
+        Args:
+            batch: the inserts, deletes, failures and deaths to apply.
+
         Raises:
             OutboxError: nothing of the batch was applied.
         """
@@ -243,18 +253,38 @@ class Outbox(abc.ABC):
 
     @abc.abstractmethod
     def dead(self, limit: int | None = None) -> list[DeadRecord]:
-        """Messages in the dead table, oldest first."""
+        """Messages in the dead table, oldest first.
+
+        Args:
+            limit: at most this many (``None``: all).
+
+        Returns:
+            The dead messages, with why they died.
+        """
 
     @abc.abstractmethod
     def retry_dead(self, ids: Sequence[int] | None = None) -> int:
-        """Move dead messages (all, or those ``ids``) back for delivery; returns how many.
+        """Move dead messages back for delivery.
 
         Needs the exclusive claim (no publisher may be running on this outbox).
+
+        Args:
+            ids: the messages to move (``None``: all).
+
+        Returns:
+            How many were moved.
         """
 
     @abc.abstractmethod
     def purge_dead(self, ids: Sequence[int] | None = None) -> int:
-        """Delete dead messages (all, or those ``ids``); returns how many."""
+        """Delete dead messages.
+
+        Args:
+            ids: the messages to delete (``None``: all).
+
+        Returns:
+            How many were deleted.
+        """
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -493,7 +523,14 @@ class SQLiteOutbox(Outbox):
             last = rows[-1][0]
 
     def apply(self, batch: OutboxBatch) -> None:
-        """One transaction: inserts, deletes, failures, deaths (see :class:`OutboxBatch`)."""
+        """One transaction: inserts, deletes, failures, deaths (see :class:`OutboxBatch`).
+
+        Args:
+            batch: what to apply.
+
+        Raises:
+            OutboxError: the file cannot be written; nothing of the batch was applied.
+        """
         db = self._require()
         try:
             db.execute("BEGIN IMMEDIATE")
@@ -598,10 +635,16 @@ class SQLiteOutbox(Outbox):
     def reasons(self, limit: int = 10) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
         """Why messages are dead and why pending ones are being retried.
 
+        Args:
+            limit: at most this many reasons of each kind.
+
         Returns:
             ``(dead, retrying)``: each a list of ``(reason, rows)``, most rows first, at
             most ``limit`` reasons each. ``retrying`` groups pending rows by their last
             send error.
+
+        Raises:
+            OutboxError: the file cannot be read.
         """
         try:
             with self._reader() as db:
@@ -623,7 +666,17 @@ class SQLiteOutbox(Outbox):
         )
 
     def dead(self, limit: int | None = None) -> list[DeadRecord]:
-        """Dead messages, oldest first (at most ``limit``)."""
+        """Dead messages, oldest first.
+
+        Args:
+            limit: at most this many (``None``: all).
+
+        Returns:
+            The dead messages, with why they died.
+
+        Raises:
+            OutboxError: the file cannot be read.
+        """
         try:
             with self._reader() as db:
                 rows = db.execute(
@@ -638,8 +691,18 @@ class SQLiteOutbox(Outbox):
     def retry_dead(self, ids: Sequence[int] | None = None) -> int:
         """Move dead messages back into the outbox (with new ids, attempts reset).
 
-        Takes the outbox's lock for the moment: fails with :class:`OutboxLocked` while a
-        publisher runs on it (it could not see the moved rows, and ids would collide).
+        Takes the outbox's lock for the moment (it could not be seen by a running
+        publisher, and ids would collide).
+
+        Args:
+            ids: the messages to move (``None``: all).
+
+        Returns:
+            How many were moved.
+
+        Raises:
+            OutboxLocked: a publisher runs on this outbox.
+            OutboxError: there is no such file, or it cannot be written.
         """
         owned = self._db is None
         if owned:
@@ -674,7 +737,17 @@ class SQLiteOutbox(Outbox):
         return len(rows)
 
     def purge_dead(self, ids: Sequence[int] | None = None) -> int:
-        """Delete dead messages; safe while a publisher runs (it never reads them)."""
+        """Delete dead messages; safe while a publisher runs (it never reads them).
+
+        Args:
+            ids: the messages to delete (``None``: all).
+
+        Returns:
+            How many were deleted.
+
+        Raises:
+            OutboxError: the file cannot be written.
+        """
         where, args = _id_filter(ids)
         try:
             with self._reader() as db:

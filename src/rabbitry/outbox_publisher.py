@@ -55,8 +55,7 @@ from .exceptions import (
 )
 from .observability import _state as _obs
 from .outbox import Outbox, OutboxBatch, OutboxRecord, OutboxStatus
-from .protocol.channel import ChannelState
-from .protocol.frames import content_frames
+from .protocol.publish import publish_key, publish_parts
 from .publisher import AsyncPublisher
 
 if TYPE_CHECKING:
@@ -71,7 +70,6 @@ __all__ = ["AsyncOutboxPublisher", "OutboxStats"]
 
 logger = logging.getLogger("rabbitry.outbox")
 
-_OPEN = ChannelState.OPEN
 # Entry states.
 _STORING, _READY, _IN_FLIGHT, _WAITING, _ACKED, _DEAD = range(6)
 _RETRY_WRITE_DELAY = 1.0
@@ -444,7 +442,7 @@ class AsyncOutboxPublisher:
         for frames, message_id, flag in encoded:
             key = keys.get(frames[0])
             if key is None:  # the message's own exchange and routing key, from its head
-                key = keys[frames[0]] = _head_key(frames[0])
+                key = keys[frames[0]] = publish_key(frames[0])
             entries.append(make(frames, message_id, key[0], key[1], flag, now))
         rows = len(entries)
         size = sum(e.size for e in entries)
@@ -525,16 +523,7 @@ class AsyncOutboxPublisher:
         mandatory: bool,
         now: float,
     ) -> _Entry:
-        # Layout (see publisher._retarget): [method, header head, header payload, end,
-        # body head, body, end, ...]; the header payload is class, weight, size (12
-        # bytes) then the encoded properties.
-        properties = frames[2][12:]
-        if len(frames) == 7:
-            body = frames[5]
-        elif len(frames) == 4:
-            body = b""
-        else:
-            body = b"".join(frames[5::3])
+        properties, body = publish_parts(frames)
         size = len(body) + len(properties)
         if size > self._outbox.max_bytes:
             raise LocalProtocolError(
@@ -735,18 +724,7 @@ class AsyncOutboxPublisher:
                 event.clear()
                 await event.wait()
                 continue
-            channel = pub._channel
-            if (
-                pub._blocked_reason is None
-                and not self._conn._write_paused
-                and not pub._closing
-                and channel is not None
-                and channel._proto.state is _OPEN
-                and pub._in_flight < pub._max
-                and not pub._room_waiters
-            ):
-                pub._in_flight += 1
-            else:
+            if not pub._reserve_now():
                 try:
                     await pub._acquire(None, None)
                 except InvalidStateError:
@@ -761,13 +739,12 @@ class AsyncOutboxPublisher:
             # Send every ready row the window has room for, then one flush.
             send = self._send_one
             send(ready.popleft())
-            while ready and pub._in_flight < pub._max and not pub._room_waiters:
-                pub._in_flight += 1
+            while ready and pub._reserve_more():
                 send(ready.popleft())
             self._conn._kick()
 
     def _send_one(self, entry: _Entry) -> None:
-        """Send one row; its window slot is reserved (``pub._in_flight``) by the caller."""
+        """Send one row; its window slot is reserved by the caller."""
         pub = self._pub
         if entry.state != _READY:  # acked late while waiting: nothing to send
             pub._release_slot()
@@ -791,32 +768,14 @@ class AsyncOutboxPublisher:
         entry.state = _IN_FLIGHT
         entry.sent_at = self._loop.time()
         self._in_flight[record.id] = entry
-        channel = pub._channel
-        send = _Send(self, entry, entry.gen)
-        if (
-            channel is not None
-            and channel._proto.state is _OPEN
-            and not pub._backlog
-            and not pub._closing
-        ):
-            # What AsyncPublisher._send does in this case, without a flush per message.
-            pub._send_now(
-                channel, frames, send, record.message_id, record.mandatory, None,
-                pub._release_slot_cb,
-            )  # fmt: skip
-        else:
-            pub._send(frames, send, record.message_id, record.mandatory, None, pub._release_slot_cb)
+        pub._send_reserved(
+            frames, _Send(self, entry, entry.gen), record.message_id, record.mandatory
+        )
 
     def _frames(self, record: OutboxRecord) -> list[bytes]:
-        pub = self._pub
-        channel_id, heads, frame_max = pub._enc
-        key = (record.exchange, record.routing_key, record.mandatory)
-        head = heads.get(key)
-        if head is None:
-            head = pub._new_head(channel_id, heads, key, frame_max)
-        frames = content_frames(channel_id, 60, record.properties, record.body, frame_max)
-        frames.insert(0, head)
-        return frames
+        return self._pub._encoder.frames(
+            record.exchange, record.routing_key, record.mandatory, record.properties, record.body
+        )
 
     def _acked(self, entry: _Entry) -> None:
         if entry.state in (_ACKED, _DEAD, _STORING):
@@ -930,16 +889,3 @@ def _open_store(outbox: Outbox) -> tuple[OutboxStatus, list[OutboxRecord]]:
         outbox.close()
         raise
     return status, records
-
-
-def _head_key(head: bytes) -> tuple[str, str, bool]:
-    """(exchange, routing_key, mandatory) of an encoded basic.publish method frame."""
-    # frame head (7) + class/method (4) + reserved short (2), then two shortstrs, a bit.
-    offset = 13
-    length = head[offset]
-    exchange = head[offset + 1 : offset + 1 + length].decode()
-    offset += 1 + length
-    length = head[offset]
-    routing_key = head[offset + 1 : offset + 1 + length].decode()
-    offset += 1 + length
-    return exchange, routing_key, bool(head[offset] & 1)

@@ -34,6 +34,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from .exceptions import AMQPError, ConfigurationError, InvalidStateError, PoolTimeout, Timeout
+from .observability import _state as _obs
 from .protocol.channel import ChannelState
 
 if TYPE_CHECKING:
@@ -95,6 +96,8 @@ class AsyncChannelPool:
         self._settling: set[asyncio.Task[None]] = set()
         self._owned = 0
         self._closed = False
+        if _obs.active is not None:  # rabbitry.observability: waiters, lent channels
+            _obs.active.pool_created(self)
 
     def __repr__(self) -> str:
         return (
@@ -155,6 +158,9 @@ class AsyncChannelPool:
 
         Args:
             timeout: seconds to wait for a channel (``None``: no limit).
+
+        Returns:
+            An async context manager lending the channel.
 
         Raises:
             PoolTimeout: no channel became free within ``timeout`` (on entering).
@@ -323,8 +329,11 @@ class AsyncChannelPool:
         """Close the idle channels and refuse new borrowers; idempotent.
 
         Lent channels are closed when they come back. Waiters get
-        :class:`InvalidStateError`. Waits up to ``timeout`` for channels that are
-        settling confirms.
+        :class:`InvalidStateError`.
+
+        Args:
+            timeout: seconds to wait for channels that are settling confirms
+                (``None``: no limit).
         """
         if self._closed:
             return

@@ -40,7 +40,6 @@ import copy
 import itertools
 import logging
 import secrets
-import struct
 from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
@@ -58,9 +57,8 @@ from .exceptions import (
     Unroutable,
 )
 from .observability import _state as _obs
-from .protocol import spec
 from .protocol.channel import ChannelState
-from .protocol.frames import content_frames, method_frame
+from .protocol.publish import PublishEncoder, as_body, properties_prefix, retarget
 from .recovery import NackRetry, State
 
 if TYPE_CHECKING:
@@ -68,6 +66,7 @@ if TYPE_CHECKING:
 
     from .aio.channel import AsyncChannel, Settleable
     from .aio.connection import AsyncConnection
+    from .protocol import spec
     from .protocol.message import Message
 
 __all__ = ["AsyncPublisher", "Body", "OutgoingMessage", "UnconfirmedMessage", "expiration_ms"]
@@ -80,13 +79,8 @@ Body = bytes | bytearray | memoryview | str
 _OPEN = ChannelState.OPEN
 _MAX_EXPIRATION = 2**32 - 1  # RabbitMQ: rabbit_misc:check_expiry, ?MAX_EXPIRY_TIMER
 _ONE_MS = timedelta(milliseconds=1)
-_FLAG_DELIVERY_MODE = 0x1000
-_FLAG_EXPIRATION = 0x0100
-_FLAG_MESSAGE_ID = 0x0080
-_FLAGS = struct.Struct(">H")
-_SHORT_LEN = [bytes((n,)) for n in range(256)]
 _CACHE_LIMIT = 512
-_PLAIN_TEMPLATE = _FLAGS.pack(_FLAG_MESSAGE_ID)
+_PLAIN_TEMPLATE = properties_prefix(None, None)
 _UNSET: Any = object()
 
 
@@ -133,7 +127,7 @@ class UnconfirmedMessage(NamedTuple):
 
     def frames_for(self, channel_id: int) -> list[bytes]:
         """The same frames addressed to channel ``channel_id`` (for a resend)."""
-        return _retarget(self.frames, channel_id)
+        return retarget(self.frames, channel_id)
 
 
 def expiration_ms(value: int | timedelta | str, field: str = "expiration") -> str:
@@ -165,31 +159,6 @@ def expiration_ms(value: int | timedelta | str, field: str = "expiration") -> st
     if ms > _MAX_EXPIRATION:
         raise LocalProtocolError(f"{field}: at most {_MAX_EXPIRATION} ms, got {ms} ms")
     return str(ms)
-
-
-def _as_body(body: object) -> bytes:
-    if isinstance(body, bytearray | memoryview):
-        return bytes(body)
-    if isinstance(body, str):
-        return body.encode("utf-8")
-    raise LocalProtocolError(
-        f"basic.publish.body: must be bytes, bytearray, memoryview or str, "
-        f"got {type(body).__name__}"
-    )
-
-
-def _retarget(frames: list[bytes], channel_id: int) -> list[bytes]:
-    """Rewrite the channel number of frames laid out as ``encode`` makes them.
-
-    Layout: ``[method frame, header head, header payload, end, body head, body, end, ...]``
-    so the frame heads are item 0 and every item at index 1, 4, 7, ...
-    """
-    number = channel_id.to_bytes(2, "big")
-    out = [frames[0][:1] + number + frames[0][3:]]
-    for index in range(1, len(frames)):
-        piece = frames[index]
-        out.append(piece[:1] + number + piece[3:] if index % 3 == 1 else piece)
-    return out
 
 
 # --------------------------------------------------------------------------- records
@@ -412,9 +381,9 @@ class AsyncPublisher:
         self.nack_resends = 0
         self._channel: AsyncChannel | None = None
         self._opening: asyncio.Task[AsyncChannel] | None = None
-        # What encoding needs, swapped as one tuple so a thread never mixes two channels:
-        # (channel number, its basic.publish frame cache, frame_max).
-        self._enc: tuple[int, dict[tuple[str, str, bool], bytes], int] = (0, {}, 0)
+        # The encoder of the current channel, swapped as one object so that a thread
+        # never mixes two channels (until a channel is open: number 0, no frame_max).
+        self._encoder = PublishEncoder(0)
         self._cid_bytes = b"\x00\x00"
         self._max_size = connection.max_message_size
         self._templates: dict[tuple[Any, Any], bytes] = {}
@@ -746,9 +715,7 @@ class AsyncPublisher:
             for kept in channel._resend:
                 if isinstance(kept, _Pending) and not kept.settled:
                     out.append(UnconfirmedMessage(kept.seq, kept.message_id, kept.frames))
-            confirms = channel._confirms
-            for seq in channel._confirm_order:
-                record = confirms.get(seq)
+            for seq, record in channel._confirms:
                 if isinstance(record, _Pending) and not record.settled:
                     out.append(UnconfirmedMessage(seq, record.message_id, record.frames))
         for frames, _future, message_id, *_rest in self._backlog:
@@ -795,15 +762,12 @@ class AsyncPublisher:
     ) -> tuple[list[bytes], str | None]:
         """Encode one message for the current channel; safe from any thread.
 
-        Returns the frames (layout: see :func:`_retarget`) and the message_id.
+        Returns the frames (laid out as :mod:`rabbitry.protocol.publish` describes) and the
+        message_id.
         """
-        channel_id, heads, frame_max = self._enc
-        key = (exchange, routing_key, mandatory)
-        head = heads.get(key)
-        if head is None:
-            head = self._new_head(channel_id, heads, key, frame_max)
+        encoder = self._encoder
         if type(body) is not bytes:
-            body = _as_body(body)
+            body = as_body(body)
         max_size = self._max_size
         if max_size and len(body) > max_size:
             raise MessageTooLarge(len(body), max_size)
@@ -816,18 +780,12 @@ class AsyncPublisher:
                     cached = self._template(persistent, expiration)
                 template = cached
             message_id = f"{self._id_prefix}{next(self._ids)}"
-            raw = message_id.encode()
-            props = template + _SHORT_LEN[len(raw)] + raw
+            frames = encoder.frames(
+                exchange, routing_key, mandatory, template, body, message_id.encode()
+            )
         else:
             props, message_id = self._properties(properties, persistent, expiration)
-        # Header frame = 7 (frame head) + 12 (class, weight, size) + properties + 1 (end).
-        if frame_max and len(props) + 20 > frame_max:
-            raise LocalProtocolError(
-                f"basic.properties: the content header would be {len(props) + 20} bytes, "
-                f"above the negotiated frame_max {frame_max} (headers too large)"
-            )
-        frames = content_frames(channel_id, 60, props, body, frame_max)
-        frames.insert(0, head)
+            frames = encoder.frames(exchange, routing_key, mandatory, props, body)
         return frames, message_id
 
     def _encode_batch(
@@ -867,40 +825,10 @@ class AsyncPublisher:
             out.append((frames, message_id, flag))
         return out
 
-    def _new_head(
-        self,
-        channel_id: int,
-        heads: dict[tuple[str, str, bool], bytes],
-        key: tuple[str, str, bool],
-        frame_max: int,
-    ) -> bytes:
-        exchange, routing_key, mandatory = key
-        head = method_frame(
-            channel_id,
-            spec.BasicPublish(exchange=exchange, routing_key=routing_key, mandatory=mandatory),
-        )
-        if frame_max and len(head) > frame_max:
-            raise LocalProtocolError(
-                f"basic.publish: the frame would be {len(head)} bytes, above the negotiated "
-                f"frame_max {frame_max}"
-            )
-        if len(heads) >= _CACHE_LIMIT:
-            heads.clear()
-        heads[key] = head
-        return head
-
     def _template(self, persistent: bool | None, expiration: int | timedelta | None) -> bytes:
         """Encoded properties up to (not including) the message_id value."""
         text = None if expiration is None else expiration_ms(expiration)
-        flags = _FLAG_MESSAGE_ID
-        parts = []
-        if persistent is not None:
-            flags |= _FLAG_DELIVERY_MODE
-            parts.append(b"\x02" if persistent else b"\x01")
-        if text is not None:
-            flags |= _FLAG_EXPIRATION
-            parts.append(_SHORT_LEN[len(text)] + text.encode())
-        template = _FLAGS.pack(flags) + b"".join(parts)
+        template = properties_prefix(persistent, text)
         if expiration is None or type(expiration) is int:
             if len(self._templates) >= _CACHE_LIMIT:
                 self._templates.clear()
@@ -977,6 +905,33 @@ class AsyncPublisher:
                 raise PublishTimeout(f"could not publish within {timeout} s: {what}") from None
             raise
 
+    def _reserve_now(self) -> bool:
+        """Reserve a window slot if a message can be sent at once (loop thread).
+
+        True when the channel is open, nothing blocks publishing and the window has
+        room; False reserves nothing (wait with :meth:`_acquire` instead).
+        """
+        channel = self._channel
+        if (
+            self._blocked_reason is None
+            and not self._conn._write_paused
+            and not self._closing
+            and channel is not None
+            and channel._proto.state is _OPEN
+            and self._in_flight < self._max
+            and not self._room_waiters
+        ):
+            self._in_flight += 1
+            return True
+        return False
+
+    def _reserve_more(self) -> bool:
+        """Reserve one more window slot if there is room and nobody waits for one."""
+        if self._in_flight < self._max and not self._room_waiters:
+            self._in_flight += 1
+            return True
+        return False
+
     def _release_slot(self) -> None:
         """A confirm freed a window slot: hand it to the oldest waiter, or free it."""
         waiters = self._room_waiters
@@ -1038,7 +993,7 @@ class AsyncPublisher:
                 self._loop.create_task(channel.close()).add_done_callback(_retrieve)
             raise InvalidStateError("the publisher is closed")
         self._channel = channel
-        self._enc = (channel.channel_id, {}, self._conn.frame_max)
+        self._encoder = PublishEncoder(channel.channel_id, self._conn.frame_max)
         self._max_size = self._conn.max_message_size  # the broker's, now that it is known
         self._cid_bytes = channel.channel_id.to_bytes(2, "big")
         if self._backlog:
@@ -1079,6 +1034,29 @@ class AsyncPublisher:
         self._send_now(channel, frames, future, message_id, mandatory, deadline, release)
         self._conn._kick()
 
+    def _send_reserved(
+        self,
+        frames: list[bytes],
+        waiter: Settleable,
+        message_id: str | None,
+        mandatory: bool,
+    ) -> None:
+        """Queue one message whose window slot is reserved, without a flush when the
+        channel is ready: the caller flushes (``_conn._kick()``) after a run of them.
+        The slot is freed when the message is settled (loop thread)."""
+        channel = self._channel
+        if (
+            channel is not None
+            and channel._proto.state is _OPEN
+            and not self._backlog
+            and not self._closing
+        ):
+            self._send_now(
+                channel, frames, waiter, message_id, mandatory, None, self._release_slot_cb
+            )
+        else:
+            self._send(frames, waiter, message_id, mandatory, None, self._release_slot_cb)
+
     def _send_batch(
         self,
         items: list[_Encoded],
@@ -1117,7 +1095,7 @@ class AsyncPublisher:
         release: Callable[[], None] | None,
     ) -> None:
         if frames[0][1:3] != self._cid_bytes:
-            frames = _retarget(frames, channel.channel_id)
+            frames = retarget(frames, channel.channel_id)
         try:
             seq = channel._proto.send_publish(frames)
         except AMQPError as exc:
@@ -1135,10 +1113,9 @@ class AsyncPublisher:
         assert future is not None
         record = _Pending(self, future, frames, message_id, release)
         record.seq = seq
-        # The channel's confirm table: AsyncChannel._on_confirm settles it in
-        # O(confirmed), and AsyncChannel._on_closed fails what is left.
-        channel._confirms[seq] = record
-        channel._confirm_order.append(seq)
+        # The channel's confirm tracker settles it (AsyncChannel._on_confirm), and
+        # AsyncChannel._on_closed fails it if the channel ends first.
+        channel._confirms.add(seq, record)
         self._outstanding += 1
         if mandatory and message_id is not None:
             record.returnable = True

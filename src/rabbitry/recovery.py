@@ -153,6 +153,9 @@ class RecoveryPolicy:
         Args:
             attempt: how many attempts failed before this one.
             rand: a number in [0, 1) for the jitter (default: ``random.random()``).
+
+        Returns:
+            The delay in seconds (exponential, capped at ``max_delay``, with jitter).
         """
         return _backoff(
             attempt, self.initial_delay, self.max_delay, self.multiplier, self.jitter, rand
@@ -194,7 +197,15 @@ class NackRetry:
         _check_backoff(self.initial_delay, self.max_delay, self.multiplier, self.jitter)
 
     def delay(self, attempt: int, rand: float | None = None) -> float:
-        """Seconds to wait before re-send ``attempt`` (0 is the first re-send)."""
+        """Seconds to wait before re-send ``attempt``.
+
+        Args:
+            attempt: how many re-sends came before this one (0 is the first re-send).
+            rand: a number in [0, 1) for the jitter (default: ``random.random()``).
+
+        Returns:
+            The delay in seconds (exponential, capped at ``max_delay``, with jitter).
+        """
         return _backoff(
             attempt, self.initial_delay, self.max_delay, self.multiplier, self.jitter, rand
         )

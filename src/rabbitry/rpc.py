@@ -149,7 +149,15 @@ class AsyncRpcClient:
         return len(self._pending)
 
     async def start(self, timeout: float | None = None) -> None:
-        """Open the client's channel and subscribe to direct reply-to (idempotent)."""
+        """Open the client's channel and subscribe to direct reply-to (idempotent).
+
+        Args:
+            timeout: seconds for opening the channel and for subscribing (``None``: no
+                limit).
+
+        Raises:
+            InvalidStateError: the client is closed.
+        """
         if self._closed:
             raise InvalidStateError("this RPC client is closed")
         if self._opening is None:
@@ -429,19 +437,34 @@ class AsyncRpcServer:
         await self.stop()
 
     async def start(self, timeout: float | None = None) -> None:
-        """Open the reply channel and start consuming requests."""
+        """Open the reply channel and start consuming requests.
+
+        Args:
+            timeout: seconds for each broker request it makes (``None``: no limit).
+        """
         self._reply_channel = await self._conn.channel(timeout=timeout)
         await self.consumer.start(timeout)
 
     async def stop(self, timeout: float | None = None) -> None:
-        """Stop consuming (running handlers finish and reply) and close the reply channel."""
+        """Stop consuming (running handlers finish and reply) and close the reply channel.
+
+        Args:
+            timeout: seconds to wait for running handlers; past it they are cancelled.
+        """
         await self.consumer.stop(timeout=timeout)
         channel, self._reply_channel = self._reply_channel, None
         if channel is not None and channel.is_open:
             await channel.close()
 
     async def wait(self, timeout: float | None = None) -> AMQPError | None:
-        """Wait until the server has ended for good (see :meth:`AsyncConsumer.wait`)."""
+        """Wait until the server has ended for good (see :meth:`AsyncConsumer.wait`).
+
+        Args:
+            timeout: seconds to wait (``None``: no limit).
+
+        Returns:
+            ``None`` after :meth:`stop`, else why it ended.
+        """
         return await self.consumer.wait(timeout)
 
     async def _serve(self, message: Message) -> None:

@@ -106,7 +106,12 @@ class AsyncShardedQueueConsumer:
         await self.stop()
 
     async def start(self, timeout: float | None = None) -> None:
-        """Subscribe every consumer, one after the other (the plugin picks the shard)."""
+        """Subscribe every consumer, one after the other (the plugin picks the shard).
+
+        Args:
+            timeout: seconds for each broker request of each consumer (``None``: no
+                limit).
+        """
         started: list[AsyncConsumer] = []
         try:
             for consumer in self.consumers:
@@ -118,7 +123,13 @@ class AsyncShardedQueueConsumer:
             raise
 
     async def stop(self, drain: bool = True, timeout: float | None = None) -> None:
-        """Stop every consumer (``drain``: let running handlers finish)."""
+        """Stop every running consumer.
+
+        Args:
+            drain: let running handlers finish (and ack); otherwise they are cancelled
+                and their messages requeued.
+            timeout: seconds to wait for running handlers, per consumer.
+        """
         for consumer in self.consumers:
             if consumer.is_running:
                 await consumer.stop(drain, timeout)
@@ -149,7 +160,12 @@ class ShardedQueueConsumer:
         self.stop()
 
     def start(self, timeout: float | None = None) -> None:
-        """Subscribe every consumer, one after the other (the plugin picks the shard)."""
+        """Subscribe every consumer, one after the other (the plugin picks the shard).
+
+        Args:
+            timeout: seconds for each broker request of each consumer (``None``: no
+                limit).
+        """
         started: list[Consumer] = []
         try:
             for consumer in self.consumers:
@@ -161,7 +177,13 @@ class ShardedQueueConsumer:
             raise
 
     def stop(self, drain: bool = True, timeout: float | None = None) -> None:
-        """Stop every consumer (``drain``: let running handlers finish)."""
+        """Stop every running consumer.
+
+        Args:
+            drain: let running handlers finish (and ack); otherwise they are cancelled
+                and their messages requeued.
+            timeout: seconds to wait for running handlers, per consumer.
+        """
         for consumer in self.consumers:
             if consumer.is_running:
                 consumer.stop(drain, timeout)

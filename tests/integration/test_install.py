@@ -62,6 +62,11 @@ def test_wheel_installs_into_a_clean_virtualenv_and_the_quick_start_runs(
         assert archive.read(licensed).decode("utf-8") == license_text
         (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
         assert "License-Expression: Apache-2.0" in archive.read(metadata).decode("utf-8")
+        # The library and the Spark registration module only: the reference pipeline
+        # (examples/) is an application in the repository, not part of the package.
+        names = [n for n in archive.namelist() if ".dist-info/" not in n]
+        assert {n.split("/")[0] for n in names} == {"rabbitry", "pyspark_rabbitmq.py"}, names
+        assert not [n for n in names if "examples/" in n or "orders_pipeline" in n]
     with tarfile.open(sdist) as archive:
         assert any(name.endswith("/LICENSE") for name in archive.getnames())
 

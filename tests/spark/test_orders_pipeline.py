@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from rabbitry.examples.orders_pipeline import PipelineConfig, build_topology, generate, run
+from orders_pipeline import PipelineConfig, build_topology, generate, run
 from rabbitry.topology import ATTEMPTS_HEADER, PARKED_REASON_HEADER
 
 if TYPE_CHECKING:

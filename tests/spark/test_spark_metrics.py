@@ -7,6 +7,7 @@ sees their counters; no JVM is started.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -15,8 +16,12 @@ import pyarrow as pa
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rabbitry import observability
+from rabbitry.spark import trace_options
 from rabbitry.spark._options import parse_read_options, parse_write_options
 from rabbitry.spark._write import UnroutableRows
 from rabbitry.spark.datasource import QueueStreamReader, StreamWriter
@@ -131,3 +136,35 @@ def test_option_otel_instruments_the_reader_process() -> None:
         assert observability.is_instrumented()
     finally:
         observability.uninstrument()
+
+
+def test_trace_options_make_each_row_publish_span_a_child_of_the_job_span(
+    url: str, make_queue: Callable[..., str]
+) -> None:
+    queue = make_queue()
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    observability.instrument(tracer_provider=provider)
+    try:
+        with provider.get_tracer("test").start_as_current_span("nightly export") as job:
+            options = trace_options()
+        assert options["otel"] == "true" and "traceparent" in options
+        writer = StreamWriter(parse_write_options({"url": url, "routingKey": queue, **options}))
+        batch = pa.RecordBatch.from_pylist([{"body": BODY} for _ in range(ROWS)])
+        # The task runs where the job's span is not current (an executor): another thread.
+        with concurrent.futures.ThreadPoolExecutor(1) as executor:
+            message = executor.submit(writer.write, iter([batch])).result(timeout=60)
+        writer.commit([message], 0)
+    finally:
+        observability.uninstrument()
+    publishes = [s for s in exporter.get_finished_spans() if s.name == "publish amq.default"]
+    assert len(publishes) == ROWS
+    job_context = job.get_span_context()
+    for span in publishes:
+        assert span.parent is not None and span.parent.span_id == job_context.span_id
+        assert span.context is not None and span.context.trace_id == job_context.trace_id
+
+
+def test_trace_options_outside_a_span_carry_no_context() -> None:
+    assert trace_options() == {"otel": "true"}

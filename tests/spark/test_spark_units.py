@@ -395,3 +395,26 @@ def test_quorum_refusal_names_the_limit_of_each_broker_generation() -> None:
     assert str(four).startswith("option acceptDeliveryCount: queue 'orders' is a quorum queue")
     assert "20 by default on RabbitMQ 4.x" in str(four)
     assert "none by default on RabbitMQ 3.x" in str(delivery_count_refused("orders", "3.10.8"))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"traceparent": "00-abc-def-01"}, "option traceparent: must be a W3C traceparent"),
+        (
+            {"traceparent": f"00-{'0' * 32}-{'1' * 16}-01"},
+            "option traceparent: must be a W3C traceparent",
+        ),
+        ({"tracestate": "vendor=1"}, "option tracestate: needs option traceparent"),
+    ],
+)
+def test_write_trace_context_options_are_checked(options: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        parse_write_options(options)
+
+
+def test_write_trace_context_options_are_kept() -> None:
+    parent = f"00-{'a' * 32}-{'b' * 16}-01"
+    options = parse_write_options({"TraceParent": parent, "tracestate": "vendor=1"})
+    assert (options.traceparent, options.tracestate) == (parent, "vendor=1")
+    assert parse_write_options({}).traceparent is None

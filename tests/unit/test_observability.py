@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
@@ -12,8 +13,11 @@ from typing import Any
 import pytest
 from opentelemetry.metrics import Meter, NoOpMeter, NoOpMeterProvider
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client.parser import text_string_to_metric_families
+from tests.unit.fake_broker import FakeBroker
 
+import rabbitry
 from rabbitry import observability
 from rabbitry.exceptions import ConfigurationError
 from rabbitry.observability import _state
@@ -139,7 +143,7 @@ def test_every_metric_is_documented_and_the_dashboard_uses_only_real_metrics() -
     histograms = {
         _prometheus_name(name, unit, kind) for name, unit, kind in created if kind == "histogram"
     }
-    exposed |= {f"{name}_bucket" for name in histograms}
+    exposed |= {f"{name}_{part}" for name in histograms for part in ("bucket", "sum", "count")}
     dashboard = json.loads(DASHBOARD.read_text())
     used = set()
     for panel in dashboard["panels"]:
@@ -179,3 +183,63 @@ def test_the_exposition_of_every_rabbitry_metric_parses_as_prometheus_text() -> 
     ]
     assert sample.labels == {"messaging_destination_name": 'a "quoted"\nq'}
     assert sample.value == 1
+
+
+async def test_blocked_periods_and_pool_waiters_are_measured() -> None:
+    """A broker-side block is one ``blocked.duration`` measurement once it ends; a
+    pool's waiting callers and lent channels are reported while they last."""
+    reader = InMemoryMetricReader()
+    observability.instrument(meter_provider=MeterProvider(metric_readers=[reader]))
+
+    def value(name: str) -> Any:
+        data = reader.get_metrics_data()
+        points = [
+            point
+            for resource in (data.resource_metrics if data else [])
+            for scope in resource.scope_metrics
+            for metric in scope.metrics
+            if metric.name == name
+            for point in metric.data.data_points
+        ]
+        assert len(points) <= 1, points
+        if not points:
+            return None
+        return points[0].count if hasattr(points[0], "bucket_counts") else points[0].value
+
+    async def eventually(predicate: Any) -> None:
+        for _ in range(1000):
+            if predicate():
+                return
+            await asyncio.sleep(0.005)
+        raise AssertionError("not reached in 5 s")
+
+    try:
+        with FakeBroker() as broker:
+            conn = rabbitry.AsyncConnection(
+                broker.url, heartbeat=0, connection_timeout=5, recovery=None
+            )
+            await conn.connect()
+            try:
+                broker.block("low on memory")
+                await eventually(lambda: conn.is_blocked)
+                assert value("rabbitry.connection.blocked.duration") is None
+                broker.unblock()
+                await eventually(lambda: not conn.is_blocked)
+                assert value("rabbitry.connection.blocked.duration") == 1
+
+                pool = await conn.channel_pool(size=1, confirm=False)
+                second = pool.acquire()
+                async with pool.acquire():
+                    waiter = asyncio.create_task(second.__aenter__())
+                    await eventually(lambda: pool.waiting == 1)
+                    assert value("rabbitry.pool.waiters") == 1
+                    assert value("rabbitry.pool.in_use") == 1
+                assert (await asyncio.wait_for(waiter, 5)).is_open  # handed on
+                assert (value("rabbitry.pool.waiters"), value("rabbitry.pool.in_use")) == (0, 1)
+                await second.__aexit__(None, None, None)
+                assert value("rabbitry.pool.in_use") == 0
+                await pool.close()
+            finally:
+                await conn.close(timeout=2)
+    finally:
+        observability.uninstrument()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rabbitry.examples.orders_pipeline import (
+from orders_pipeline import (
     FAULT_HEADER,
     Mix,
     PipelineConfig,
@@ -18,7 +18,7 @@ from rabbitry.examples.orders_pipeline import (
     generate,
     main,
 )
-from rabbitry.examples.orders_pipeline._events import RATES_TO_EUR
+from orders_pipeline._events import RATES_TO_EUR
 from rabbitry.exceptions import ConfigurationError
 
 
@@ -140,6 +140,6 @@ def test_main_says_java_is_missing(
 def test_main_rejects_bad_arguments(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("rabbitry.examples.orders_pipeline.java_problem", lambda: None)
+    monkeypatch.setattr("orders_pipeline.java_problem", lambda: None)
     assert main(["-n", "0"]) == 2
     assert "events: must be an integer >= 1" in capsys.readouterr().err

@@ -23,9 +23,9 @@ from rabbitry import (
 )
 from rabbitry.cli._app import cli
 from rabbitry.outbox import APPLICATION_ID, OutboxBatch, OutboxRecord
-from rabbitry.outbox_publisher import _head_key
 from rabbitry.protocol import spec
 from rabbitry.protocol.frames import method_frame
+from rabbitry.protocol.publish import publish_key
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -295,9 +295,9 @@ def test_head_key_decodes_a_publish_frame() -> None:
     head = method_frame(
         3, spec.BasicPublish(exchange="orders", routing_key="eu.new", mandatory=True)
     )
-    assert _head_key(head) == ("orders", "eu.new", True)
+    assert publish_key(head) == ("orders", "eu.new", True)
     plain = method_frame(1, spec.BasicPublish(exchange="", routing_key="q"))
-    assert _head_key(plain) == ("", "q", False)
+    assert publish_key(plain) == ("", "q", False)
 
 
 # --------------------------------------------------------------------------- CLI

@@ -231,7 +231,8 @@ async def test_a_cancelled_confirm_wait_leaves_the_loop_idle_until_the_ack(
             return super().values()
 
     async with pool.acquire(timeout=WAIT) as channel:
-        channel._confirms = CountingDict(channel._confirms)
+        tracker = channel._confirms
+        tracker._pending = CountingDict(tracker._pending)
         confirm = await channel.basic_publish("", "q", b"x")
         assert confirm is not None
         with pytest.raises(TimeoutError):

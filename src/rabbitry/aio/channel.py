@@ -34,6 +34,7 @@ from ..protocol import spec
 from ..protocol._refusal import PublishSummary, is_publish_refusal, refused_index, summarize
 from ..protocol.channel import ChannelProtocol, ChannelState
 from ..protocol.frames import Method
+from ..protocol.publish import ConfirmTracker
 from ..record import RecordedBinding, RecordedExchange, RecordedQueue
 from ..streams import check_consume
 
@@ -148,8 +149,8 @@ class AsyncChannel:
         # is handled (before later deliveries), e.g. to register a consumer.
         self._rpcs: deque[tuple[asyncio.Future[Any], Callable[[Any], None] | None]] = deque()
         self._consumers: dict[str, _Consumer] = {}
-        self._confirms: dict[int, Settleable] = {}
-        self._confirm_order: deque[int] = deque()
+        # Confirm mode: the publishes awaiting their ack or nack, settled by _settle.
+        self._confirms: ConfirmTracker[Settleable] = ConfirmTracker(_settle)
         # The method frame and content header of confirm-mode publishes whose waiter
         # does not keep its frames: what tells which publish a refusal names (see
         # _fail_pending). Pruned every _HEADS_PRUNE publishes, not per confirm.
@@ -505,8 +506,7 @@ class AsyncChannel:
         if not seq:
             return None
         future: asyncio.Future[None] = self._loop.create_future()
-        self._confirms[seq] = future
-        self._confirm_order.append(seq)
+        self._confirms.add(seq, future)
         self._keep_head(seq, frames)
         return future
 
@@ -514,8 +514,8 @@ class AsyncChannel:
         heads = self._heads
         heads[seq] = (frames[0], frames[2])
         if not seq % _HEADS_PRUNE:
-            confirms = self._confirms
-            self._heads = {s: h for s, h in heads.items() if s in confirms}
+            unconfirmed = self._confirms.tags()
+            self._heads = {s: h for s, h in heads.items() if s in unconfirmed}
 
     def _publish_encoded(self, frames: list[bytes], waiter: Settleable | None) -> None:
         """Queue pre-encoded publish frames (the sync facade's hot path; loop thread).
@@ -533,8 +533,7 @@ class AsyncChannel:
         if waiter is None:
             return
         if seq:
-            self._confirms[seq] = waiter
-            self._confirm_order.append(seq)
+            self._confirms.add(seq, waiter)
             self._keep_head(seq, frames)
         else:
             waiter.set_result(None)
@@ -971,19 +970,7 @@ class AsyncChannel:
 
     def _on_confirm(self, tag: int, multiple: bool, ack: bool) -> None:
         confirms = self._confirms
-        order = self._confirm_order
-        if multiple:
-            # O(confirmed): pop from the left while the sequence is covered.
-            while order and order[0] <= tag:
-                future = confirms.pop(order.popleft(), None)
-                if future is not None and not future.done():
-                    _settle(future, tag, ack)
-        else:
-            future = confirms.pop(tag, None)
-            if future is not None and not future.done():
-                _settle(future, tag, ack)
-            while order and order[0] not in confirms:
-                order.popleft()
+        confirms.confirm(tag, multiple, ack)  # settles through _settle
         if self._settled_waiters and not confirms:
             self._notify_settled()
 
@@ -1037,8 +1024,7 @@ class AsyncChannel:
                 # A fresh instance per waiter: one exception object raised in several
                 # tasks would collect all their tracebacks.
                 future.set_exception(copy.copy(exc))
-        confirms, self._confirms = self._confirms, {}
-        self._confirm_order.clear()
+        confirms = self._confirms.take_all()
         heads, self._heads = self._heads, {}
         refused = self._refused_seq(exc, confirms, heads)
         if not keep_resendable and self._resend:
@@ -1165,8 +1151,7 @@ class AsyncChannel:
                 continue
             seq = self._proto.send_publish(record.frames)  # type: ignore[attr-defined]
             record.seq = seq  # type: ignore[attr-defined]
-            self._confirms[seq] = record
-            self._confirm_order.append(seq)
+            self._confirms.add(seq, record)
             sent += 1
         if sent:
             self.republished += sent
@@ -1229,6 +1214,9 @@ class AsyncChannel:
 
 
 def _settle(future: Settleable, tag: int, ack: bool) -> None:
+    """Settle a publish with the broker's confirm of ``tag`` (unless it is settled)."""
+    if future.done():
+        return
     if ack:
         future.set_result(None)
     else:

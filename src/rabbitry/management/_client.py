@@ -189,11 +189,19 @@ class ManagementClient(_Base):
         return self._send(_ops.vhosts())
 
     def create_vhost(self, name: str) -> None:
-        """Create virtual host ``name`` (no error if it exists)."""
+        """Create virtual host ``name`` (no error if it exists).
+
+        Args:
+            name: the virtual host.
+        """
         self._send(_ops.create_vhost(name))
 
     def delete_vhost(self, name: str) -> None:
-        """Delete virtual host ``name`` and everything in it."""
+        """Delete virtual host ``name`` and everything in it.
+
+        Args:
+            name: the virtual host.
+        """
         self._send(_ops.delete_vhost(name))
 
     def set_permissions(
@@ -204,35 +212,96 @@ class ManagementClient(_Base):
         write: str = ".*",
         read: str = ".*",
     ) -> None:
-        """Give ``user`` permissions in ``vhost`` (regular expressions over names)."""
+        """Give ``user`` permissions in ``vhost`` (regular expressions over names).
+
+        Args:
+            vhost: the virtual host.
+            user: the user name.
+            configure: the names ``user`` may declare and delete.
+            write: the names ``user`` may publish to.
+            read: the names ``user`` may consume from.
+        """
         self._send(_ops.set_permissions(vhost, user, configure, write, read))
 
     def queues(self, vhost: str | None = None) -> list[QueueInfo]:
-        """Every queue (of ``vhost``, or of all vhosts): depth, rates, consumers."""
+        """Every queue (of ``vhost``, or of all vhosts): depth, rates, consumers.
+
+        Args:
+            vhost: the virtual host; ``None``: all of them.
+
+        Returns:
+            One :class:`QueueInfo` per queue.
+        """
         return self._send(_ops.queues(vhost))
 
     def queue(self, name: str, vhost: str = "/") -> QueueInfo:
-        """One queue. Raises :class:`ManagementNotFound` if it does not exist."""
+        """One queue.
+
+        Args:
+            name: the queue.
+            vhost: its virtual host.
+
+        Returns:
+            Its depth, rates and consumers.
+
+        Raises:
+            ManagementNotFound: the queue does not exist.
+        """
         return self._send(_ops.queue(name, vhost))
 
     def delete_queue(self, name: str, vhost: str = "/") -> None:
-        """Delete a queue and its messages."""
+        """Delete a queue and its messages.
+
+        Args:
+            name: the queue.
+            vhost: its virtual host.
+        """
         self._send(_ops.delete_queue(name, vhost))
 
     def purge_queue(self, name: str, vhost: str = "/") -> None:
-        """Delete a queue's ready messages."""
+        """Delete a queue's ready messages.
+
+        Args:
+            name: the queue.
+            vhost: its virtual host.
+        """
         self._send(_ops.purge_queue(name, vhost))
 
     def exchanges(self, vhost: str | None = None) -> list[dict[str, Any]]:
-        """Every exchange (of ``vhost``, or of all vhosts)."""
+        """Every exchange (of ``vhost``, or of all vhosts).
+
+        Args:
+            vhost: the virtual host; ``None``: all of them.
+
+        Returns:
+            The API's object for each exchange.
+        """
         return self._send(_ops.exchanges(vhost))
 
     def exchange(self, name: str, vhost: str = "/") -> dict[str, Any]:
-        """One exchange."""
+        """One exchange.
+
+        Args:
+            name: the exchange.
+            vhost: its virtual host.
+
+        Returns:
+            The API's object for the exchange.
+
+        Raises:
+            ManagementNotFound: the exchange does not exist.
+        """
         return self._send(_ops.exchange(name, vhost))
 
     def bindings(self, vhost: str | None = None) -> list[dict[str, Any]]:
-        """Every binding (of ``vhost``, or of all vhosts)."""
+        """Every binding (of ``vhost``, or of all vhosts).
+
+        Args:
+            vhost: the virtual host; ``None``: all of them.
+
+        Returns:
+            The API's object for each binding.
+        """
         return self._send(_ops.bindings(vhost))
 
     def connections(self) -> list[dict[str, Any]]:
@@ -240,23 +309,58 @@ class ManagementClient(_Base):
         return self._send(_ops.connections())
 
     def close_connection(self, name: str, reason: str = "closed via the management API") -> None:
-        """Force-close a client connection; the client sees 320 CONNECTION_FORCED."""
+        """Force-close a client connection; the client sees 320 CONNECTION_FORCED.
+
+        Args:
+            name: the connection's name, as :meth:`connections` lists it.
+            reason: the text the client receives with the close.
+        """
         self._send(_ops.close_connection(name), reason)
 
     def definitions(self, vhost: str | None = None) -> dict[str, Any]:
-        """Export definitions (of one vhost, or the whole broker)."""
+        """Export definitions (of one vhost, or the whole broker).
+
+        Args:
+            vhost: the virtual host; ``None``: the whole broker.
+
+        Returns:
+            The definitions document.
+        """
         return self._send(_ops.definitions(vhost))
 
     def import_definitions(self, definitions: Mapping[str, Any], vhost: str | None = None) -> None:
-        """Import definitions; with ``vhost``, a single-vhost document into that vhost."""
+        """Import definitions; with ``vhost``, a single-vhost document into that vhost.
+
+        Args:
+            definitions: the document, as :meth:`definitions` exports it.
+            vhost: the virtual host to import into; ``None``: a whole-broker document.
+        """
         self._send(_ops.import_definitions(definitions, vhost))
 
     def policies(self, vhost: str | None = None) -> list[Policy]:
-        """Every policy (of ``vhost``, or of all vhosts), as validated ``Policy`` objects."""
+        """Every policy (of ``vhost``, or of all vhosts).
+
+        Args:
+            vhost: the virtual host; ``None``: all of them.
+
+        Returns:
+            The policies, as validated ``Policy`` objects.
+        """
         return self._send(_ops.policies(vhost))
 
     def policy(self, name: str, vhost: str = "/") -> Policy:
-        """One policy. Raises :class:`ManagementNotFound` if it does not exist."""
+        """One policy.
+
+        Args:
+            name: the policy.
+            vhost: its virtual host.
+
+        Returns:
+            The policy, validated.
+
+        Raises:
+            ManagementNotFound: the policy does not exist.
+        """
         return self._send(_ops.policy(name, vhost))
 
     def set_policy(
@@ -271,6 +375,15 @@ class ManagementClient(_Base):
     ) -> Policy:
         """Create or replace a policy (validated first, like ``Policy(...)``).
 
+        Args:
+            name: the policy.
+            pattern: a regular expression matched against entity names.
+            definition: the keys to set, e.g. ``{"message-ttl": 60000}``.
+            apply_to: ``"all"``, ``"queues"`` or ``"exchanges"`` (3.12+ also
+                ``"classic_queues"``, ``"quorum_queues"``, ``"streams"``).
+            priority: higher wins when several policies match.
+            vhost: its virtual host.
+
         Returns:
             The policy that was set.
 
@@ -284,11 +397,24 @@ class ManagementClient(_Base):
         return item
 
     def put_policy(self, policy: Policy, vhost: str = "/") -> None:
-        """Create or replace ``policy`` (a :class:`~rabbitry.topology.Policy`)."""
+        """Create or replace ``policy`` (a :class:`~rabbitry.topology.Policy`).
+
+        Args:
+            policy: the policy.
+            vhost: its virtual host.
+        """
         self._send(_ops.put_policy(policy, vhost))
 
     def delete_policy(self, name: str, vhost: str = "/") -> None:
-        """Delete a policy. Raises :class:`ManagementNotFound` if it does not exist."""
+        """Delete a policy.
+
+        Args:
+            name: the policy.
+            vhost: its virtual host.
+
+        Raises:
+            ManagementNotFound: the policy does not exist.
+        """
         self._send(_ops.delete_policy(name, vhost))
 
     def publish(
@@ -380,11 +506,19 @@ class AsyncManagementClient(_Base):
         return await self._send(_ops.vhosts())
 
     async def create_vhost(self, name: str) -> None:
-        """Create virtual host ``name`` (no error if it exists)."""
+        """Create virtual host ``name`` (no error if it exists).
+
+        Args:
+            name: the virtual host.
+        """
         await self._send(_ops.create_vhost(name))
 
     async def delete_vhost(self, name: str) -> None:
-        """Delete virtual host ``name`` and everything in it."""
+        """Delete virtual host ``name`` and everything in it.
+
+        Args:
+            name: the virtual host.
+        """
         await self._send(_ops.delete_vhost(name))
 
     async def set_permissions(
@@ -395,35 +529,96 @@ class AsyncManagementClient(_Base):
         write: str = ".*",
         read: str = ".*",
     ) -> None:
-        """Give ``user`` permissions in ``vhost`` (regular expressions over names)."""
+        """Give ``user`` permissions in ``vhost`` (regular expressions over names).
+
+        Args:
+            vhost: the virtual host.
+            user: the user name.
+            configure: the names ``user`` may declare and delete.
+            write: the names ``user`` may publish to.
+            read: the names ``user`` may consume from.
+        """
         await self._send(_ops.set_permissions(vhost, user, configure, write, read))
 
     async def queues(self, vhost: str | None = None) -> list[QueueInfo]:
-        """Every queue (of ``vhost``, or of all vhosts): depth, rates, consumers."""
+        """Every queue (of ``vhost``, or of all vhosts): depth, rates, consumers.
+
+        Args:
+            vhost: the virtual host; ``None``: all of them.
+
+        Returns:
+            One :class:`QueueInfo` per queue.
+        """
         return await self._send(_ops.queues(vhost))
 
     async def queue(self, name: str, vhost: str = "/") -> QueueInfo:
-        """One queue. Raises :class:`ManagementNotFound` if it does not exist."""
+        """One queue.
+
+        Args:
+            name: the queue.
+            vhost: its virtual host.
+
+        Returns:
+            Its depth, rates and consumers.
+
+        Raises:
+            ManagementNotFound: the queue does not exist.
+        """
         return await self._send(_ops.queue(name, vhost))
 
     async def delete_queue(self, name: str, vhost: str = "/") -> None:
-        """Delete a queue and its messages."""
+        """Delete a queue and its messages.
+
+        Args:
+            name: the queue.
+            vhost: its virtual host.
+        """
         await self._send(_ops.delete_queue(name, vhost))
 
     async def purge_queue(self, name: str, vhost: str = "/") -> None:
-        """Delete a queue's ready messages."""
+        """Delete a queue's ready messages.
+
+        Args:
+            name: the queue.
+            vhost: its virtual host.
+        """
         await self._send(_ops.purge_queue(name, vhost))
 
     async def exchanges(self, vhost: str | None = None) -> list[dict[str, Any]]:
-        """Every exchange (of ``vhost``, or of all vhosts)."""
+        """Every exchange (of ``vhost``, or of all vhosts).
+
+        Args:
+            vhost: the virtual host; ``None``: all of them.
+
+        Returns:
+            The API's object for each exchange.
+        """
         return await self._send(_ops.exchanges(vhost))
 
     async def exchange(self, name: str, vhost: str = "/") -> dict[str, Any]:
-        """One exchange."""
+        """One exchange.
+
+        Args:
+            name: the exchange.
+            vhost: its virtual host.
+
+        Returns:
+            The API's object for the exchange.
+
+        Raises:
+            ManagementNotFound: the exchange does not exist.
+        """
         return await self._send(_ops.exchange(name, vhost))
 
     async def bindings(self, vhost: str | None = None) -> list[dict[str, Any]]:
-        """Every binding (of ``vhost``, or of all vhosts)."""
+        """Every binding (of ``vhost``, or of all vhosts).
+
+        Args:
+            vhost: the virtual host; ``None``: all of them.
+
+        Returns:
+            The API's object for each binding.
+        """
         return await self._send(_ops.bindings(vhost))
 
     async def connections(self) -> list[dict[str, Any]]:
@@ -433,25 +628,60 @@ class AsyncManagementClient(_Base):
     async def close_connection(
         self, name: str, reason: str = "closed via the management API"
     ) -> None:
-        """Force-close a client connection; the client sees 320 CONNECTION_FORCED."""
+        """Force-close a client connection; the client sees 320 CONNECTION_FORCED.
+
+        Args:
+            name: the connection's name, as :meth:`connections` lists it.
+            reason: the text the client receives with the close.
+        """
         await self._send(_ops.close_connection(name), reason)
 
     async def definitions(self, vhost: str | None = None) -> dict[str, Any]:
-        """Export definitions (of one vhost, or the whole broker)."""
+        """Export definitions (of one vhost, or the whole broker).
+
+        Args:
+            vhost: the virtual host; ``None``: the whole broker.
+
+        Returns:
+            The definitions document.
+        """
         return await self._send(_ops.definitions(vhost))
 
     async def import_definitions(
         self, definitions: Mapping[str, Any], vhost: str | None = None
     ) -> None:
-        """Import definitions; with ``vhost``, a single-vhost document into that vhost."""
+        """Import definitions; with ``vhost``, a single-vhost document into that vhost.
+
+        Args:
+            definitions: the document, as :meth:`definitions` exports it.
+            vhost: the virtual host to import into; ``None``: a whole-broker document.
+        """
         await self._send(_ops.import_definitions(definitions, vhost))
 
     async def policies(self, vhost: str | None = None) -> list[Policy]:
-        """Every policy (of ``vhost``, or of all vhosts), as validated ``Policy`` objects."""
+        """Every policy (of ``vhost``, or of all vhosts).
+
+        Args:
+            vhost: the virtual host; ``None``: all of them.
+
+        Returns:
+            The policies, as validated ``Policy`` objects.
+        """
         return await self._send(_ops.policies(vhost))
 
     async def policy(self, name: str, vhost: str = "/") -> Policy:
-        """One policy. Raises :class:`ManagementNotFound` if it does not exist."""
+        """One policy.
+
+        Args:
+            name: the policy.
+            vhost: its virtual host.
+
+        Returns:
+            The policy, validated.
+
+        Raises:
+            ManagementNotFound: the policy does not exist.
+        """
         return await self._send(_ops.policy(name, vhost))
 
     async def set_policy(
@@ -464,7 +694,23 @@ class AsyncManagementClient(_Base):
         priority: int = 0,
         vhost: str = "/",
     ) -> Policy:
-        """Create or replace a policy (validated first, like ``Policy(...)``)."""
+        """Create or replace a policy (validated first, like ``Policy(...)``).
+
+        Args:
+            name: the policy.
+            pattern: a regular expression matched against entity names.
+            definition: the keys to set, e.g. ``{"message-ttl": 60000}``.
+            apply_to: ``"all"``, ``"queues"`` or ``"exchanges"`` (3.12+ also
+                ``"classic_queues"``, ``"quorum_queues"``, ``"streams"``).
+            priority: higher wins when several policies match.
+            vhost: its virtual host.
+
+        Returns:
+            The policy that was set.
+
+        Raises:
+            TopologyValidationError: a key or value breaks a rule; nothing was sent.
+        """
         from ..topology._model import Policy
 
         item = Policy(name, pattern, apply_to=apply_to, definition=definition, priority=priority)
@@ -472,11 +718,24 @@ class AsyncManagementClient(_Base):
         return item
 
     async def put_policy(self, policy: Policy, vhost: str = "/") -> None:
-        """Create or replace ``policy`` (a :class:`~rabbitry.topology.Policy`)."""
+        """Create or replace ``policy`` (a :class:`~rabbitry.topology.Policy`).
+
+        Args:
+            policy: the policy.
+            vhost: its virtual host.
+        """
         await self._send(_ops.put_policy(policy, vhost))
 
     async def delete_policy(self, name: str, vhost: str = "/") -> None:
-        """Delete a policy. Raises :class:`ManagementNotFound` if it does not exist."""
+        """Delete a policy.
+
+        Args:
+            name: the policy.
+            vhost: its virtual host.
+
+        Raises:
+            ManagementNotFound: the policy does not exist.
+        """
         await self._send(_ops.delete_policy(name, vhost))
 
     async def publish(

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
 
     from ..consumer import AsyncConsumer, ConsumerStats
+    from ..pool import AsyncChannelPool
 
 #: Histogram buckets in seconds: sub-millisecond confirms up to slow handlers.
 DURATION_BUCKETS = (
@@ -82,6 +83,8 @@ class Metrics:
         self._retired: dict[str, dict[str, int]] = {}
         # Queue depth polled for consumer lag: consumer id -> (queue, ready, consumers).
         self._depth: dict[int, tuple[str, int, int]] = {}
+        # Channel pools made while instrumented.
+        self._pools: weakref.WeakSet[AsyncChannelPool] = weakref.WeakSet()
 
         # Publisher counts are kept here (one lock round per event) and exported by
         # observable instruments: an SDK measurement per event would cost more than the
@@ -136,6 +139,24 @@ class Metrics:
             "from the connection's loss to its recovery (or to giving up)",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )
+        self.blocked_duration = meter.create_histogram(
+            "rabbitry.connection.blocked.duration",
+            "s",
+            "periods the broker held a connection blocked (connection.blocked to unblocked)",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        meter.create_observable_up_down_counter(
+            "rabbitry.pool.waiters",
+            [self._pool_callback("waiting")],
+            "{task}",
+            "tasks and threads waiting for a channel of a channel pool",
+        )
+        meter.create_observable_up_down_counter(
+            "rabbitry.pool.in_use",
+            [self._pool_callback("in_use")],
+            "{channel}",
+            "channels of channel pools lent out",
+        )
         self.connection_state = meter.create_up_down_counter(
             "rabbitry.connection.state",
             "{connection}",
@@ -159,6 +180,21 @@ class Metrics:
         """Report ``consumer.stats`` from now on (summed per queue)."""
         with self._lock:
             self._consumers.append((weakref.ref(consumer), consumer.queue, consumer.stats))
+
+    def follow_pool(self, pool: AsyncChannelPool) -> None:
+        """Report ``pool.waiting`` and ``pool.in_use`` from now on (summed over pools)."""
+        with self._lock:
+            self._pools.add(pool)
+
+    def _pool_callback(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            if not self.enabled:
+                return []
+            with self._lock:
+                pools = list(self._pools)
+            return [Observation(sum(getattr(pool, name) for pool in pools))]
+
+        return observe
 
     def set_depth(self, key: int, queue: str, ready: int, consumers: int) -> None:
         """The latest passive declare of ``queue`` by the poller ``key``."""

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from ..aio.connection import AsyncConnection
     from ..consumer import AsyncConsumer
     from ..outbox_publisher import AsyncOutboxPublisher
+    from ..pool import AsyncChannelPool
     from ..protocol.message import Message
     from ..publisher import AsyncPublisher, Body
     from ..topology import RetryDecision
@@ -408,6 +409,10 @@ class Instrumentation:
 
     def connection_created(self, connection: AsyncConnection) -> None:
         connection.on_state_change(_ConnectionWatch(self, connection.state))
+        connection.add_blocked_callback(_BlockedWatch(self))
+
+    def pool_created(self, pool: AsyncChannelPool) -> None:
+        self.metrics.follow_pool(pool)
 
 
 def _api_default(provider: object) -> bool:
@@ -485,6 +490,24 @@ class _BatchWatch:
             outcomes = future.result()
         for watch, outcome in zip(self.watches, outcomes, strict=True):
             watch.settle(outcome)
+
+
+class _BlockedWatch:
+    """Measures each period a connection is blocked by the broker (resource alarm)."""
+
+    __slots__ = ("instrumentation", "since")
+
+    def __init__(self, instrumentation: Instrumentation) -> None:
+        self.instrumentation = instrumentation
+        self.since: float | None = None
+
+    def __call__(self, reason: str | None) -> None:
+        if reason is not None:
+            if self.since is None:
+                self.since = time.monotonic()
+        elif self.since is not None:
+            self.instrumentation.metrics.blocked_duration.record(time.monotonic() - self.since)
+            self.since = None
 
 
 class _ConnectionWatch:

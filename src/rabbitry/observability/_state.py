@@ -23,13 +23,15 @@ if TYPE_CHECKING:
 
 # What the hooks are given, named for the reader (the modules that define them import
 # this one): rabbitry.AsyncPublisher, rabbitry.AsyncConsumer, rabbitry.AsyncOutboxPublisher,
-# the engine's AsyncConnection, rabbitry.topology.RetryDecision, and the messages of
+# the engine's AsyncConnection, rabbitry.topology.RetryDecision, rabbitry.AsyncChannelPool,
+# and the messages of
 # publish_batch (OutgoingMessage or a body).
 _AsyncPublisher = Any
 _AsyncConsumer = Any
 _AsyncOutboxPublisher = Any
 _AsyncConnection = Any
 _RetryDecision = Any
+_AsyncChannelPool = Any
 _OutgoingMessageOrBody = Any
 
 
@@ -95,6 +97,10 @@ class Hooks(Protocol):
 
     def connection_created(self, connection: _AsyncConnection) -> None:
         """``connection`` was made (any thread)."""
+        ...
+
+    def pool_created(self, pool: _AsyncChannelPool) -> None:
+        """A channel pool was made (its waiters and lent channels are reported)."""
         ...
 
 

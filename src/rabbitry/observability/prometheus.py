@@ -71,6 +71,13 @@ class PrometheusReader(MetricReader):
         self._latest = metrics_data
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        """Drop the last collected metrics (the meter provider calls it at its shutdown).
+
+        Args:
+            timeout_millis: the OpenTelemetry reader interface's deadline (nothing here
+                waits).
+            **kwargs: other options of that interface, ignored.
+        """
         self._latest = None
 
     def render(self) -> str:

@@ -34,7 +34,6 @@ from ..exceptions import (
     ChannelClosedByClient,
     InvalidStateError,
     LocalProtocolError,
-    MessageTooLarge,
     RemoteProtocolError,
     channel_error_for,
 )
@@ -54,10 +53,10 @@ from .frames import (
     FRAME_METHOD,
     Method,
     ack_frame,
-    content_frames,
     method_frame,
 )
 from .message import Message
+from .publish import PublishEncoder
 
 if TYPE_CHECKING:
     from .events import Event
@@ -98,8 +97,6 @@ OPEN = ChannelState.OPEN
 CLOSING = ChannelState.CLOSING
 CLOSED = ChannelState.CLOSED
 
-_EMPTY_PROPERTIES = b"\x00\x00"
-_PUBLISH_CACHE_LIMIT = 512
 # Tags settled out of order that are remembered so the ack floor can catch up; past
 # this many (e.g. a no-ack consumer shares the channel, whose tags are never settled)
 # they are forgotten and acks on this channel simply stop being merged.
@@ -140,7 +137,9 @@ class ChannelProtocol:
         # Items waiting behind an outstanding request: a request (its answers and its
         # encoded frame) to send when its turn comes, or a list of encoded frames.
         self._pending: deque[tuple[tuple[type[Method], ...], bytes] | list[bytes]] = deque()
-        self._publish_cache: dict[tuple[str, str, bool], bytes] = {}
+        self._encoder = PublishEncoder(
+            channel_id, connection.frame_max, connection.max_message_size
+        )
         # Content assembly.
         self._content_method: Method | None = None
         self._content_props: spec.BasicProperties | None = None
@@ -288,34 +287,7 @@ class ChannelProtocol:
         Raises:
             LocalProtocolError: the exchange, routing key, properties or body are invalid.
         """
-        key = (exchange, routing_key, mandatory)
-        head = self._publish_cache.get(key)
-        if head is None:
-            head = method_frame(
-                self.channel_id,
-                spec.BasicPublish(exchange=exchange, routing_key=routing_key, mandatory=mandatory),
-            )
-            if len(self._publish_cache) >= _PUBLISH_CACHE_LIMIT:
-                self._publish_cache = {}
-            self._publish_cache[key] = head
-        if type(body) is not bytes:
-            body = _as_body(body)
-        max_size = self._conn.max_message_size
-        if max_size and len(body) > max_size:
-            raise MessageTooLarge(len(body), max_size)
-        props = _EMPTY_PROPERTIES if properties is None else properties.encode()
-        frame_max = self._conn.frame_max
-        # Header frame = 7 (frame head) + 12 (class, weight, size) + properties + 1 (end).
-        if frame_max and len(props) + 20 > frame_max:
-            raise LocalProtocolError(
-                f"basic.properties: the content header would be {len(props) + 20} bytes, above "
-                f"the negotiated frame_max {frame_max} (headers too large)"
-            )
-        if frame_max and len(head) > frame_max:
-            self._check_size(head, "basic.publish")
-        frames = content_frames(self.channel_id, 60, props, body, frame_max)
-        frames.insert(0, head)
-        return frames
+        return self._encoder.encode(exchange, routing_key, body, properties, mandatory)
 
     def send_publish(self, frames: list[bytes]) -> int:
         """Queue frames made by :meth:`encode_publish`; returns the sequence number or 0.
@@ -588,14 +560,3 @@ class ChannelProtocol:
         self._rpc_responses = ()
         self._conn._channel_finished(self.channel_id)
         self._conn._events.append(ChannelClosedEvent(self.channel_id, exc))
-
-
-def _as_body(body: object) -> bytes:
-    if isinstance(body, (bytearray, memoryview)):
-        return bytes(body)
-    if isinstance(body, str):
-        return body.encode("utf-8")
-    raise LocalProtocolError(
-        f"basic.publish.body: must be bytes, bytearray, memoryview or str, "
-        f"got {type(body).__name__}"
-    )

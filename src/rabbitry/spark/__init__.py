@@ -17,7 +17,7 @@ driver and on every executor. Guarantees and options: ``docs/spark.md``.
 
 from ._batch import DeliveryCountRefused, QueueBusy
 from ._core import DataLossError, PublishFailed, ReplayUnavailable, SourceCancelled
-from ._options import ConnectOptions, ReadOptions, WriteOptions
+from ._options import ConnectOptions, ReadOptions, WriteOptions, trace_options
 from ._write import UnroutableRows
 from .datasource import (
     PublishCommit,
@@ -43,4 +43,5 @@ __all__ = [
     "UnroutableRows",
     "WriteOptions",
     "register",
+    "trace_options",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import ssl
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import quote
@@ -29,6 +30,7 @@ __all__ = [
     "WriteOptions",
     "parse_read_options",
     "parse_write_options",
+    "trace_options",
 ]
 
 QueueType = Literal["classic", "quorum", "stream"]
@@ -73,6 +75,9 @@ _WRITE_KEYS = (
     "jobId",
     "persistent",
     "checkExchange",
+    "batchRecords",
+    "traceparent",
+    "tracestate",
 )
 # Read options given to a write (and the reverse) are ignored rather than refused: the
 # same option map is often reused for both directions.
@@ -168,7 +173,14 @@ class ConnectOptions:
         return context
 
     def connect(self, suffix: str = "") -> Connection:
-        """Open a new connection (the caller closes it)."""
+        """Open a new connection (the caller closes it).
+
+        Args:
+            suffix: appended to the connection name (which task, which role).
+
+        Returns:
+            The open connection.
+        """
         from ..sync.connection import Connection
 
         name = self.connection_name or "rabbitry-spark"
@@ -354,6 +366,66 @@ class WriteOptions:
     check_exchange: bool = True
     batch_records: int = 1
     otel: bool = False
+    traceparent: str | None = None
+    tracestate: str | None = None
+
+
+def trace_options() -> dict[str, str]:
+    """Write options that carry the current OpenTelemetry trace context to the executors.
+
+    Spark runs the sink's tasks in other processes, where the driver's current span is
+    unknown; with these options each row's ``publish`` span is a child of it::
+
+        with tracer.start_as_current_span("nightly export"):
+            df.write.format("rabbitmq").options(**trace_options()) ... .save()
+
+    Returns:
+        ``otel`` (``"true"``: instrument the executors' publishers with their global
+        providers) and, when a span is current, ``traceparent`` and ``tracestate``.
+
+    Raises:
+        ConfigurationError: OpenTelemetry is not installed (``rabbitry[otel]``).
+    """
+    try:
+        from opentelemetry.trace.propagation.tracecontext import (
+            TraceContextTextMapPropagator,
+        )
+    except ImportError:
+        raise ConfigurationError(
+            "trace_options() needs OpenTelemetry: pip install 'rabbitry[otel]'"
+        ) from None
+    # The options carry the W3C format, whatever propagator is configured globally.
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)
+    options = {"otel": "true"}
+    for key in ("traceparent", "tracestate"):
+        if carrier.get(key):
+            options[key] = carrier[key]
+    return options
+
+
+# W3C trace context: version 00, a trace id and a parent id that are not all zeros.
+_TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def _trace_context(opts: _Opts) -> tuple[str | None, str | None]:
+    """The ``traceparent`` and ``tracestate`` options, checked (W3C trace context)."""
+    traceparent = opts.text("traceparent")
+    tracestate = opts.text("tracestate")
+    if traceparent is None:
+        if tracestate is not None:
+            raise ConfigurationError("option tracestate: needs option traceparent")
+        return None, None
+    traceparent = traceparent.strip()
+    if _TRACEPARENT.fullmatch(traceparent) is None:
+        raise ConfigurationError(
+            "option traceparent: must be a W3C traceparent "
+            f"'00-<32 hex digits>-<16 hex digits>-<2 hex digits>' (ids not all zeros), "
+            f"got {traceparent!r}"
+        )
+    if tracestate is not None and len(tracestate) > 512:
+        raise ConfigurationError("option tracestate: longer than 512 characters")
+    return traceparent, tracestate
 
 
 def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
@@ -366,6 +438,7 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     routing_key = opts.text("routingKey")
     if routing_key is not None and len(routing_key.encode()) > 255:
         raise ConfigurationError("option routingKey: longer than 255 bytes")
+    traceparent, tracestate = _trace_context(opts)
     return WriteOptions(
         connect=connect,
         exchange=exchange,
@@ -378,6 +451,8 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         check_exchange=opts.flag("checkExchange", True),
         batch_records=opts.integer("batchRecords", 1, 1, 10_000),
         otel=opts.flag("otel", False),
+        traceparent=traceparent,
+        tracestate=tracestate,
     )
 
 

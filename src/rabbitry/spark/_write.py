@@ -23,7 +23,7 @@ from ._rows import row_to_message
 
 if TYPE_CHECKING:
     import concurrent.futures
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Iterable, Iterator, Mapping
 
     from ._metrics import Counts
     from ._options import WriteOptions
@@ -154,6 +154,44 @@ def publish_rows(
         UnroutableRows: rows were returned (``mandatory``).
         PublishFailed: anything else that kept a row from being confirmed.
     """
+    with _job_context(options):
+        return _publish_rows(options, rows, id_prefix, partition_id, attempt, counts)
+
+
+@contextlib.contextmanager
+def _job_context(options: WriteOptions) -> Iterator[None]:
+    """Make the job's trace context (options ``traceparent``/``tracestate``) current, so
+    each row's ``publish`` span is its child (with :mod:`rabbitry.observability` on)."""
+    if options.traceparent is None:
+        yield
+        return
+    try:
+        from opentelemetry import context
+        from opentelemetry.trace.propagation.tracecontext import (
+            TraceContextTextMapPropagator,
+        )
+    except ImportError:
+        raise ConfigurationError(
+            "option traceparent: needs OpenTelemetry on the executors: pip install 'rabbitry[otel]'"
+        ) from None
+    carrier = {"traceparent": options.traceparent}
+    if options.tracestate:
+        carrier["tracestate"] = options.tracestate
+    token = context.attach(TraceContextTextMapPropagator().extract(carrier))
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
+def _publish_rows(
+    options: WriteOptions,
+    rows: Iterable[Mapping[str, Any]],
+    id_prefix: str,
+    partition_id: int,
+    attempt: int,
+    counts: Counts | None,
+) -> PublishResult:
     conn = options.connect.connect(f" [spark writer p{partition_id}]")
     tally = _Tally()
     first_id: str | None = None

@@ -107,9 +107,29 @@ class RabbitMQDataSource(DataSource):
         return parse_read_options(self.options)
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        """The batch reader (``spark.read``); Spark calls it.
+
+        Args:
+            schema: the read schema (always this source's own).
+
+        Returns:
+            A reader of the messages ready in the queue.
+        """
         return BatchReader(self._read_options())
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        """The streaming reader of a stream queue (``spark.readStream``); Spark calls it.
+
+        Args:
+            schema: the read schema (always this source's own).
+
+        Returns:
+            A reader whose offsets are the stream's (exact replay).
+
+        Raises:
+            PySparkNotImplementedError: not a stream queue; Spark then calls
+                :meth:`simpleStreamReader`.
+        """
         options = self._read_options()
         if options.queue_type == "stream":
             return StreamQueueReader(options)
@@ -120,6 +140,18 @@ class RabbitMQDataSource(DataSource):
         )
 
     def simpleStreamReader(self, schema: StructType) -> SimpleDataSourceStreamReader:
+        """The streaming reader of a classic or quorum queue; Spark calls it.
+
+        Args:
+            schema: the read schema (always this source's own).
+
+        Returns:
+            A reader consuming in the driver, acknowledging on commit.
+
+        Raises:
+            PySparkNotImplementedError: a stream queue (:meth:`streamReader` reads it).
+            ConfigurationError: ``numPartitions`` is not 1.
+        """
         options = self._read_options()
         if options.queue_type == "stream":  # pragma: no cover - streamReader wins
             raise PySparkNotImplementedError(
@@ -136,6 +168,15 @@ class RabbitMQDataSource(DataSource):
         return QueueStreamReader(options)
 
     def writer(self, schema: StructType, overwrite: bool) -> BatchWriter:
+        """The batch writer (``df.write``); Spark calls it.
+
+        Args:
+            schema: the schema of the rows to publish.
+            overwrite: Spark's overwrite flag; ignored (publishing only appends).
+
+        Returns:
+            A writer publishing each partition with confirms.
+        """
         check_write_columns(schema.fieldNames())
         options = parse_write_options(self.options)
         check_batch_columns(options, schema.fieldNames())
@@ -145,6 +186,15 @@ class RabbitMQDataSource(DataSource):
         return BatchWriter(options, job_id)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """The streaming writer (``df.writeStream``); Spark calls it.
+
+        Args:
+            schema: the schema of the rows to publish.
+            overwrite: Spark's overwrite flag; ignored (publishing only appends).
+
+        Returns:
+            A writer publishing each micro-batch with confirms.
+        """
         check_write_columns(schema.fieldNames())
         options = parse_write_options(self.options)
         check_batch_columns(options, schema.fieldNames())
@@ -152,8 +202,14 @@ class RabbitMQDataSource(DataSource):
 
 
 def register(spark: SparkSession) -> None:
-    """Register format ``rabbitmq`` in ``spark`` (not needed when the package is installed
-    where Spark's Python runs: ``pyspark_rabbitmq`` registers it automatically)."""
+    """Register format ``rabbitmq`` in ``spark``.
+
+    Not needed when the package is installed where Spark's Python runs:
+    ``pyspark_rabbitmq`` registers it automatically.
+
+    Args:
+        spark: the session.
+    """
     spark.dataSource.register(RabbitMQDataSource)
 
 
@@ -274,6 +330,14 @@ class QueueStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         )
 
     def read(self, start: Offset) -> tuple[Iterator[tuple[Any, ...]], Offset]:
+        """The next micro-batch, consumed in the driver; Spark calls it.
+
+        Args:
+            start: where the previous batch ended.
+
+        Returns:
+            The rows and the offset after them (``start`` itself when nothing is new).
+        """
         begin = int(start["seq"])
         rows, end = self.consumer.read(begin)
         self._count(rows, begin, end)
@@ -284,6 +348,15 @@ class QueueStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         return iter(rows), {"seq": end, "session": self.consumer.session}
 
     def readBetweenOffsets(self, start: Offset, end: Offset) -> Iterator[tuple[Any, ...]]:
+        """Replay a planned, uncommitted batch after a restart; Spark calls it.
+
+        Args:
+            start: the batch's first offset.
+            end: the offset after it.
+
+        Returns:
+            No rows: the broker redelivers those messages through :meth:`read`.
+        """
         # Called for a batch that was planned but not committed when the source has no
         # copy of it (after a restart), on an executor. Its messages are not readable
         # again here: they were held unacknowledged by the session that read them. Once
@@ -294,6 +367,11 @@ class QueueStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         return iter([])
 
     def commit(self, end: Offset) -> None:
+        """Acknowledge every message up to ``end``; Spark calls it once a batch is written.
+
+        Args:
+            end: the offset after the committed batch.
+        """
         seq = int(end["seq"])
         self.consumer.ack_through(seq)
         self._count([], seq, seq)
@@ -346,6 +424,15 @@ class StreamQueueReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = stream_tail(self.options)
 
     def latestOffset(self, start: Offset | None = None, limit: ReadLimit | None = None) -> Offset:
+        """Where the next micro-batch ends; Spark calls it.
+
+        Args:
+            start: where it starts (``None`` before Spark 4.2: no admission control).
+            limit: the most rows it may hold (``maxRecordsPerTrigger``).
+
+        Returns:
+            The stream offset after its last message.
+        """
         tail = self._target if self._target is not None else stream_tail(self.options)
         if start is None:  # Spark < 4.2: no admission control
             return {"offset": tail}
@@ -357,15 +444,36 @@ class StreamQueueReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"offset": end}
 
     def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
+        """Split a micro-batch into ``numPartitions`` offset ranges; Spark calls it.
+
+        Args:
+            start: the batch's first offset.
+            end: the offset after it.
+
+        Returns:
+            One range per partition.
+        """
         ranges = split_range(int(start["offset"]), int(end["offset"]), self.options.num_partitions)
         return [OffsetRange(low, high) for low, high in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        """Read one offset range, on an executor; Spark calls it.
+
+        Args:
+            partition: the range (from :meth:`partitions`).
+
+        Returns:
+            Its rows, in offset order.
+        """
         assert isinstance(partition, OffsetRange)
         return read_stream_range(self.options, partition.start, partition.end)
 
     def commit(self, end: Offset) -> None:
-        """Nothing to do: Spark's checkpoint is the source of truth for stream offsets."""
+        """Nothing to do: Spark's checkpoint is the source of truth for stream offsets.
+
+        Args:
+            end: the offset after the committed batch.
+        """
 
 
 # ---------------------------------------------------------------- writes
@@ -385,6 +493,14 @@ class PublishCommit(WriterCommitMessage):
 
     @classmethod
     def of(cls, result: PublishResult) -> PublishCommit:
+        """The commit message of a task's publish result.
+
+        Args:
+            result: what the task published.
+
+        Returns:
+            The same counts and message ids.
+        """
         return cls(**dataclasses.asdict(result))
 
 

@@ -134,6 +134,10 @@ class Connection:
 
         May be called before :meth:`connect`, as on the async twin; changes made while
         ``connect()`` runs are not reported (the dispatcher starts once it returns).
+
+        Args:
+            callback: called with the new :class:`State` and the error that caused the
+                change (``None`` when there is none).
         """
         self._subscribe(
             self._async.on_state_change, lambda state, cause: self._post(callback, state, cause)
@@ -143,6 +147,9 @@ class Connection:
         """Call ``callback(old, new)`` when recovery renames a server-named queue.
 
         May be called before :meth:`connect`; runs on the dispatcher thread.
+
+        Args:
+            callback: called with the queue's old and new names.
         """
         self._subscribe(
             self._async.on_queue_renamed, lambda old, new: self._post(callback, old, new)
@@ -152,6 +159,9 @@ class Connection:
         """Call ``callback(kind, name, exc)`` when an entity fails to re-declare.
 
         May be called before :meth:`connect`; runs on the dispatcher thread.
+
+        Args:
+            callback: called with the kind of entity, its name and the error.
         """
         self._subscribe(
             self._async.on_recovery_error,
@@ -159,7 +169,11 @@ class Connection:
         )
 
     def wait_recovered(self, timeout: float | None = None) -> None:
-        """Block until the connection is OPEN; see :meth:`AsyncConnection.wait_recovered`."""
+        """Block until the connection is OPEN; see :meth:`AsyncConnection.wait_recovered`.
+
+        Args:
+            timeout: seconds to wait (``None``: no limit).
+        """
         self._require_portal().call(self._async.wait_recovered, timeout, wait=_wait(timeout))
 
     @property
@@ -226,6 +240,9 @@ class Connection:
         """Call ``callback(reason)`` on connection.blocked, ``callback(None)`` on unblocked.
 
         Runs on the dispatcher thread. May be called before :meth:`connect`.
+
+        Args:
+            callback: called with the broker's reason, or ``None`` when unblocked.
         """
         self._subscribe(
             self._async.add_blocked_callback, lambda reason: self._post(callback, reason)
@@ -235,6 +252,9 @@ class Connection:
         """Call ``callback(exc)`` once when the connection ends; on the dispatcher thread.
 
         May be called before :meth:`connect`.
+
+        Args:
+            callback: called with why the connection ended.
         """
         self._subscribe(self._async.add_close_callback, lambda exc: self._post(callback, exc))
 
@@ -242,6 +262,10 @@ class Connection:
 
     def connect(self, timeout: float | None = None) -> None:
         """Start the IO thread and connect (see :meth:`AsyncConnection.connect`).
+
+        Args:
+            timeout: overall deadline in seconds (each address also has its own
+                ``connection_timeout``).
 
         Raises:
             AuthenticationError, ConnectError, Timeout: as the async twin.
@@ -295,6 +319,11 @@ class Connection:
         yet are dropped (the broker requeues their messages): none starts once this
         returns. See "What close does to futures, consumers and callbacks" in
         ``docs/recovery.md``.
+
+        Args:
+            reply_code: the close code sent to the broker.
+            reply_text: the close text sent to the broker.
+            timeout: seconds to wait for close-ok (``None``: 10 s).
         """
         portal = self._portal
         if portal is None:
@@ -313,13 +342,28 @@ class Connection:
         portal.stop(timeout=min(limit, 5.0), reason=reason)
 
     def wait_closed(self, timeout: float | None = None) -> AMQPError:
-        """Block until the connection ends; returns the reason."""
+        """Block until the connection ends.
+
+        Args:
+            timeout: seconds to wait (``None``: no limit).
+
+        Returns:
+            Why it ended.
+        """
         return self._require_portal().call(self._async.wait_closed, timeout, wait=_wait(timeout))
 
     # ------------------------------------------------------------------ channels
 
     def channel(self, channel_id: int | None = None, *, timeout: float | None = None) -> Channel:
-        """Open a channel (the lowest free number unless ``channel_id`` is given)."""
+        """Open a channel.
+
+        Args:
+            channel_id: the channel number (``None``: the lowest free one).
+            timeout: seconds to wait for open-ok (``None``: no limit).
+
+        Returns:
+            The open channel.
+        """
         portal = self._require_portal()
         channel = portal.call(self._async.channel, channel_id, timeout=timeout, wait=_wait(timeout))
         return Channel(self, channel)
@@ -327,7 +371,13 @@ class Connection:
     def update_secret(
         self, new_secret: bytes | str, reason: str = "", *, timeout: float | None = None
     ) -> None:
-        """Replace the credentials of the open connection (connection.update-secret)."""
+        """Replace the credentials of the open connection (connection.update-secret).
+
+        Args:
+            new_secret: the new secret (e.g. a refreshed OAuth 2 token).
+            reason: a text the broker logs.
+            timeout: seconds to wait for update-secret-ok (``None``: no limit).
+        """
         self._require_portal().call(
             self._async.update_secret, new_secret, reason, timeout=timeout, wait=_wait(timeout)
         )

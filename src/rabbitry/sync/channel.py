@@ -113,7 +113,11 @@ class Channel:
         return self._connection
 
     def add_return_callback(self, callback: Callable[[Message], Any]) -> None:
-        """Call ``callback(message)`` for every basic.return, on the dispatcher thread."""
+        """Call ``callback(message)`` for every basic.return, on the dispatcher thread.
+
+        Args:
+            callback: called with each returned (unroutable mandatory) :class:`Message`.
+        """
         post = self._connection._post
 
         def on_return(message: Message) -> None:
@@ -123,7 +127,14 @@ class Channel:
         self._portal.submit(self._async.add_return_callback, on_return)
 
     def wait_closed(self, timeout: float | None = None) -> AMQPError:
-        """Block until the channel closes; returns the reason."""
+        """Block until the channel closes.
+
+        Args:
+            timeout: seconds to wait (``None``: no limit).
+
+        Returns:
+            Why it closed.
+        """
         return self._portal.call(self._async.wait_closed, timeout, wait=_wait(timeout))
 
     # ------------------------------------------------------------------ exchange
@@ -140,7 +151,22 @@ class Channel:
         arguments: Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> spec.ExchangeDeclareOk:
-        """Declare an exchange (see :meth:`AsyncChannel.exchange_declare`)."""
+        """Declare an exchange (see :meth:`AsyncChannel.exchange_declare`).
+
+        Args:
+            exchange: the exchange name.
+            type: ``direct``, ``fanout``, ``topic``, ``headers`` or a plugin's type.
+            passive: only check that the exchange exists.
+            durable: it survives a broker restart.
+            auto_delete: deleted when its last binding is removed.
+            internal: clients cannot publish to it (only exchange-to-exchange bindings).
+            arguments: e.g. ``{"alternate-exchange": "unrouted"}``.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's declare-ok.
+        """
         return self._portal.call(
             self._async.exchange_declare,
             exchange,
@@ -157,7 +183,17 @@ class Channel:
     def exchange_delete(
         self, exchange: str, *, if_unused: bool = False, timeout: float | None = None
     ) -> spec.ExchangeDeleteOk:
-        """Delete an exchange."""
+        """Delete an exchange.
+
+        Args:
+            exchange: the exchange name.
+            if_unused: only if it has no bindings.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's delete-ok.
+        """
         return self._portal.call(
             self._async.exchange_delete,
             exchange,
@@ -175,7 +211,19 @@ class Channel:
         arguments: Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> spec.ExchangeBindOk:
-        """Bind exchange ``destination`` to exchange ``source``."""
+        """Bind exchange ``destination`` to exchange ``source``.
+
+        Args:
+            destination: the exchange that receives the messages.
+            source: the exchange they are published to.
+            routing_key: the binding key.
+            arguments: binding arguments (for a headers exchange, the headers to match).
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's bind-ok.
+        """
         return self._portal.call(
             self._async.exchange_bind,
             destination,
@@ -195,7 +243,19 @@ class Channel:
         arguments: Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> spec.ExchangeUnbindOk:
-        """Remove an exchange-to-exchange binding."""
+        """Remove an exchange-to-exchange binding.
+
+        Args:
+            destination: the exchange that received the messages.
+            source: the exchange they were published to.
+            routing_key: the binding key.
+            arguments: the binding's arguments.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's unbind-ok.
+        """
         return self._portal.call(
             self._async.exchange_unbind,
             destination,
@@ -219,7 +279,21 @@ class Channel:
         arguments: Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> spec.QueueDeclareOk:
-        """Declare a queue; the reply has ``queue``, ``message_count``, ``consumer_count``."""
+        """Declare a queue; ``queue=""`` asks the broker for a name.
+
+        Args:
+            queue: the queue name (``""``: a server-named queue).
+            passive: only check that the queue exists.
+            durable: it survives a broker restart.
+            exclusive: used by this connection only, deleted when it closes.
+            auto_delete: deleted when its last consumer is cancelled.
+            arguments: e.g. ``{"x-queue-type": "quorum"}``.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The reply, with ``queue``, ``message_count`` and ``consumer_count``.
+        """
         return self._portal.call(
             self._async.queue_declare,
             queue,
@@ -241,7 +315,19 @@ class Channel:
         arguments: Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> spec.QueueBindOk:
-        """Bind a queue to an exchange."""
+        """Bind a queue to an exchange.
+
+        Args:
+            queue: the queue.
+            exchange: the exchange.
+            routing_key: the binding key.
+            arguments: binding arguments (for a headers exchange, the headers to match).
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's bind-ok.
+        """
         return self._portal.call(
             self._async.queue_bind,
             queue,
@@ -261,7 +347,19 @@ class Channel:
         arguments: Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> spec.QueueUnbindOk:
-        """Remove a queue binding."""
+        """Remove a queue binding.
+
+        Args:
+            queue: the queue.
+            exchange: the exchange.
+            routing_key: the binding key.
+            arguments: the binding's arguments.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's unbind-ok.
+        """
         return self._portal.call(
             self._async.queue_unbind,
             queue,
@@ -273,7 +371,16 @@ class Channel:
         )
 
     def queue_purge(self, queue: str, *, timeout: float | None = None) -> spec.QueuePurgeOk:
-        """Remove all ready messages from a queue."""
+        """Remove all ready messages from a queue.
+
+        Args:
+            queue: the queue.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The reply, with the ``message_count`` removed.
+        """
         return self._portal.call(
             self._async.queue_purge, queue, timeout=timeout, wait=_wait(timeout)
         )
@@ -286,7 +393,18 @@ class Channel:
         if_empty: bool = False,
         timeout: float | None = None,
     ) -> spec.QueueDeleteOk:
-        """Delete a queue."""
+        """Delete a queue.
+
+        Args:
+            queue: the queue.
+            if_unused: only if it has no consumers.
+            if_empty: only if it has no messages.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The reply, with the ``message_count`` it held.
+        """
         return self._portal.call(
             self._async.queue_delete,
             queue,
@@ -306,7 +424,18 @@ class Channel:
         global_: bool = False,
         timeout: float | None = None,
     ) -> spec.BasicQosOk:
-        """Limit unacknowledged deliveries."""
+        """Limit unacknowledged deliveries.
+
+        Args:
+            prefetch_count: deliveries a consumer may hold unacknowledged (0: no limit).
+            prefetch_size: the same in bytes (0: no limit; RabbitMQ supports only 0).
+            global_: the limit is per channel, not per consumer.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's qos-ok.
+        """
         return self._portal.call(
             self._async.basic_qos,
             prefetch_count,
@@ -328,13 +457,23 @@ class Channel:
         """Publish a message from any thread without waiting for the IO thread.
 
         The message is encoded (and validated) in the calling thread and queued whole.
-        In confirm mode returns a ``concurrent.futures.Future`` that resolves on the
-        broker's ack and fails with :class:`Nacked`, :class:`PublishRefused` (the broker
-        closed the channel because of this message) or :class:`PublishOutcomeUnknown`;
-        otherwise ``None``. Blocks while too many operations, or too many bytes
+        Blocks while too many operations, or too many bytes
         (``rabbitry.sync._portal.MAX_PENDING_BYTES``, 16 MiB), are queued for the IO
         thread: the socket is slower than the caller, or the broker has blocked the
         connection (a resource alarm). Closing the connection wakes it.
+
+        Args:
+            exchange: the exchange (``""``: the default exchange, routing by queue name).
+            routing_key: the routing key.
+            body: the body; a ``str`` is sent as UTF-8.
+            properties: the message's properties.
+            mandatory: an unroutable message comes back to the return callbacks.
+
+        Returns:
+            In confirm mode a ``concurrent.futures.Future`` that resolves on the broker's
+            ack and fails with :class:`Nacked`, :class:`PublishRefused` (the broker closed
+            the channel because of this message) or :class:`PublishOutcomeUnknown`;
+            otherwise ``None``.
 
         Raises:
             LocalProtocolError: invalid field, property or body; nothing was queued.
@@ -377,7 +516,21 @@ class Channel:
 
         The callback may block (heartbeats keep flowing: they are the IO thread's job);
         while it does, later deliveries wait in a bounded queue and then in the socket.
-        Returns the consumer tag.
+
+        Args:
+            queue: the queue to consume from.
+            callback: called with each :class:`Message`, in order.
+            consumer_tag: our tag for it (``""`` lets the broker choose).
+            no_local: not supported by RabbitMQ; sent as given.
+            no_ack: automatic acknowledgement (at-most-once).
+            exclusive: no other consumer may use the queue.
+            arguments: e.g. ``{"x-priority": 10}``.
+            on_cancel: called with the tag, on the dispatcher thread, if the broker
+                cancels the consumer.
+            timeout: seconds to wait for consume-ok (``None``: no limit).
+
+        Returns:
+            The consumer tag.
         """
         post = self._connection._post
         dispatcher = self._connection._dispatcher
@@ -413,7 +566,16 @@ class Channel:
     def basic_cancel(
         self, consumer_tag: str, *, timeout: float | None = None
     ) -> spec.BasicCancelOk:
-        """Stop a consumer."""
+        """Stop a consumer.
+
+        Args:
+            consumer_tag: the tag :meth:`basic_consume` returned.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's cancel-ok.
+        """
         return self._portal.call(
             self._async.basic_cancel, consumer_tag, timeout=timeout, wait=_wait(timeout)
         )
@@ -444,6 +606,10 @@ class Channel:
                 delivered (to move messages unchanged).
 
         The consumer is cancelled when the loop ends (also on ``break``).
+
+        Yields:
+            Each delivery, in order (with ``unpack_batches``, each record of a batch
+            envelope as a message of its own).
 
         Raises:
             ConsumerCancelled: the broker cancelled the consumer.
@@ -507,7 +673,17 @@ class Channel:
     def basic_get(
         self, queue: str, *, no_ack: bool = False, timeout: float | None = None
     ) -> Message | None:
-        """Fetch one message, or ``None`` when the queue is empty."""
+        """Fetch one message (basic.get).
+
+        Args:
+            queue: the queue.
+            no_ack: automatic acknowledgement.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The message, or ``None`` when the queue is empty.
+        """
         message = self._portal.call(
             self._async.basic_get, queue, no_ack=no_ack, timeout=timeout, wait=_wait(timeout)
         )
@@ -516,26 +692,60 @@ class Channel:
         return message
 
     def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
-        """Acknowledge a delivery; from any thread, without waiting."""
+        """Acknowledge a delivery; from any thread, without waiting.
+
+        Args:
+            delivery_tag: the delivery's tag (0 with ``multiple``: every delivery so far).
+            multiple: and every earlier unacknowledged delivery of this channel.
+
+        Raises:
+            InvalidStateError: the channel is closed.
+        """
         self._check_open("basic.ack")
         self._portal.submit(self._async.basic_ack, delivery_tag, multiple)
 
     def basic_nack(
         self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
     ) -> None:
-        """Reject one or many deliveries; from any thread, without waiting."""
+        """Reject one or many deliveries; from any thread, without waiting.
+
+        Args:
+            delivery_tag: the delivery's tag (0 with ``multiple``: every delivery so far).
+            multiple: and every earlier unacknowledged delivery of this channel.
+            requeue: put them back in the queue; ``False`` dead-letters or drops them.
+
+        Raises:
+            InvalidStateError: the channel is closed.
+        """
         self._check_open("basic.nack")
         self._portal.submit(self._async.basic_nack, delivery_tag, multiple, requeue)
 
     def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
-        """Reject one delivery; from any thread, without waiting."""
+        """Reject one delivery; from any thread, without waiting.
+
+        Args:
+            delivery_tag: the delivery's tag.
+            requeue: put it back in the queue; ``False`` dead-letters or drops it.
+
+        Raises:
+            InvalidStateError: the channel is closed.
+        """
         self._check_open("basic.reject")
         self._portal.submit(self._async.basic_reject, delivery_tag, requeue)
 
     def basic_recover(
         self, requeue: bool = True, *, timeout: float | None = None
     ) -> spec.BasicRecoverOk:
-        """Redeliver all unacknowledged messages of this channel."""
+        """Redeliver all unacknowledged messages of this channel.
+
+        Args:
+            requeue: redeliver to any consumer (RabbitMQ implements only ``True``).
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's recover-ok.
+        """
         return self._portal.call(
             self._async.basic_recover, requeue, timeout=timeout, wait=_wait(timeout)
         )
@@ -543,23 +753,64 @@ class Channel:
     # ------------------------------------------------------------------ confirm, tx, flow
 
     def confirm_select(self, *, timeout: float | None = None) -> spec.ConfirmSelectOk:
-        """Turn on publisher confirms: ``basic_publish`` then returns a future."""
+        """Turn on publisher confirms: ``basic_publish`` then returns a future.
+
+        Args:
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's select-ok.
+        """
         return self._portal.call(self._async.confirm_select, timeout=timeout, wait=_wait(timeout))
 
     def tx_select(self, *, timeout: float | None = None) -> spec.TxSelectOk:
-        """Make the channel transactional."""
+        """Make the channel transactional.
+
+        Args:
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's select-ok.
+        """
         return self._portal.call(self._async.tx_select, timeout=timeout, wait=_wait(timeout))
 
     def tx_commit(self, *, timeout: float | None = None) -> spec.TxCommitOk:
-        """Commit the current transaction."""
+        """Commit the current transaction.
+
+        Args:
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's commit-ok.
+        """
         return self._portal.call(self._async.tx_commit, timeout=timeout, wait=_wait(timeout))
 
     def tx_rollback(self, *, timeout: float | None = None) -> spec.TxRollbackOk:
-        """Abandon the current transaction."""
+        """Abandon the current transaction.
+
+        Args:
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's rollback-ok.
+        """
         return self._portal.call(self._async.tx_rollback, timeout=timeout, wait=_wait(timeout))
 
     def flow(self, active: bool, *, timeout: float | None = None) -> bool:
-        """Ask the broker to pause or resume deliveries; returns its answer."""
+        """Ask the broker to pause or resume deliveries.
+
+        Args:
+            active: ``False`` pauses, ``True`` resumes.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The state the broker answered (``True``: active).
+        """
         return self._portal.call(self._async.flow, active, timeout=timeout, wait=_wait(timeout))
 
     def close(
@@ -569,7 +820,14 @@ class Channel:
         *,
         timeout: float | None = None,
     ) -> None:
-        """Close the channel and wait for close-ok. Idempotent."""
+        """Close the channel and wait for close-ok. Idempotent.
+
+        Args:
+            reply_code: the close code sent to the broker.
+            reply_text: the close text sent to the broker.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+        """
         if self.is_closed or not self._connection.is_open:
             return
         self._portal.call(

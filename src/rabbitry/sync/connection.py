@@ -94,9 +94,22 @@ class Connection(_connection.Connection):
     ) -> Publisher | OutboxPublisher:
         """A publisher on its own channel (see :class:`rabbitry.Publisher`).
 
-        ``timeout`` is the default deadline of each publish and also bounds opening the
-        publisher's channel. With ``outbox`` the result is an
-        :class:`rabbitry.OutboxPublisher` (durable; see ``docs/outbox.md``).
+        Args:
+            confirm: use publisher confirms; ``False`` is fire-and-forget.
+            max_in_flight: at most this many unconfirmed messages; past it ``publish``
+                waits for a confirm.
+            mandatory: default of ``publish(mandatory=...)``.
+            timeout: the default deadline of each publish in seconds (``None``: none); it
+                also bounds opening the publisher's channel.
+            republish_unconfirmed: keep unconfirmed messages for recovery to send again
+                after a reconnect (at-least-once).
+            nack_retry: send a nacked message again after a backoff (``None``: a nack
+                fails its future with :class:`Nacked`).
+            outbox: store every message durably first (see ``docs/outbox.md``).
+
+        Returns:
+            A :class:`rabbitry.Publisher`; with ``outbox``, an
+            :class:`rabbitry.OutboxPublisher`.
         """
 
         if outbox is not None:
@@ -127,7 +140,19 @@ class Connection(_connection.Connection):
     def channel_pool(
         self, size: int = 10, *, confirm: bool = True, confirm_timeout: float | None = 30.0
     ) -> ChannelPool:
-        """A pool of at most ``size`` channels (see :class:`rabbitry.ChannelPool`)."""
+        """A pool of at most ``size`` channels (see :class:`rabbitry.ChannelPool`).
+
+        Args:
+            size: the most channels open at once.
+            confirm: put the channels in confirm mode.
+            confirm_timeout: seconds to wait for a confirm (``None``: no limit).
+
+        Returns:
+            The pool (channels are opened as needed).
+
+        Raises:
+            InvalidStateError: the connection is not open.
+        """
 
         self._require_portal()
         if not self._async.is_open:
@@ -160,6 +185,26 @@ class Connection(_connection.Connection):
 
         ``handler(message)`` runs on a pool of ``concurrency`` threads; see
         :class:`rabbitry.sync.Consumer`.
+
+        Args:
+            queue: the queue to consume from.
+            handler: ``handler(message)`` (or ``handler(messages)`` with batches).
+            ack: ``"manual"`` (at-least-once, default) or ``"auto"`` (at-most-once).
+            prefetch: unacknowledged deliveries allowed (raised to ``concurrency``).
+            concurrency: handlers running at once.
+            retry: a ``RetryPolicy`` (see ``rabbitry.topology``); ``None`` dead-letters.
+            batch_size: deliver lists of up to this many messages.
+            batch_timeout: seconds to wait for a batch to fill (default 1.0 with batches).
+            exclusive: an exclusive consumer.
+            arguments: consumer arguments (e.g. ``{"x-priority": 10}``).
+            dedup: a :class:`DedupStore`; messages whose ``message_id`` it has seen are
+                acked without calling the handler.
+            on_cancel: ``callback(consumer_tag)`` when the broker cancels the consumer.
+            resubscribe: consume again (with backoff) after a broker cancel or a channel
+                error.
+
+        Returns:
+            The consumer, not started.
         """
 
         return Consumer(
@@ -180,7 +225,15 @@ class Connection(_connection.Connection):
         )
 
     def rpc_client(self, *, exchange: str = "", timeout: float | None = 30.0) -> RpcClient:
-        """A started request/reply client; see :class:`rabbitry.sync.rpc.RpcClient`."""
+        """A started request/reply client; see :class:`rabbitry.sync.rpc.RpcClient`.
+
+        Args:
+            exchange: the exchange requests are published to (``""``: the default one).
+            timeout: the default seconds to wait for a reply (``None``: no limit).
+
+        Returns:
+            The started client.
+        """
 
         client = RpcClient(self, exchange=exchange, timeout=timeout)
         client.start()
@@ -194,7 +247,18 @@ class Connection(_connection.Connection):
         prefetch: int = 10,
         concurrency: int = 1,
     ) -> RpcServer:
-        """A request/reply server of ``queue`` (not started: ``s.start()`` or ``with``);
-        see :class:`rabbitry.sync.rpc.RpcServer`."""
+        """A request/reply server of ``queue`` (not started: ``s.start()`` or ``with``).
+
+        See :class:`rabbitry.sync.rpc.RpcServer`.
+
+        Args:
+            queue: the queue requests arrive on.
+            handler: ``handler(request)`` returns the reply body.
+            prefetch: unacknowledged requests allowed.
+            concurrency: handlers running at once.
+
+        Returns:
+            The server, not started.
+        """
 
         return RpcServer(self, queue, handler, prefetch=prefetch, concurrency=concurrency)

@@ -239,7 +239,11 @@ class Consumer:
                     message.channel = acker._channel
 
     def start(self, timeout: float | None = None) -> None:
-        """Subscribe; handlers start running on pool threads."""
+        """Subscribe; handlers start running on pool threads.
+
+        Args:
+            timeout: seconds for each broker request it makes (``None``: no limit).
+        """
         if self._executor is None:
             self._executor = ThreadPoolExecutor(
                 max_workers=self._async.concurrency, thread_name_prefix="rabbitry-handler"
@@ -247,12 +251,24 @@ class Consumer:
         self._portal.call(self._async.start, timeout, wait=_wait(timeout))
 
     def wait(self, timeout: float | None = None) -> AMQPError | None:
-        """Block until this consumer has ended for good; returns why (``None``: it was
-        stopped). See :meth:`AsyncConsumer.wait`."""
+        """Block until this consumer has ended for good; see :meth:`AsyncConsumer.wait`.
+
+        Args:
+            timeout: seconds to wait (``None``: no limit).
+
+        Returns:
+            ``None`` after :meth:`stop`, else why it ended.
+        """
         return self._portal.call(self._async.wait, timeout, wait=_wait(timeout))
 
     def stop(self, drain: bool = True, timeout: float | None = None) -> None:
-        """Stop consuming; see :meth:`AsyncConsumer.stop`."""
+        """Stop consuming; see :meth:`AsyncConsumer.stop`.
+
+        Args:
+            drain: let running handlers finish (and ack) before returning; otherwise
+                they are cancelled and their messages requeued.
+            timeout: seconds to wait for running handlers.
+        """
         try:
             self._portal.call(self._async.stop, drain, timeout, wait=_wait(timeout))
         finally:

@@ -93,10 +93,25 @@ class OutboxPublisher:
         expiration: int | timedelta | None = None,
         timeout: float | None = None,
     ) -> str:
-        """Store one message durably (blocks until committed); returns its message_id.
+        """Store one message durably (blocks until committed).
 
         As :meth:`AsyncOutboxPublisher.publish`; blocks while the outbox is full, up to
         ``timeout`` (then :class:`OutboxFull`).
+
+        Args:
+            body: the payload; ``str`` is sent as UTF-8.
+            exchange: the exchange ("" is the default exchange).
+            routing_key: the routing key (the queue name on the default exchange).
+            properties: the basic properties; ``message_id`` is generated when absent.
+            mandatory: ask the broker to return the message when no queue gets it
+                (``None``: the publisher's default).
+            persistent: ``True`` sets delivery mode 2 (persistent), ``False`` mode 1.
+            expiration: per-message TTL, int milliseconds or a ``timedelta``.
+            timeout: how long to wait for room while the outbox is at its bound
+                (``None``: the publisher's default).
+
+        Returns:
+            The message's ``message_id``; every send of it carries the same one.
         """
         self._check_thread()
         if timeout is None:
@@ -126,9 +141,24 @@ class OutboxPublisher:
         expiration: int | timedelta | None = None,
         timeout: float | None = None,
     ) -> list[str]:
-        """Store many messages in one transaction; returns their message_ids.
+        """Store many messages in one transaction (all or none).
 
         As :meth:`AsyncOutboxPublisher.publish_many`.
+
+        Args:
+            messages: :class:`OutgoingMessage` objects, or bodies that use the arguments
+                below; ``None`` fields of an ``OutgoingMessage`` use them too.
+            exchange: the exchange ("" is the default exchange).
+            routing_key: the routing key (the queue name on the default exchange).
+            properties: the basic properties; ``message_id`` is generated when absent.
+            mandatory: ask the broker to return the message when no queue gets it
+                (``None``: the publisher's default).
+            persistent: ``True`` sets delivery mode 2 (persistent), ``False`` mode 1.
+            expiration: per-message TTL, int milliseconds or a ``timedelta``.
+            timeout: how long to wait for room for the whole batch.
+
+        Returns:
+            Their ``message_id``, in order.
         """
         self._check_thread()
         return self._portal.call(
@@ -147,6 +177,9 @@ class OutboxPublisher:
     def flush(self, *, timeout: float | None = None) -> None:
         """Block until the outbox is empty (see the async twin).
 
+        Args:
+            timeout: seconds to wait (``None``: no limit).
+
         Raises:
             PublishTimeout: messages were still pending after ``timeout`` seconds.
         """
@@ -154,7 +187,12 @@ class OutboxPublisher:
         self._portal.call(self._async.flush, timeout=timeout, wait=_wait(timeout))
 
     def close(self, *, timeout: float | None = None) -> None:
-        """Stop sending and release the outbox (see the async twin). Idempotent."""
+        """Stop sending and release the outbox (see the async twin). Idempotent.
+
+        Args:
+            timeout: seconds to wait for the confirms of the messages in flight
+                (``None``: no limit); what is not confirmed stays in the outbox.
+        """
         if self._async.is_closed:
             return
         self._check_thread()

@@ -85,9 +85,15 @@ class ChannelPool:
     def acquire(self, timeout: float | None = None) -> _Lease:
         """Borrow a channel: ``with pool.acquire(timeout=5) as channel: ...``.
 
-        Raises (on entering the block):
-            PoolTimeout: no channel became free within ``timeout``.
-            InvalidStateError: the pool or the connection is closed.
+        Args:
+            timeout: seconds to wait for a channel (``None``: no limit).
+
+        Returns:
+            A context manager lending the channel.
+
+        Raises:
+            PoolTimeout: no channel became free within ``timeout`` (on entering).
+            InvalidStateError: the pool or the connection is closed (on entering).
         """
         return _Lease(self, timeout)
 
@@ -98,7 +104,12 @@ class ChannelPool:
         return Channel(self._connection, channel)
 
     def close(self, *, timeout: float | None = None) -> None:
-        """Close the idle channels and refuse new borrowers (see the async twin)."""
+        """Close the idle channels and refuse new borrowers (see the async twin).
+
+        Args:
+            timeout: seconds to wait for channels that are settling confirms
+                (``None``: no limit).
+        """
         if self._async.is_closed or not self._connection.is_open:
             return
         self._portal.call(self._async.close, timeout=timeout, wait=_wait(timeout))

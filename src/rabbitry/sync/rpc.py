@@ -64,7 +64,12 @@ class RpcClient:
         return self._async.timeout
 
     def start(self, timeout: float | None = None) -> None:
-        """Open the client's channel and subscribe to direct reply-to (idempotent)."""
+        """Open the client's channel and subscribe to direct reply-to (idempotent).
+
+        Args:
+            timeout: seconds for opening the channel and for subscribing (``None``: no
+                limit).
+        """
         self._portal.call(self._async.start, timeout, wait=_wait(timeout))
 
     def call(
@@ -78,7 +83,26 @@ class RpcClient:
         content_type: str | None = None,
         properties: BasicProperties | None = None,
     ) -> Message:
-        """Send a request and block for its reply; see :meth:`AsyncRpcClient.call`."""
+        """Send a request and block for its reply; see :meth:`AsyncRpcClient.call`.
+
+        Args:
+            routing_key: where the request goes (the server's queue, with the default
+                exchange).
+            body: the request body (``str`` is sent as UTF-8).
+            exchange: overrides the client's exchange for this call.
+            timeout: seconds to wait for the reply (default: the client's ``timeout``).
+            headers: set on the request.
+            content_type: set on the request.
+            properties: more request properties; ``reply_to`` and ``correlation_id`` are
+                the client's.
+
+        Returns:
+            The reply message; it needs no ack.
+
+        Raises:
+            RpcTimeout, RpcUnroutable, RpcInterrupted, RpcRemoteError,
+                ConfigurationError, InvalidStateError: as :meth:`AsyncRpcClient.call`.
+        """
         deadline = self._async.timeout if timeout is _UNSET else timeout
         return self._portal.call(
             self._async.call,
@@ -135,19 +159,34 @@ class RpcServer:
         self.stop()
 
     def start(self, timeout: float | None = None) -> None:
-        """Open the reply channel and start consuming requests."""
+        """Open the reply channel and start consuming requests.
+
+        Args:
+            timeout: seconds for each broker request it makes (``None``: no limit).
+        """
         self._reply_channel = self._conn.channel(timeout=timeout)
         self.consumer.start(timeout)
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop consuming (running handlers finish and reply) and close the reply channel."""
+        """Stop consuming (running handlers finish and reply) and close the reply channel.
+
+        Args:
+            timeout: seconds to wait for running handlers.
+        """
         self.consumer.stop(timeout=timeout)
         channel, self._reply_channel = self._reply_channel, None
         if channel is not None and channel.is_open:
             channel.close()
 
     def wait(self, timeout: float | None = None) -> AMQPError | None:
-        """Block until the server has ended for good (see :meth:`Consumer.wait`)."""
+        """Block until the server has ended for good (see :meth:`Consumer.wait`).
+
+        Args:
+            timeout: seconds to wait (``None``: no limit).
+
+        Returns:
+            ``None`` after :meth:`stop`, else why it ended.
+        """
         return self.consumer.wait(timeout)
 
     def _serve(self, message: Message) -> None:

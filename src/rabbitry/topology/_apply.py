@@ -87,7 +87,13 @@ class ApplyResult(Generic[T]):
     _original: tuple[Queue, ...] = field(repr=False, default=())
 
     def name_of(self, queue: Queue | str) -> str:
-        """The declared name of ``queue`` (the ``Queue`` object given to the topology).
+        """The declared name of ``queue``.
+
+        Args:
+            queue: the ``Queue`` object given to the topology, or its name.
+
+        Returns:
+            The name it was declared with (the broker's, for a server-named queue).
 
         Raises:
             KeyError: the queue was not part of the applied topology.
@@ -350,7 +356,15 @@ class Inequivalent:
 
 
 def parse_inequivalent(reply_text: str) -> Inequivalent | None:
-    """Split RabbitMQ's "inequivalent arg" 406 text; ``None`` if it is not one."""
+    """Split RabbitMQ's "inequivalent arg" 406 text.
+
+    Args:
+        reply_text: the reply text of the channel.close.
+
+    Returns:
+        Its parts (the argument, the entity, the value sent and the current one),
+        or ``None`` if the text is not one.
+    """
     match = _INEQUIVALENT.search(reply_text.strip())
     if match is None:
         return None

@@ -73,17 +73,38 @@ class TopologyData:
         return len(self.exchanges) + len(self.queues) + len(self.bindings) + len(self.policies)
 
     def exchange(self, name: str) -> Exchange | None:
-        """The exchange called ``name``, or ``None``."""
+        """The exchange called ``name``.
+
+        Args:
+            name: the exchange name.
+
+        Returns:
+            The exchange, or ``None``.
+        """
         return next((x for x in self.exchanges if x.name == name), None)
 
     def queue(self, name: str) -> Queue | None:
-        """The queue called ``name``, or ``None`` (server-named queues have no name)."""
+        """The queue called ``name``.
+
+        Args:
+            name: the queue name.
+
+        Returns:
+            The queue, or ``None`` (server-named queues have no name).
+        """
         if not name:
             return None
         return next((q for q in self.queues if q.name == name), None)
 
     def policy(self, name: str) -> Policy | None:
-        """The policy called ``name``, or ``None``."""
+        """The policy called ``name``.
+
+        Args:
+            name: the policy name.
+
+        Returns:
+            The policy, or ``None``.
+        """
         return next((p for p in self.policies if p.name == name), None)
 
 

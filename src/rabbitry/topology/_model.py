@@ -588,7 +588,15 @@ class Binding:
         return text
 
     def same_as(self, other: Binding) -> bool:
-        """The same binding on the broker (a server-named destination: the same object)."""
+        """Whether ``other`` is the same binding on the broker.
+
+        Args:
+            other: another binding.
+
+        Returns:
+            Same source, destination, routing key and arguments (a server-named
+            destination: the same ``Queue`` object).
+        """
         if isinstance(self.destination, Queue) or isinstance(other.destination, Queue):
             if self.destination is not other.destination:
                 return False
@@ -606,8 +614,14 @@ def format_expiration(value: int | float | timedelta | str) -> str:
     """A per-message ``expiration`` property value: milliseconds as a string of digits.
 
     RabbitMQ requires the property to be a string of ASCII digits (a per-message TTL
-    in 0..2^32-1 ms). Accepts such a string, an int of milliseconds, or a timedelta
-    (rounded to whole milliseconds).
+    in 0..2^32-1 ms).
+
+    Args:
+        value: such a string, an int of milliseconds, or a timedelta (rounded to
+            whole milliseconds).
+
+    Returns:
+        The milliseconds as a string of digits.
 
     Raises:
         TopologyValidationError: negative, too large, fractional ms given as a number,
@@ -868,7 +882,15 @@ class Policy:
         return entity_label("policy", self.name)
 
     def applies_to_queue(self, name: str, queue_type: str | None = None) -> bool:
-        """Whether this policy's pattern and ``apply_to`` select queue ``name``."""
+        """Whether this policy's pattern and ``apply_to`` select queue ``name``.
+
+        Args:
+            name: the queue name.
+            queue_type: its type (``None``: ``classic``).
+
+        Returns:
+            ``True`` if the policy applies to the queue.
+        """
         if self.apply_to == "exchanges":
             return False
         kind = queue_type or "classic"
@@ -878,5 +900,12 @@ class Policy:
         return re.search(self.pattern, name) is not None
 
     def applies_to_exchange(self, name: str) -> bool:
-        """Whether this policy's pattern and ``apply_to`` select exchange ``name``."""
+        """Whether this policy's pattern and ``apply_to`` select exchange ``name``.
+
+        Args:
+            name: the exchange name.
+
+        Returns:
+            ``True`` if the policy applies to the exchange.
+        """
         return self.apply_to in ("all", "exchanges") and re.search(self.pattern, name) is not None

@@ -146,12 +146,26 @@ _MAX_EXCEPTION_TEXT = 1024
 
 
 def dlx_name(queue: str) -> str:
-    """``<queue>.dlx``: the retry hub exchange of ``queue``."""
+    """The retry hub exchange of ``queue``.
+
+    Args:
+        queue: the work queue.
+
+    Returns:
+        ``<queue>.dlx``.
+    """
     return f"{queue}.dlx"
 
 
 def parking_lot_name(queue: str) -> str:
-    """``<queue>.parking-lot``."""
+    """The parking lot of ``queue``.
+
+    Args:
+        queue: the work queue.
+
+    Returns:
+        ``<queue>.parking-lot``.
+    """
     return f"{queue}.parking-lot"
 
 
@@ -161,7 +175,15 @@ def delay_label(delay_ms: int) -> str:
 
 
 def retry_queue_name(queue: str, delay_ms: int) -> str:
-    """``<queue>.retry.<delay>``, e.g. ``jobs.retry.5s``, ``jobs.retry.250ms``."""
+    """The retry queue of ``queue`` for one delay.
+
+    Args:
+        queue: the work queue.
+        delay_ms: the delay in milliseconds.
+
+    Returns:
+        ``<queue>.retry.<delay>``, e.g. ``jobs.retry.5s``, ``jobs.retry.250ms``.
+    """
     return f"{queue}.retry.{delay_label(delay_ms)}"
 
 
@@ -326,14 +348,35 @@ class RetryPolicy:
         return len(self.tiers) == 1 and not self.republish
 
     def delay_ms_for(self, failures: int) -> int:
-        """The delay (ms) before the retry that follows failure number ``failures``."""
+        """The delay before the retry that follows failure number ``failures``.
+
+        Args:
+            failures: how many times the handler failed (past the last tier, the last
+                delay).
+
+        Returns:
+            The delay in milliseconds.
+
+        Raises:
+            ValueError: the policy has no retries.
+        """
         if not self.delays:
             raise ValueError("this policy has no retries")
         delays = self.delays_ms
         return delays[min(max(failures, 1), len(delays)) - 1]
 
     def names(self, queue: str | None = None) -> RetryNames:
-        """The entity names used for work queue ``queue``."""
+        """The entity names used for work queue ``queue``.
+
+        Args:
+            queue: the work queue (default: the policy's ``queue``).
+
+        Returns:
+            The exchange and queue names.
+
+        Raises:
+            ValueError: no ``queue`` here nor in the policy.
+        """
         work = self._work_queue(queue)
         return RetryNames(
             work,
@@ -351,7 +394,14 @@ class RetryPolicy:
         return work
 
     def is_retryable(self, exc: BaseException) -> bool:
-        """False for a ``fatal`` type or an exception with ``retryable = False``."""
+        """Whether a failure with ``exc`` may be retried.
+
+        Args:
+            exc: what the handler raised.
+
+        Returns:
+            ``False`` for a ``fatal`` type or an exception with ``retryable = False``.
+        """
         if isinstance(exc, self.fatal):
             return False
         return getattr(exc, "retryable", True) is not False
@@ -359,11 +409,18 @@ class RetryPolicy:
     # -- reading a delivery
 
     def attempts(self, message: _Delivered, queue: str | None = None) -> int:
-        """Handler invocations that already failed before this delivery (0 at first).
+        """Handler invocations that already failed before this delivery.
 
         Read from ``x-rabbitry-attempts`` when the message was republished (tier path),
         else from the broker's ``x-death`` count of rejections from the work queue
         (broker-driven path).
+
+        Args:
+            message: the delivery.
+            queue: the work queue (default: the policy's ``queue``).
+
+        Returns:
+            The count (0 at the first delivery).
         """
         headers = message.headers
         ours = headers.get(ATTEMPTS_HEADER)
@@ -390,6 +447,12 @@ class RetryPolicy:
             now: the failure time (default: now, UTC).
             queue: the work queue (default: the policy's ``queue``).
             retryable: overrides :meth:`is_retryable`.
+
+        Returns:
+            Where the message goes and how (:class:`RetryDecision`).
+
+        Raises:
+            ValueError: no ``queue`` here nor in the policy.
         """
         work = self._work_queue(queue)
         now = now or datetime.now(UTC)

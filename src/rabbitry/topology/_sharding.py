@@ -32,7 +32,16 @@ SHARDS_PER_NODE = "shards-per-node"
 
 
 def shard_queue_name(exchange: str, node: str, number: int) -> str:
-    """The name the plugin gives shard ``number`` (from 0) of ``exchange`` on ``node``."""
+    """The name the plugin gives a shard queue.
+
+    Args:
+        exchange: the sharded exchange.
+        node: the node's name, e.g. ``rabbit@host``.
+        number: the shard's number on that node, from 0.
+
+    Returns:
+        ``sharding: <exchange> - <node> - <number>``.
+    """
     return f"sharding: {exchange} - {node} - {number}"
 
 

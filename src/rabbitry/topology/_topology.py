@@ -52,9 +52,15 @@ class Topology(TopologyData):
     """
 
     def effective_policy(self, queue: Queue | str) -> Policy | None:
-        """The policy of this topology that RabbitMQ would apply to ``queue``: the
-        highest-priority match (on a tie the first one given here is reported; the
-        broker's choice between equal priorities is not documented)."""
+        """The policy of this topology that RabbitMQ would apply to ``queue``.
+
+        Args:
+            queue: the queue, or its name.
+
+        Returns:
+            The highest-priority matching policy (on a tie the first one given here; the
+            broker's choice between equal priorities is not documented), or ``None``.
+        """
         from ._diff import effective_policy
 
         q = queue if isinstance(queue, Queue) else (self.queue(queue) or Queue(queue))
@@ -63,14 +69,17 @@ class Topology(TopologyData):
     def policy_overlaps(
         self, other: Topology | Mapping[str, Any] | None = None, *, vhost: str = "/"
     ) -> list[PolicyOverlap]:
-        """Every key that both a queue argument and the policy in force set, with the
-        value that applies (RabbitMQ's rule per key; see :mod:`rabbitry.topology`).
+        """Every key that both a queue argument and the policy in force set.
 
         Args:
             other: what else exists (another topology, or the broker's definitions
                 export): its policies count too, unless this topology has one of the
                 same name.
             vhost: the vhost to read from a definitions export.
+
+        Returns:
+            One :class:`PolicyOverlap` per key, with the value that applies (RabbitMQ's
+            rule per key; see :mod:`rabbitry.topology`).
         """
         from ._definitions import from_definitions
         from ._diff import policy_overlaps
@@ -87,8 +96,16 @@ class Topology(TopologyData):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Topology:
-        """Build from our own form: ``{"exchanges": [...], "queues": [...], "bindings": [...]}``
-        with the constructors' keyword names. Unknown keys are errors.
+        """Build from our own form: ``{"exchanges": [...], "queues": [...], "bindings": [...]}``.
+
+        Args:
+            data: the document, with the constructors' keyword names.
+
+        Returns:
+            The topology.
+
+        Raises:
+            TopologyValidationError: an unknown key or an invalid entity.
         """
         from ._definitions import from_dict
 
@@ -96,29 +113,75 @@ class Topology(TopologyData):
 
     @classmethod
     def from_definitions(cls, data: Mapping[str, Any], vhost: str = "/") -> Topology:
-        """Build from a RabbitMQ definitions export (``rabbitmqctl export_definitions``,
-        management ``/api/definitions``), taking the entities of ``vhost`` only."""
+        """Build from a RabbitMQ definitions export.
+
+        Args:
+            data: the export (``rabbitmqctl export_definitions``, management
+                ``/api/definitions``).
+            vhost: the vhost whose entities are taken.
+
+        Returns:
+            The topology.
+
+        Raises:
+            TopologyValidationError: an invalid entity.
+        """
         from ._definitions import from_definitions
 
         return from_definitions(Topology, data, vhost)
 
     @classmethod
     def from_json(cls, text: str, vhost: str = "/") -> Topology:
-        """Parse JSON in our form or a definitions export (``vhost`` picks its entities)."""
+        """Parse JSON in our form or a definitions export.
+
+        Args:
+            text: the JSON text.
+            vhost: the vhost whose entities a definitions export gives.
+
+        Returns:
+            The topology.
+
+        Raises:
+            TopologyValidationError: invalid JSON or an invalid entity.
+        """
         from ._definitions import from_data, parse_text
 
         return from_data(Topology, parse_text(text, "json"), vhost)
 
     @classmethod
     def from_yaml(cls, text: str, vhost: str = "/") -> Topology:
-        """Parse YAML (needs PyYAML: ``rabbitry[yaml]``); same shapes as :meth:`from_json`."""
+        """Parse YAML (needs PyYAML: ``rabbitry[yaml]``); same shapes as :meth:`from_json`.
+
+        Args:
+            text: the YAML text.
+            vhost: the vhost whose entities a definitions export gives.
+
+        Returns:
+            The topology.
+
+        Raises:
+            TopologyValidationError: invalid YAML or an invalid entity.
+            ImportError: PyYAML is not installed.
+        """
         from ._definitions import from_data, parse_text
 
         return from_data(Topology, parse_text(text, "yaml"), vhost)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], vhost: str = "/") -> Topology:
-        """Read a ``.json``, ``.yaml`` or ``.yml`` file (our form or a definitions export)."""
+        """Read a ``.json``, ``.yaml`` or ``.yml`` file (our form or a definitions export).
+
+        Args:
+            path: the file.
+            vhost: the vhost whose entities a definitions export gives.
+
+        Returns:
+            The topology.
+
+        Raises:
+            TopologyValidationError: unknown suffix, invalid document or invalid entities.
+            OSError: the file cannot be read.
+        """
         from ._definitions import load
 
         return load(Topology, path, vhost)
@@ -130,7 +193,14 @@ class Topology(TopologyData):
         return to_dict(self)
 
     def to_json(self, *, indent: int | None = 2) -> str:
-        """:meth:`to_dict` as JSON text."""
+        """:meth:`to_dict` as JSON text.
+
+        Args:
+            indent: ``json.dumps``'s indent (``None``: one line).
+
+        Returns:
+            The JSON text.
+        """
         return json.dumps(self.to_dict(), indent=indent)
 
     def to_yaml(self) -> str:
@@ -140,8 +210,16 @@ class Topology(TopologyData):
         return dump_yaml(self.to_dict())
 
     def to_definitions(self, vhost: str = "/") -> dict[str, Any]:
-        """A definitions document for ``rabbitmqctl import_definitions`` (exclusive and
-        server-named queues are left out, as RabbitMQ's own export does)."""
+        """A definitions document for ``rabbitmqctl import_definitions``.
+
+        Exclusive and server-named queues are left out, as RabbitMQ's own export does.
+
+        Args:
+            vhost: the vhost the entities are given.
+
+        Returns:
+            The document.
+        """
         from ._definitions import to_definitions
 
         return to_definitions(self, vhost)
@@ -169,6 +247,9 @@ class Topology(TopologyData):
             policy: the retry policy.
             delivery_limit: a quorum work queue's delivery limit when it has none;
                 ``-1`` is unlimited (RabbitMQ 4.0+ only).
+
+        Returns:
+            The new topology (this one is unchanged).
 
         Raises:
             TopologyValidationError: ``queue`` is not in this topology, is a stream,
@@ -202,6 +283,9 @@ class Topology(TopologyData):
             routing_key: the key the shards are bound with (``x-modulus-hash`` and
                 ``fanout`` ignore it; a ``direct`` exchange then routes only that key).
             priority: the policy's priority.
+
+        Returns:
+            The new topology (this one is unchanged).
 
         Raises:
             TopologyValidationError: ``exchange`` is not in this topology, a value breaks
@@ -314,8 +398,22 @@ class Topology(TopologyData):
         management: ManagementClient | None = None,
         missing_exchanges: Literal["error", "warn"] = "error",
     ) -> ApplyResult[Topology]:
-        """:meth:`aapply` for a thread-safe :class:`~rabbitry.Connection` (blocks);
-        ``management`` is a :class:`~rabbitry.management.ManagementClient`."""
+        """:meth:`aapply` for a thread-safe :class:`~rabbitry.Connection` (blocks).
+
+        Args:
+            connection: an open connection.
+            timeout: seconds per declaration.
+            management: a :class:`~rabbitry.management.ManagementClient` for the same
+                broker; required when the topology has policies.
+            missing_exchanges: ``"error"`` or ``"warn"``, as for :meth:`aapply`.
+
+        Returns:
+            What was declared (:class:`ApplyResult`).
+
+        Raises:
+            TopologyMissingExchange, TopologyError, ManagementError, TopologyConflict,
+                ChannelClosedByBroker: as :meth:`aapply`.
+        """
         from ._apply import apply_topology
 
         portal = _require_sync(connection, "apply", "aapply")
@@ -352,6 +450,16 @@ class Topology(TopologyData):
         must be in it or on the broker: with ``missing_exchanges="error"`` (default) a
         dangling one raises :class:`~rabbitry.TopologyMissingExchange`; with
         ``"warn"`` it is logged at ERROR and listed in the report's ``dangling``.
+
+        Args:
+            connection: an open connection.
+            timeout: seconds per passive declare.
+            management: an :class:`~rabbitry.management.AsyncManagementClient` to check
+                the policies with (``None``: they are reported as unchecked).
+            missing_exchanges: ``"error"`` or ``"warn"`` (above).
+
+        Returns:
+            What exists and what is missing (:class:`VerifyReport`).
         """
         from ._apply import check_policies, verify_topology
 
@@ -373,7 +481,18 @@ class Topology(TopologyData):
         management: ManagementClient | None = None,
         missing_exchanges: Literal["error", "warn"] = "error",
     ) -> VerifyReport:
-        """:meth:`averify` for a thread-safe :class:`~rabbitry.Connection` (blocks)."""
+        """:meth:`averify` for a thread-safe :class:`~rabbitry.Connection` (blocks).
+
+        Args:
+            connection: an open connection.
+            timeout: seconds per passive declare.
+            management: a :class:`~rabbitry.management.ManagementClient` to check the
+                policies with (``None``: they are reported as unchecked).
+            missing_exchanges: ``"error"`` or ``"warn"``, as for :meth:`averify`.
+
+        Returns:
+            What exists and what is missing (:class:`VerifyReport`).
+        """
         from ._apply import check_policies, verify_topology
 
         portal = _require_sync(connection, "verify", "averify")
@@ -403,6 +522,12 @@ class Topology(TopologyData):
         them again. What is already gone is skipped. Server-named queues are skipped
         unless this is ``ApplyResult.topology`` (which carries their names). Policies
         need ``management`` (checked before anything is deleted).
+
+        Args:
+            connection: an open connection.
+            timeout: seconds per deletion.
+            management: an :class:`~rabbitry.management.AsyncManagementClient`; needed
+                when the topology has policies.
         """
         from ..exceptions import ManagementNotFound
         from ._apply import delete_topology
@@ -425,7 +550,14 @@ class Topology(TopologyData):
         timeout: float | None = None,
         management: ManagementClient | None = None,
     ) -> None:
-        """:meth:`adelete` for a thread-safe :class:`~rabbitry.Connection` (blocks)."""
+        """:meth:`adelete` for a thread-safe :class:`~rabbitry.Connection` (blocks).
+
+        Args:
+            connection: an open connection.
+            timeout: seconds per deletion.
+            management: a :class:`~rabbitry.management.ManagementClient`; needed when the
+                topology has policies.
+        """
         from ..exceptions import ManagementNotFound
         from ._apply import delete_topology
 

@@ -11,9 +11,12 @@
    to Parquet, send retries and parked records back through the ``rabbitmq`` sink.
 4. Aggregates revenue per category per minute into Parquet and prints a summary.
 
-Run it with ``make demo`` or ``python -m rabbitry.examples.orders_pipeline --help``
-(needs ``pip install 'rabbitry[spark,cli]'`` and Java 17+). Design, guarantees and
-measured timings: ``docs/pipeline.md``.
+It is an application built on rabbitry, not part of the installed package: it lives in
+the repository's ``examples/`` folder and is imported as ``orders_pipeline`` with that
+folder on the path. Run it with ``make demo``, or from the repository root with
+``PYTHONPATH=examples python -m orders_pipeline --help`` (needs
+``pip install 'rabbitry[spark,cli]'`` and Java 17+). Design, guarantees and measured
+timings: ``docs/pipeline.md``.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ __all__ = [
 def _parser() -> argparse.ArgumentParser:
     defaults = PipelineConfig(run_id="x")
     parser = argparse.ArgumentParser(
-        prog="python -m rabbitry.examples.orders_pipeline",
+        prog="python -m orders_pipeline",
         description="Publish order events with confirms, process them with a Spark "
         "streaming job reading RabbitMQ, retry and park failures, write Parquet.",
     )

@@ -14,13 +14,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..._connection import AsyncConnection
-from ...config import default_url, parse_urls
-from ...exceptions import ConfigurationError, Timeout
-from ...message import Properties
-from ...publisher import OutgoingMessage
-from ...sync import Connection
-from ...topology import ATTEMPTS_HEADER, Binding, Exchange, Queue, RetryPolicy, Topology
+from rabbitry import (
+    AsyncConnection,
+    Binding,
+    ConfigurationError,
+    Connection,
+    Exchange,
+    OutgoingMessage,
+    Properties,
+    Queue,
+    RetryPolicy,
+    Timeout,
+    Topology,
+    parse_urls,
+)
+from rabbitry.config import default_url
+from rabbitry.topology import ATTEMPTS_HEADER
+
 from ._events import FAULT_HEADER, RATES_TO_EUR, EventPlan, Mix, generate
 
 if TYPE_CHECKING:
