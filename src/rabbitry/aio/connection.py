@@ -174,6 +174,11 @@ class AsyncConnection:
         self._terminated: asyncio.Future[AMQPError] | None = None
         self._lost: asyncio.Future[None] | None = None
         self._flush_handle: asyncio.Handle | None = None
+        # Write coalescing (see _kick): frames were written in this loop pass, so more
+        # wait for the scheduled flush; and a batch of work is running (a chunk of the
+        # socket, or the sync API's hand-off queue) that flushes when it ends.
+        self._corked = False
+        self._in_batch = False
         self._tick_handle: asyncio.TimerHandle | None = None
         self._close_deadline: asyncio.TimerHandle | None = None
         self._write_paused = False
@@ -600,17 +605,44 @@ class AsyncConnection:
     # ------------------------------------------------------------------ writing
 
     def _kick(self) -> None:
-        """Schedule a flush of queued frames for the end of this loop iteration."""
+        """Write queued frames now, or once at the end of this loop pass.
+
+        The first frames queued in a loop pass leave at once: a lone publish or ack
+        (a round trip) costs no extra loop iteration. What follows in the same pass is
+        corked and leaves in one write, from a flush scheduled with ``call_soon`` (so a
+        burst of publishes is one ``write``), or at the end of a batch (see
+        :meth:`_begin_batch`): what callbacks queue while a chunk of the socket is
+        handled, what one drain of the sync API's hand-off queue queues.
+        """
         proto = self._proto
         if proto is None:
             return
-        if len(proto._out) >= _FLUSH_FRAMES:
+        if not self._corked and self._transport is not None:
+            self._corked = True  # a new pass: until a flush or the next read, cork
             self._flush()
-        elif self._flush_handle is None and self._loop is not None:
-            self._flush_handle = self._loop.call_soon(self._flush)
+        elif len(proto._out) >= _FLUSH_FRAMES:
+            self._flush()
+        elif self._flush_handle is None and not self._in_batch and self._loop is not None:
+            self._flush_handle = self._loop.call_soon(self._flush_corked)
+
+    def _begin_batch(self) -> None:
+        """Cork writes until :meth:`_end_batch`, which writes them in one go (loop thread)."""
+        self._in_batch = self._corked = True
+
+    def _end_batch(self) -> None:
+        """Write what was queued since :meth:`_begin_batch`; later frames leave at once."""
+        self._in_batch = self._corked = False
+        proto = self._proto
+        if proto is not None and proto._out:
+            self._flush()
+
+    def _flush_corked(self) -> None:
+        """The flush scheduled by :meth:`_kick`: the pass that corked is over."""
+        self._flush_handle = None
+        self._corked = False
+        self._flush()
 
     def _flush(self) -> None:
-        self._flush_handle = None
         proto = self._proto
         if proto is None:
             return
@@ -618,15 +650,17 @@ class AsyncConnection:
         transport = self._transport
         if not out or transport is None or transport.is_closing():
             return
-        if sum(map(len, out)) <= _JOIN_BYTES:
-            transport.write(out[0] if len(out) == 1 else b"".join(out))
-            return
-        # A large message: joining would copy its body once more before the transport
-        # copies what the socket did not take. Piece by piece, the transport's buffer
-        # holds the only copy.
-        write = transport.write
-        for piece in out:
-            write(piece)
+        if len(out) == 1:
+            transport.write(out[0])
+        elif sum(map(len, out)) <= _JOIN_BYTES:
+            transport.write(b"".join(out))
+        else:
+            # A large message: joining would copy its body once more before the
+            # transport copies what the socket did not take. Piece by piece, the
+            # transport's buffer holds the only copy.
+            write = transport.write
+            for piece in out:
+                write(piece)
 
     async def _wait_writable(self) -> None:
         """Wait while the transport's write buffer is above its high-water mark."""
@@ -661,15 +695,21 @@ class AsyncConnection:
         proto = self._proto
         if proto is None:
             return
-        if self._held_events:
-            self._release_held()  # what was read before goes first
-        proto.receive_data(data)
-        out = proto.data_to_send()
-        if out and self._transport is not None:
-            self._transport.write(out)
-        events = proto.events_received()
-        if events:
-            self._handle_events(events)
+        # Frames queued while this chunk is handled (answers of the protocol, acks and
+        # publishes of callbacks) leave in one write at the end; the next frames
+        # queued after that, in a later pass, leave at once (_begin_batch inlined).
+        self._in_batch = self._corked = True
+        try:
+            if self._held_events:
+                self._release_held()  # what was read before goes first
+            proto.receive_data(data)
+            events = proto.events_received()
+            if events:
+                self._handle_events(events)
+        finally:
+            self._in_batch = self._corked = False
+        if proto._out:
+            self._flush()
         if proto.state is ConnectionState.CLOSING and self._close_deadline is None:
             self._arm_close_deadline()
 
