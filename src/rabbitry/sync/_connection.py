@@ -283,6 +283,7 @@ class Connection:
             return False
 
         portal.set_write_gate(write_gate)
+        portal.set_batch_hooks(engine._begin_batch, engine._end_batch)
         portal.on_stop = self._end_engine
         self._portal = portal
         try:

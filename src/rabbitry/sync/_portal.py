@@ -9,6 +9,8 @@ no locks (thread confinement). Other threads reach it through :class:`Portal`:
 * ``submit(fn, *args)`` appends to one deque and wakes the loop only if no wake-up is
   already pending, so a burst of publishes from a user thread costs one
   ``call_soon_threadsafe`` (one write to the loop's self-pipe), not one per message.
+  The drain that runs the burst corks the engine's writes (``set_batch_hooks``), so it
+  leaves in one socket write in the same loop pass.
 * ``call(coroutine_function, *args)`` goes through the same deque, so operations keep the
   order in which one thread issued them (``confirm_select`` before ``publish``), and
   waits for the result on a ``concurrent.futures.Future``.
@@ -195,6 +197,7 @@ class Portal:
         self._room = threading.Condition()
         self._room_waiters = 0
         self._paused: Callable[[Callable[[], None]], bool] | None = None
+        self._batch: tuple[Callable[[], None], Callable[[], None]] | None = None
         self._stopped = False
         # Why the portal stopped (the connection's close reason), for what it fails.
         self._stop_reason: BaseException | None = None
@@ -231,6 +234,12 @@ class Portal:
         ``resume`` once writing is possible again.
         """
         self._paused = gate
+
+    def set_batch_hooks(self, begin: Callable[[], None], end: Callable[[], None]) -> None:
+        """Call ``begin()`` before a drain runs several queued operations and ``end()``
+        after it (IO thread): the engine corks its writes in between, so what one drain
+        queues (a burst of publishes or acks) leaves in one write, in this loop pass."""
+        self._batch = (begin, end)
 
     def _run(self, started: threading.Event) -> None:
         asyncio.set_event_loop(self._loop)
@@ -393,15 +402,24 @@ class Portal:
         ops = self._ops
         gate = self._paused
         drained = 0
-        while ops:
-            if gate is not None and gate(self._resume_drain):
-                break
-            fn, args, size = ops.popleft()
-            drained += size
-            try:
-                fn(*args)
-            except Exception:
-                logger.exception("operation %r failed on the IO thread", fn)
+        # One operation (a round trip's publish) needs no batch: the engine writes the
+        # first frames of a loop pass at once anyway.
+        batch = self._batch if len(ops) > 1 else None
+        if batch is not None:
+            batch[0]()
+        try:
+            while ops:
+                if gate is not None and gate(self._resume_drain):
+                    break
+                fn, args, size = ops.popleft()
+                drained += size
+                try:
+                    fn(*args)
+                except Exception:
+                    logger.exception("operation %r failed on the IO thread", fn)
+        finally:
+            if batch is not None:
+                batch[1]()
         if drained:
             with self._bytes_lock:
                 self._bytes -= drained
