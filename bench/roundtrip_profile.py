@@ -16,7 +16,9 @@ The counts are deterministic (a busy machine does not move them); the CPU figure
 the one to compare with ``make bench`` S5. The async loop is the harness's: a plain
 ``basic_consume`` callback sets a future the publishing task awaits. The sync loop is
 the harness's too: ``basic_publish`` then ``next()`` of a ``channel.consume()``
-iterator. ``--top K`` also lists the K most-called functions.
+iterator. ``--api async-rpc sync-rpc`` measures a blocking call instead: one
+``queue_declare(passive=True)`` round trip to the broker. ``--top K`` also lists the K
+most-called functions.
 """
 
 from __future__ import annotations
@@ -98,6 +100,38 @@ def run_async(url: str, n: int, runs: int) -> tuple[Measurement, list[float]]:
     return asyncio.run(_async_run(url, n, runs))
 
 
+async def _async_rpc(url: str, n: int, runs: int) -> tuple[Measurement, list[float]]:
+    queue = f"rabbitry-rtt-{uuid.uuid4().hex[:8]}"
+    async with rabbitry.AsyncConnection(url) as conn:
+        ch = await conn.channel()
+        await ch.queue_declare(queue, exclusive=True)
+        declare = ch.queue_declare
+
+        async def phase(k: int) -> None:
+            for _ in range(k):
+                await declare(queue, passive=True)
+
+        await phase(WARMUP)
+        profiles = _Profiles()
+        profile = profiles.new()
+        profile.enable()
+        try:
+            await phase(n)
+        finally:
+            profile.disable()
+        m = Measurement("async-rpc", n, profiles.calls())
+        cpu = []
+        for _ in range(runs):
+            t0 = time.process_time()
+            await phase(n)
+            cpu.append((time.process_time() - t0) / n * 1e6)
+        return m, cpu
+
+
+def run_async_rpc(url: str, n: int, runs: int) -> tuple[Measurement, list[float]]:
+    return asyncio.run(_async_rpc(url, n, runs))
+
+
 # ----------------------------------------------------------------------- sync
 
 
@@ -128,17 +162,48 @@ def run_sync(url: str, n: int, runs: int) -> tuple[Measurement, list[float]]:
         return m, cpu
 
 
+def run_sync_rpc(url: str, n: int, runs: int) -> tuple[Measurement, list[float]]:
+    queue = f"rabbitry-rtt-{uuid.uuid4().hex[:8]}"
+    with rabbitry.Connection(url) as conn:
+        ch = conn.channel()
+        ch.queue_declare(queue, exclusive=True)
+        declare = ch.queue_declare
+
+        def phase(k: int) -> None:
+            for _ in range(k):
+                declare(queue, passive=True)
+
+        phase(WARMUP)
+        profiles = _Profiles()
+        with _on_all_threads(conn, profiles):
+            phase(n)
+        m = Measurement("sync-rpc", n, profiles.calls())
+        cpu = []
+        for _ in range(runs):
+            t0 = time.process_time()
+            phase(n)
+            cpu.append((time.process_time() - t0) / n * 1e6)
+        return m, cpu
+
+
+RUNNERS: dict[str, Any] = {
+    "async": run_async,
+    "sync": run_sync,
+    "async-rpc": run_async_rpc,
+    "sync-rpc": run_sync_rpc,
+}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=3000, help="round trips per measured run")
     ap.add_argument("--runs", type=int, default=5, help="CPU runs (the median is shown)")
-    ap.add_argument("--api", nargs="+", default=["async", "sync"], choices=["async", "sync"])
+    ap.add_argument("--api", nargs="+", default=["async", "sync"], choices=list(RUNNERS))
     ap.add_argument("--top", type=int, default=0, help="also list the K most-called functions")
     args = ap.parse_args()
     url = os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
-    runners: dict[str, Any] = {"async": run_async, "sync": run_sync}
     for api in args.api:
-        m, cpu = runners[api](url, args.n, args.runs)
+        m, cpu = RUNNERS[api](url, args.n, args.runs)
         iterations, polls = _loop_counts(m)
         print(
             f"{api}: {m.calls_per_msg:.1f} calls, {iterations:.2f} loop iterations, "

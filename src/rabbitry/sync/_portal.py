@@ -471,7 +471,32 @@ class Portal:
         wait: float | None,
     ) -> T:
         result: concurrent.futures.Future[T] = concurrent.futures.Future()
-        task_box: list[asyncio.Task[T]] = []
+        task_box: list[asyncio.Task[None]] = []
+
+        def cancelled(_task: asyncio.Task[None]) -> None:
+            # The task ended without settling ``result``: it was cancelled before its
+            # first step (a timeout, or the loop stopping), so ``run`` never ran.
+            if not result.done():
+                result.set_exception(
+                    self.failed() if self._stopped else Timeout("the operation was cancelled")
+                )
+
+        async def run() -> None:
+            # Settles the caller's future from the coroutine's own last step, not from a
+            # done callback of its task: that would run one loop iteration later.
+            try:
+                value = await fn(*args, **kwargs)
+            except asyncio.CancelledError:
+                cancelled(task_box[0])
+                raise
+            except Exception as exc:
+                result.set_exception(exc)
+            except BaseException as exc:  # KeyboardInterrupt, SystemExit: the loop's to handle
+                result.set_exception(exc)
+                raise
+            else:
+                result.set_result(value)
+            task_box[0].remove_done_callback(cancelled)
 
         def start() -> None:
             if not result.set_running_or_notify_cancel():
@@ -479,20 +504,9 @@ class Portal:
             if self._stopped:  # run by the final sweep: the engine is gone
                 result.set_exception(self.failed())
                 return
-            task = self._loop.create_task(fn(*args, **kwargs))
+            task = self._loop.create_task(run())
+            task.add_done_callback(cancelled)
             task_box.append(task)
-
-            def done(finished: asyncio.Task[T]) -> None:
-                if finished.cancelled():
-                    result.set_exception(
-                        self.failed() if self._stopped else Timeout("the operation was cancelled")
-                    )
-                elif (exc := finished.exception()) is not None:
-                    result.set_exception(exc)
-                else:
-                    result.set_result(finished.result())
-
-            task.add_done_callback(done)
 
         self.submit(start, timeout=wait)
         try:
