@@ -16,7 +16,7 @@ from __future__ import annotations
 import queue as queue_module
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..batching import iter_delivery
+from ..batching import BATCH_FORMAT_HEADER, iter_delivery
 from ..exceptions import AMQPError, ConsumerCancelled, InvalidStateError
 from ..protocol.message import Message
 from ._portal import ConfirmFuture
@@ -480,11 +480,12 @@ class Channel:
             InvalidStateError: the channel is closed.
         """
         channel = self._async
-        if channel.is_closed:
+        if channel._closed.done():  # channel.is_closed, without the property call
             raise InvalidStateError(
                 f"cannot publish: channel {self.channel_id} is closed"
             ) from channel.close_exc
-        frames = channel._proto.encode_publish(
+        proto = channel._proto
+        frames = proto.encode_publish(
             exchange,
             routing_key,
             body,  # type: ignore[arg-type]
@@ -492,7 +493,7 @@ class Channel:
             mandatory,
         )
         size = sum(map(len, frames))
-        if channel.confirm_mode:
+        if proto.confirm_mode:
             future: concurrent.futures.Future[None] = ConfirmFuture()
             self._portal.submit(channel._publish_encoded, frames, future, size=size)
             return future
@@ -646,7 +647,11 @@ class Channel:
                 if isinstance(item, BaseException):
                     raise item
                 if unpack_batches:
-                    yield from iter_delivery(item, no_ack)  # batch envelopes: records
+                    headers = item.properties.headers
+                    if headers is not None and BATCH_FORMAT_HEADER in headers:
+                        yield from iter_delivery(item, no_ack)  # batch envelopes: records
+                    else:
+                        yield item  # (iter_delivery's own test, inlined: once per message)
                 else:
                     yield item
         finally:
