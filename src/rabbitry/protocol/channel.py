@@ -497,7 +497,8 @@ class ChannelProtocol:
     def _reset_content(self) -> None:
         self._content_method = None
         self._content_props = None
-        self._content_parts = []
+        if self._content_parts:  # the common one-frame body never filled it: keep it
+            self._content_parts = []
         self._content_received = 0
         self._content_size = 0
 
@@ -505,7 +506,13 @@ class ChannelProtocol:
         method = self._content_method
         props = self._content_props
         assert method is not None and props is not None
-        self._reset_content()
+        # _reset_content, inlined: this runs once per delivery.
+        self._content_method = None
+        self._content_props = None
+        if self._content_parts:
+            self._content_parts = []
+        self._content_received = 0
+        self._content_size = 0
         index = method.INDEX
         events = self._conn._events
         if index == _DELIVER:
