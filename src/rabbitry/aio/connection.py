@@ -4,8 +4,10 @@ The engine owns the socket, the timers and the futures; every protocol rule live
 ``rabbitry.protocol``. Bytes flow ``data_received → receive_data → data_to_send → write``
 and events flow ``events_received → futures and callbacks``.
 
-Writes are corked: API calls queue frames in the protocol and schedule one flush per
-loop iteration, so a burst of publishes leaves in one ``write``. A burst
+Writes are corked per loop pass: the first frames an API call queues in a pass are
+written at once (a round trip costs no extra loop iteration), what follows in the same
+pass leaves in one ``write`` from one scheduled flush, and what is queued while a chunk
+of the socket is handled leaves in one ``write`` at the end of the chunk. A burst
 longer than ``_FLUSH_FRAMES`` frames is flushed at once so memory stays bounded, and
 publishers wait while the transport's buffer is above its high-water mark.
 """
