@@ -407,9 +407,10 @@ class Portal:
         batch = self._batch if len(ops) > 1 else None
         if batch is not None:
             batch[0]()
+        resume = self._resume_drain  # one bound method for the whole drain
         try:
             while ops:
-                if gate is not None and gate(self._resume_drain):
+                if gate is not None and gate(resume):
                     break
                 fn, args, size = ops.popleft()
                 drained += size
