@@ -766,8 +766,10 @@ class AsyncChannel:
     def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
         """Acknowledge a delivery (``multiple``: and every earlier one).
 
-        Contiguous acks made before the next flush (one loop iteration) leave as one
-        ``multiple`` ack; the broker settles the same deliveries either way. A tag
+        Contiguous acks made before the next write leave as one ``multiple`` ack: the
+        acks consumer callbacks make while one read of deliveries is handled, or the
+        acks after the first in one loop iteration. The broker settles the same
+        deliveries either way. A tag
         handed out before the connection recovered is dropped with a warning (the
         broker redelivers that message); ``multiple`` never reaches across a recovery.
         """
