@@ -705,6 +705,10 @@ class AsyncConnection:
             if self._held_events:
                 self._release_held()  # what was read before goes first
             proto.receive_data(data)
+            if proto._out:
+                # The protocol's own answers (a close-ok, a flow-ok) leave before the
+                # events are handled: a connection that ends there is aborted unflushed.
+                self._flush()
             events = proto.events_received()
             if events:
                 self._handle_events(events)
