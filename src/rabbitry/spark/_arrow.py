@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from ..batching import is_envelope
 from ._rows import PROPERTY_FIELDS, headers_to_map, message_records
 
 if TYPE_CHECKING:
@@ -126,14 +127,20 @@ class ArrowRows:
         Raises:
             BatchFormatError: an envelope of an unknown format, or a malformed one.
         """
-        records = message_records(message)
-        step = 1 if consecutive else 0
-        size = 0
-        for index, record in enumerate(records):
-            self._messages.append(record)
-            self._offsets.append(offset + index * step)
-            size += len(record.body)
-        count = len(records)
+        if is_envelope(message):
+            records = message_records(message)
+            step = 1 if consecutive else 0
+            size = 0
+            for index, record in enumerate(records):
+                self._messages.append(record)
+                self._offsets.append(offset + index * step)
+                size += len(record.body)
+            count = len(records)
+        else:
+            self._messages.append(message)
+            self._offsets.append(offset)
+            size = len(message.body)
+            count = 1
         self.rows += count
         self.bytes += size
         if message.redelivered:
