@@ -67,11 +67,11 @@ def test_sink_and_source_count_rows_bytes_confirms_and_acks(
             parse_read_options({"url": url, "queue": queue, "maxMessagesPerBatch": "10"})
         )
         offset: dict[str, Any] = source.initialOffset()
-        rows: list[tuple[Any, ...]] = []
+        rows: list[dict[str, Any]] = []
         deadline = time.monotonic() + 60
         while len(rows) < ROWS and time.monotonic() < deadline:
-            batch_rows, offset = source.read(offset)
-            rows.extend(batch_rows)
+            batches, offset = source.read(offset)  # record batches
+            rows.extend(row for batch in batches for row in batch.to_pylist())
         source.commit(offset)
         source.stop()
     finally:

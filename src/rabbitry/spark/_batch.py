@@ -38,7 +38,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import AccessRefused, ConfigurationError, NotFound
-from ._rows import message_rows
+from ._arrow import MAX_BATCH_ROWS, ArrowRows
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -59,8 +59,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("rabbitry.spark")
-
-Row = tuple[Any, ...]
 
 #: The largest prefetch count AMQP 0-9-1 can express (a short); 0 means unlimited.
 _MAX_PREFETCH = 65535
@@ -181,8 +179,9 @@ def _exclusive_consumer(
         return channel
 
 
-def browse_share(options: ReadOptions, start: int, end: int) -> Iterator[Row]:
-    """Executor side, ``consume=requeue``: the rows of snapshot positions ``[start, end)``.
+def browse_share(options: ReadOptions, start: int, end: int) -> Iterator[Any]:
+    """Executor side, ``consume=requeue``: the rows of snapshot positions ``[start, end)``
+    as record batches (``pyarrow.RecordBatch``, see :class:`~rabbitry.spark._arrow.ArrowRows`).
 
     Holds positions ``[0, end)`` unacknowledged and returns all of them at the end (or
     when the task fails or stops early). Row offsets are the snapshot positions.
@@ -201,6 +200,7 @@ def browse_share(options: ReadOptions, start: int, end: int) -> Iterator[Row]:
         channel = _exclusive_consumer(conn, options, pushed, inbox)
         wait = max(options.poll_timeout, 2.0)
         queue = options.queue
+        rows = ArrowRows(queue)
         for position in range(end):
             try:
                 if position < pushed:
@@ -221,9 +221,11 @@ def browse_share(options: ReadOptions, start: int, end: int) -> Iterator[Row]:
                     max(position, start),
                     end - 1,
                 )
-                return
+                break
             if position >= start:
-                yield from message_rows(message, queue, position)
+                rows.add(message, position)
+                yield from rows.ready()
+        yield from rows.finish()
     finally:
         if channel is not None and channel.is_open:
             try:
@@ -237,8 +239,9 @@ def browse_share(options: ReadOptions, start: int, end: int) -> Iterator[Row]:
         conn.close(timeout=5)
 
 
-def consume_share(options: ReadOptions, quota: int, first_offset: int) -> Iterator[Row]:
-    """Executor side, ``consume=destructive``: consume up to ``quota`` messages.
+def consume_share(options: ReadOptions, quota: int, first_offset: int) -> Iterator[Any]:
+    """Executor side, ``consume=destructive``: consume up to ``quota`` messages, as
+    record batches (``pyarrow.RecordBatch``, see :class:`~rabbitry.spark._arrow.ArrowRows`).
 
     At-most-once with respect to the job's output: rows are acknowledged once Spark has
     taken them from this iterator, before the job's result is written anywhere. If the
@@ -253,21 +256,26 @@ def consume_share(options: ReadOptions, quota: int, first_offset: int) -> Iterat
         prefetch = max(1, min(_MAX_PREFETCH, options.prefetch, quota))
         channel.basic_qos(prefetch)
         channel.basic_consume(options.queue, inbox.put)
+        # A batch closes after at most `step` deliveries, so the broker never waits for
+        # acks of deliveries that are not yet handed to Spark.
         step = max(1, prefetch // 2)
-        last_tag = 0
-        unacked = 0
+        rows = ArrowRows(options.queue, max_rows=min(step, MAX_BATCH_ROWS))
+        last_tag = acked_tag = 0
         for index in range(quota):
             try:
                 message = inbox.get(timeout=options.poll_timeout)
             except queue_module.Empty:
                 break
-            yield from message_rows(message, options.queue, first_offset + index)
+            rows.add(message, first_offset + index)
             last_tag = message.delivery_tag
-            unacked += 1
-            if unacked >= step:
+            for batch in rows.ready():
+                yield batch
+                # Spark took the batch: acknowledge every delivery in it.
                 channel.basic_ack(last_tag, multiple=True)
-                unacked = 0
-        if unacked:
+                acked_tag = last_tag
+        for batch in rows.finish():
+            yield batch
+        if last_tag != acked_tag:
             channel.basic_ack(last_tag, multiple=True)
         # A round trip after the last ack: it is on the wire before the connection closes.
         channel.basic_qos(1)

@@ -14,7 +14,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import AMQPError, ConfigurationError, ConsumerCancelled, NotFound
-from ._rows import message_rows
+from ._arrow import ArrowRows
+from ._rows import TupleRows
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from ..sync.channel import Channel
     from ..sync.connection import Connection
     from ._options import ConnectOptions, ReadOptions
+    from ._rows import RowSink
 
 __all__ = [
     "AckLedger",
@@ -324,7 +326,19 @@ class QueueConsumer:
             self.acked += sum(count for _end, count, when in done if when == epoch)
 
     def read(self, start: int) -> tuple[list[Row], int]:
-        """Ack through ``start``, then take up to one batch: ``(rows, end)``."""
+        """Ack through ``start``, then take up to one batch: ``(rows, end)`` as tuples.
+
+        The source itself reads into Arrow batches (:meth:`read_into`).
+        """
+        rows = TupleRows(self.options.queue)
+        end = self.read_into(start, rows)
+        return rows.rows, end
+
+    def read_into(self, start: int, rows: RowSink) -> int:
+        """Ack through ``start``, then add up to one batch to ``rows``; the batch's end.
+
+        Returns ``start`` when nothing is new.
+        """
         self.ack_through(start)
         if self._conn is not None and not self._alive():
             self._inbox = self._consumer_tag = None
@@ -332,7 +346,7 @@ class QueueConsumer:
         if self._budget is not None:
             want = min(want, self._budget)
         if want <= 0:
-            return [], start
+            return start
         channel, inbox = self._subscribe()
         taken = _drain(
             inbox,
@@ -359,17 +373,15 @@ class QueueConsumer:
                 f"rabbitmq source: the broker cancelled the consumer of queue "
                 f"{self.options.queue!r} (queue deleted?)"
             ) from ConsumerCancelled(self.cancelled)
-        queue = self.options.queue
-        rows: list[Row] = []
+        end = start
         for message in taken:  # a batch envelope gives one row per record
-            rows.extend(message_rows(message, queue, start + len(rows), consecutive=True))
-        end = start + len(rows)
+            end += rows.add(message, end, consecutive=True)
         if taken:
             self._ledger.add(end, taken[-1].delivery_tag, epoch)
             self._unacked.append((end, len(taken), epoch))
             if self._budget is not None:
                 self._budget -= len(taken)
-        return rows, end
+        return end
 
     def close(self) -> None:
         """Close the connection; unacknowledged deliveries go back to the queue.
@@ -548,8 +560,9 @@ def stream_bounds(options: ReadOptions) -> tuple[int, int]:
     return start, max(start, end)
 
 
-def read_stream_range(options: ReadOptions, start: int, end: int) -> Iterator[Row]:
-    """Executor side: the rows of offsets ``[start, end)`` of a stream queue.
+def read_stream_range(options: ReadOptions, start: int, end: int) -> Iterator[Any]:
+    """Executor side: the rows of offsets ``[start, end)`` of a stream queue, as record
+    batches (``pyarrow.RecordBatch``, see :class:`~rabbitry.spark._arrow.ArrowRows`).
 
     Acks serve as credit only. Offsets can have gaps, so the read stops at the first
     offset ≥ ``end - 1``. A first offset above ``start`` means retention removed data:
@@ -569,6 +582,7 @@ def read_stream_range(options: ReadOptions, start: int, end: int) -> Iterator[Ro
         first = True
         timeout = max(30.0, options.poll_timeout)
         queue = options.queue
+        rows = ArrowRows(queue)
         while True:
             try:
                 message = inbox.get(timeout=timeout)
@@ -595,9 +609,11 @@ def read_stream_range(options: ReadOptions, start: int, end: int) -> Iterator[Ro
                 continue
             if offset >= end:
                 break
-            yield from message_rows(message, queue, offset)
+            rows.add(message, offset)
+            yield from rows.ready()
             if offset >= end - 1:
                 break
+        yield from rows.finish()
     finally:
         # Close without cancel: a delivery for a cancelled consumer would be rejected,
         # and a reject on a stream queue closes the connection with an error.

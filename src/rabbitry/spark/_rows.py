@@ -1,13 +1,15 @@
 """Row schema of reads, message → row conversion, and row → message for writes.
 
-Pure Python (no pyspark import). Read rows are tuples in the order of :data:`READ_SCHEMA`.
+Pure Python (no pyspark or pyarrow import). Read rows are tuples in the order of
+:data:`READ_SCHEMA`; the readers build the same rows column by column as Arrow batches
+(:mod:`rabbitry.spark._arrow`).
 """
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..batching import is_envelope, unpack
 from ..exceptions import ConfigurationError
@@ -22,9 +24,14 @@ __all__ = [
     "PROPERTY_FIELDS",
     "READ_SCHEMA",
     "WRITE_COLUMNS",
+    "RowSink",
+    "TupleRows",
     "check_write_columns",
+    "fields_to_message",
+    "message_records",
     "message_rows",
     "message_to_row",
+    "row_fields",
     "row_to_message",
 ]
 
@@ -71,7 +78,11 @@ def headers_to_map(headers: Mapping[str, Any] | None) -> dict[str, str] | None:
     """Header table → map<string,string>: nested tables and arrays become JSON."""
     if not headers:
         return None
-    return {key: _text(value) for key, value in headers.items() if value is not None}
+    return {
+        key: value if type(value) is str else _text(value)
+        for key, value in headers.items()
+        if value is not None
+    }
 
 
 def message_to_row(
@@ -112,6 +123,21 @@ def _no_settle(how: str, **options: object) -> None:
     return None  # the source acknowledges envelopes by delivery tag itself
 
 
+def message_records(message: Message) -> list[Message]:
+    """The messages whose rows a delivery gives: itself, or the records of an envelope.
+
+    The records of an envelope (``springBatchFormat`` header, see
+    :mod:`rabbitry.batching`) carry the envelope's ``delivery_tag``, ``redelivered`` flag
+    and properties (without the batch headers).
+
+    Raises:
+        BatchFormatError: an envelope of an unknown format, or a malformed one.
+    """
+    if not is_envelope(message):
+        return [message]
+    return list(unpack(message, _no_settle))
+
+
 def message_rows(
     message: Message, queue: str, offset: int, *, consecutive: bool = False
 ) -> list[tuple[Any, ...]]:
@@ -130,8 +156,30 @@ def message_rows(
     step = 1 if consecutive else 0
     return [
         message_to_row(record, queue, offset + index * step)
-        for index, record in enumerate(unpack(message, _no_settle))
+        for index, record in enumerate(message_records(message))
     ]
+
+
+class RowSink(Protocol):
+    """Where a reader puts the rows of its deliveries (tuples or Arrow columns)."""
+
+    def add(self, message: Message, offset: int, *, consecutive: bool = False) -> int:
+        """Add the rows of ``message`` (see :func:`message_rows`); how many."""
+        ...
+
+
+class TupleRows:
+    """A :class:`RowSink` that keeps row tuples (:func:`message_rows`) in ``rows``."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.rows: list[tuple[Any, ...]] = []
+
+    def add(self, message: Message, offset: int, *, consecutive: bool = False) -> int:
+        """Add the rows of ``message``; how many."""
+        rows = message_rows(message, self.queue, offset, consecutive=consecutive)
+        self.rows.extend(rows)
+        return len(rows)
 
 
 def check_write_columns(columns: Iterable[str]) -> None:
@@ -165,6 +213,23 @@ def _as_dict(value: Any) -> dict[str, Any] | None:
     raise ConfigurationError(f"format 'rabbitmq' write: expected a map or struct, got {value!r}")
 
 
+def row_fields(row: Mapping[str, Any]) -> tuple[Any, Any, Any, Any, Any, Any]:
+    """A write row's values: ``(body or value, routing_key, exchange, message_id,
+    headers, properties)``, ``None`` where the row has none."""
+    body = row.get("body")
+    if body is None:
+        body = row.get("value")
+    get = row.get
+    return (
+        body,
+        get("routing_key"),
+        get("exchange"),
+        get("message_id"),
+        get("headers"),
+        get("properties"),
+    )
+
+
 def row_to_message(
     row: Mapping[str, Any],
     default_routing_key: str,
@@ -176,33 +241,48 @@ def row_to_message(
 
     ``message_id`` is used when the row has no ``message_id`` value.
     """
-    body = row.get("body")
-    if body is None:
-        body = row.get("value")
+    return fields_to_message(
+        row_fields(row), default_routing_key, default_exchange, message_id, delivery_mode
+    )
+
+
+def fields_to_message(
+    fields: tuple[Any, Any, Any, Any, Any, Any],
+    default_routing_key: str,
+    default_exchange: str,
+    message_id: str,
+    delivery_mode: int = 2,
+) -> tuple[bytes, str, str, BasicProperties]:
+    """A write row's values (:func:`row_fields`) → (body, exchange, routing key,
+    properties).
+
+    ``message_id`` is used when the row has no ``message_id`` value.
+    """
+    body, row_key, row_exchange, row_id, row_headers, row_properties = fields
     if body is None:
         raise ConfigurationError("format 'rabbitmq' write: a row has a null body")
     if isinstance(body, str):
         body = body.encode()
     elif not isinstance(body, bytes):
         body = bytes(body)
-    routing_key = row.get("routing_key") or default_routing_key
-    exchange = row.get("exchange")
+    routing_key = row_key or default_routing_key
+    exchange = row_exchange
     if exchange is None:
         exchange = default_exchange
-    fields: dict[str, Any] = {}
-    extra = _as_dict(row.get("properties"))
+    values: dict[str, Any] = {}
+    extra = _as_dict(row_properties)
     if extra:
         for name, _ in PROPERTY_FIELDS:
             value = extra.get(name)
             if value is not None:
-                fields[name] = value
+                values[name] = value
         for name in ("timestamp", "message_id", "cluster_id"):
             if extra.get(name) is not None:
-                fields[name] = extra[name]
-    headers = _as_dict(row.get("headers"))
+                values[name] = extra[name]
+    headers = _as_dict(row_headers)
     if headers:
-        fields["headers"] = headers
-    fields["message_id"] = row.get("message_id") or fields.get("message_id") or message_id
-    if "delivery_mode" not in fields:
-        fields["delivery_mode"] = delivery_mode
-    return body, exchange, routing_key, BasicProperties(**fields)
+        values["headers"] = headers
+    values["message_id"] = row_id or values.get("message_id") or message_id
+    if "delivery_mode" not in values:
+        values["delivery_mode"] = delivery_mode
+    return body, exchange, routing_key, BasicProperties(**values)

@@ -9,6 +9,13 @@ Where each piece runs (Spark's Python Data Source API, 4.x):
 * ``StreamQueueReader`` (stream queues): offsets are planned on the driver, offset ranges
   are read on executors (``read`` is stateless).
 * Writers: ``write`` runs on executors, one connection per task.
+
+Every reader hands Spark record batches (``pyarrow.RecordBatch``) built column by column
+(:mod:`rabbitry.spark._arrow`). PySpark takes the output of ``DataSourceReader.read``,
+``DataSourceStreamReader.read`` and ``SimpleDataSourceStreamReader.read`` (through its
+prefetch cache) alike, passing record batches through as they are and converting tuples
+value by value (``records_to_arrow_batches`` in PySpark 4.3), so no reader needs tuples.
+The writers read Spark's Arrow batches column by column too.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from pyspark.sql.datasource import (
 )
 
 from ..exceptions import ConfigurationError
+from ._arrow import ArrowRows
 from ._batch import browse_share, consume_share, plan_queue_read
 from ._core import (
     QueueConsumer,
@@ -44,7 +52,7 @@ from ._core import (
 from ._metrics import Counts, enable_otel
 from ._options import ReadOptions, WriteOptions, parse_read_options, parse_write_options
 from ._rows import READ_SCHEMA, check_write_columns
-from ._write import PublishResult, check_batch_columns, publish_rows
+from ._write import PublishResult, check_batch_columns, publish_batches, publish_rows
 
 try:  # Spark 4.2+: admission control and AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import (
@@ -288,7 +296,7 @@ class BatchReader(DataSourceReader):
             return [QueueQuota(high - low, low) for low, high in shares] or [QueueQuota(0, 0)]
         return [QueueShare(low, high) for low, high in shares] or [QueueShare(0, 0)]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[RecordBatch]:
         if isinstance(partition, OffsetRange):
             return read_stream_range(self.options, partition.start, partition.end)
         if isinstance(partition, QueueShare):
@@ -329,25 +337,28 @@ class QueueStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
             "rabbitmq source %r: AvailableNow reads %d message(s)", self.options.queue, target
         )
 
-    def read(self, start: Offset) -> tuple[Iterator[tuple[Any, ...]], Offset]:
+    def read(self, start: Offset) -> tuple[Iterator[RecordBatch], Offset]:
         """The next micro-batch, consumed in the driver; Spark calls it.
 
         Args:
             start: where the previous batch ended.
 
         Returns:
-            The rows and the offset after them (``start`` itself when nothing is new).
+            The rows (record batches) and the offset after them (``start`` itself when
+            nothing is new).
         """
         begin = int(start["seq"])
-        rows, end = self.consumer.read(begin)
+        rows = ArrowRows(self.options.queue)
+        end = self.consumer.read_into(begin, rows)
+        batches = rows.finish()
         self._count(rows, begin, end)
         if end == begin:
             return iter([]), start  # unchanged, so Spark sees that nothing is new
         # A list iterator: Spark copies cached iterators (a generator cannot be copied).
         # The session names the connection holding these deliveries (see replay_check).
-        return iter(rows), {"seq": end, "session": self.consumer.session}
+        return iter(batches), {"seq": end, "session": self.consumer.session}
 
-    def readBetweenOffsets(self, start: Offset, end: Offset) -> Iterator[tuple[Any, ...]]:
+    def readBetweenOffsets(self, start: Offset, end: Offset) -> Iterator[RecordBatch]:
         """Replay a planned, uncommitted batch after a restart; Spark calls it.
 
         Args:
@@ -374,17 +385,18 @@ class QueueStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         """
         seq = int(end["seq"])
         self.consumer.ack_through(seq)
-        self._count([], seq, seq)
+        self._count(None, seq, seq)
 
-    def _count(self, rows: list[tuple[Any, ...]], begin: int, end: int) -> None:
+    def _count(self, rows: ArrowRows | None, begin: int, end: int) -> None:
         acks = self.consumer.acked - self._acked
         self._acked = self.consumer.acked
-        if not rows and not acks:
+        count = rows.rows if rows is not None else 0
+        if not count and not acks:
             return
-        size = sum(len(row[0]) for row in rows if row[0] is not None)
-        redelivered = sum(1 for row in rows if row[6])
-        self.counts.add(rows=len(rows), bytes=size, acks=acks, redelivered=redelivered)
-        if not rows:
+        size = rows.bytes if rows is not None else 0
+        redelivered = rows.redelivered if rows is not None else 0
+        self.counts.add(rows=count, bytes=size, acks=acks, redelivered=redelivered)
+        if not count:
             logger.info(
                 "rabbitmq source %r commit through %d: %d ack(s)", self.options.queue, end, acks
             )
@@ -394,7 +406,7 @@ class QueueStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
             self.options.queue,
             begin,
             end,
-            len(rows),
+            count,
             size,
             acks,
             redelivered,
@@ -456,14 +468,14 @@ class StreamQueueReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ranges = split_range(int(start["offset"]), int(end["offset"]), self.options.num_partitions)
         return [OffsetRange(low, high) for low, high in ranges]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[RecordBatch]:
         """Read one offset range, on an executor; Spark calls it.
 
         Args:
             partition: the range (from :meth:`partitions`).
 
         Returns:
-            Its rows, in offset order.
+            Its rows (record batches), in offset order.
         """
         assert isinstance(partition, OffsetRange)
         return read_stream_range(self.options, partition.start, partition.end)
@@ -513,11 +525,6 @@ def _task() -> tuple[int, int, Any]:
     return context.partitionId(), context.attemptNumber(), context
 
 
-def _arrow_rows(batches: Iterator[RecordBatch]) -> Iterator[dict[str, Any]]:
-    for batch in batches:
-        yield from batch.to_pylist()
-
-
 def _summary(messages: Sequence[WriterCommitMessage | None]) -> tuple[int, int]:
     done = [m for m in messages if isinstance(m, PublishCommit)]
     return len(done), sum(m.confirmed for m in done)
@@ -556,9 +563,7 @@ class BatchWriter(DataSourceArrowWriter):
         partition, attempt, _ = _task()
         prefix = f"{self.job_id}:{partition}"
         counts = _sink_counts(self.options)
-        result = publish_rows(
-            self.options, _arrow_rows(iterator), prefix, partition, attempt, counts
-        )
+        result = publish_batches(self.options, iterator, prefix, partition, attempt, counts)
         return PublishCommit.of(result)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -597,9 +602,12 @@ class StreamWriter(_StreamWriterBase):
         query_id = context.getLocalProperty("sql.streaming.queryId") if context else None
         batch_id = context.getLocalProperty("streaming.sql.batchId") if context else None
         prefix = f"{query_id or self.options.job_id or 'query'}:{batch_id or 0}:{partition}"
-        rows: Iterator[Any] = _arrow_rows(iterator) if _STREAM_ARROW else _row_dicts(iterator)
         counts = _sink_counts(self.options)
-        result = publish_rows(self.options, rows, prefix, partition, attempt, counts)
+        if _STREAM_ARROW:
+            result = publish_batches(self.options, iterator, prefix, partition, attempt, counts)
+        else:  # pragma: no cover - Spark 4.0 hands the stream writer Rows
+            rows = _row_dicts(iterator)
+            result = publish_rows(self.options, rows, prefix, partition, attempt, counts)
         return PublishCommit.of(result)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
