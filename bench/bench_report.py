@@ -10,7 +10,7 @@ appended at the end with them.
 The section has, for that one run: every client's msgs/s, client CPU µs per message and
 broker CPU µs per message per scenario (medians of the repeats), then rabbitry's ratios
 to the raw-socket limit and to the best peer library, the sync/async CPU ratio, the
-issue 11 targets, and uvloop against the default loop when the run has it.
+async API targets, and uvloop against the default loop when the run has it.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def render(cells: dict, clients: list[str], scenarios: list[str], meta: dict, ra
             out.append("")
 
     if "rabbitry_async" in clients:
-        out.append("### Issue 11 targets in this run (async API)")
+        out.append("### Async API targets in this run")
         out.append("")
         out.append("| target | measured | met |")
         out.append("|---|---:|---|")

@@ -1,4 +1,4 @@
-"""The durable outbox under faults (issue 13's "done when"), on a throw-away node.
+"""The durable outbox under faults, on a throw-away node.
 
 * The producer process is killed with SIGKILL at random points while publishing 10,000
   messages and restarted on the same outbox file: a consumer sees every id (lost = 0),

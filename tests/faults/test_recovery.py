@@ -282,7 +282,7 @@ def test_sync_connection_recovers_and_consumer_resumes(broker_node: BrokerNode) 
 async def test_channel_pool_works_after_a_reconnect(
     broker_node: BrokerNode, recovering: AsyncConnection
 ) -> None:
-    """Issue 5: after a reconnect the pool's channels are back on the new connection."""
+    """After a reconnect the pool's channels are back on the new connection."""
     conn = recovering
     queue = unique("pool")
     pool = await conn.channel_pool(size=3)
@@ -318,7 +318,7 @@ async def test_channel_pool_works_after_a_reconnect(
 async def test_headline_10k_confirmed_connection_killed_twice_all_delivered(
     broker_node: BrokerNode, recovering: AsyncConnection
 ) -> None:
-    """Issue 7's headline (P2): 10k confirmed, two kills mid-stream, 0 lost, 0 unexpected."""
+    """10k confirmed, two kills mid-stream, 0 lost, 0 unexpected."""
     conn = recovering
     queue = unique("headline")
     setup = await conn.channel()
@@ -390,7 +390,7 @@ async def test_headline_10k_confirmed_connection_killed_twice_all_delivered(
 
 
 async def test_credentials_provider_is_asked_again_on_reconnect(broker_node: BrokerNode) -> None:
-    """Issue 12: a rotated password is picked up by the reconnect, not only the first connect."""
+    """A rotated password is picked up by the reconnect, not only the first connect."""
     user = unique("user")
     passwords = ["first-" + uuid.uuid4().hex, "second-" + uuid.uuid4().hex]
     current = passwords[0]

@@ -1,4 +1,4 @@
-"""What differs between RabbitMQ 3.x and 4.x, and what rabbitry does about it (issue 20).
+"""What differs between RabbitMQ 3.x and 4.x, and what rabbitry does about it.
 
 Every test here runs against the broker at ``RABBITMQ_URL``: ``make test`` runs this
 directory once against the shared 3.x node and once against a 4.x node it starts

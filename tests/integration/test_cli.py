@@ -1,4 +1,4 @@
-"""The ``rabbitry`` command line against the real broker (issue 9)."""
+"""The ``rabbitry`` command line against the real broker."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The handler-based consumer (issue 6) against a real broker.
+"""The handler-based consumer against a real broker.
 
 Every path of ``conn.consumer(...)`` through the asyncio API, and the main ones through
 the sync API: ack after the handler returns, auto ack (at-most-once), dead-lettering and

@@ -1,4 +1,4 @@
-"""Benchmark regression check that is not a timing assertion (issue 11).
+"""Benchmark regression check that is not a timing assertion.
 
 Every hot path of ``perf_paths.py`` (publish without confirms, confirmed publish,
 ``publish_batch``, consume with an ack of each; async and sync API) is measured against

@@ -1,4 +1,4 @@
-"""A short RSS soak (issue 11): publish + consume at full speed in a child process and
+"""A short RSS soak: publish + consume at full speed in a child process and
 check that its RSS stays flat after the warm-up. A size check, not a timing one: the
 child runs ``bench/soak_rss.py`` (the 10-minute soak of docs/benchmarks.md) for a few
 seconds per API; a leak of even ~100 bytes per message grows RSS by several MB here.

@@ -1,4 +1,4 @@
-"""Fuzz target: hostile bytes into an open ``ConnectionProtocol`` (issue 12).
+"""Fuzz target: hostile bytes into an open ``ConnectionProtocol``.
 
 The property, for any byte string the "broker" sends after a completed handshake with
 channel 1 open, fed in chunks of any size:

@@ -1,4 +1,4 @@
-"""Issue 12: hypothesis over the whole receive path of an open connection.
+"""Hypothesis over the whole receive path of an open connection.
 
 The strategies and the property live in ``fuzz_frames.py`` (also the long-run target);
 this is the short run that every ``make test`` does. ``tests/unit/protocol/

@@ -1,4 +1,4 @@
-"""Issue 12: a malicious broker cannot crash, hang or bloat the client.
+"""A malicious broker cannot crash, hang or bloat the client.
 
 Each scenario lets a real client (``AsyncConnection`` and the threaded ``Connection``)
 complete the handshake with :class:`~tests.support.evil_broker.EvilBroker`, open channel

@@ -1,4 +1,4 @@
-"""Issue 12: passwords never appear in repr, str, logs, exceptions or CLI output.
+"""Passwords never appear in repr, str, logs, exceptions or CLI output.
 
 Every test uses a password made for it (``pw-<random hex>``) and greps everything a user
 could see for it: ``repr``/``str`` of the objects, every log record of every logger at

@@ -1,4 +1,4 @@
-"""Issue 12: amqps against a throw-away node with a TLS listener and test certificates.
+"""amqps against a throw-away node with a TLS listener and test certificates.
 
 The certificates are made here with ``trustme`` (a CA, a server certificate for
 ``localhost`` and ``127.0.0.1``, a client certificate whose CN is a broker user, and an

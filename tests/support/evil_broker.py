@@ -1,6 +1,6 @@
 """A malicious AMQP 0-9-1 "broker": a scripted handshake, then one attack.
 
-Issue 12: a client must survive a hostile peer. :class:`EvilBroker` listens on
+A client must survive a hostile peer. :class:`EvilBroker` listens on
 ``127.0.0.1:0`` with its own event loop in a daemon thread (like ``proxy.py`` and
 ``tests/unit/fake_broker.py``), speaks just enough AMQP for a real
 :class:`rabbitry.AsyncConnection` or :class:`rabbitry.Connection` to connect (and, if the

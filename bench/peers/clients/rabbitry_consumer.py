@@ -1,4 +1,4 @@
-"""rabbitry's handler-based consumer (AsyncConsumer, issue 6) on the consume scenarios.
+"""rabbitry's handler-based consumer (AsyncConsumer) on the consume scenarios.
 
 Only S4 and S4m: the consumer is a consuming API, so the publish scenarios and S5 are
 left to ``rabbitry_async`` (the worker reports them as not implemented).
