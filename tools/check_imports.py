@@ -77,6 +77,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rabbitry.topology._definitions",
             "rabbitry.topology._apply",
             "rabbitry.outbox",
+            "rabbitry._outbox_rows",
             "rabbitry.publisher",
             "rabbitry.outbox_publisher",
             "rabbitry.pool",
