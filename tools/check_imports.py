@@ -68,6 +68,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "high-level",
         (
+            "rabbitry.topology._checks",
             "rabbitry.topology._model",
             "rabbitry.topology._sharding",
             "rabbitry.topology._base",
