@@ -43,6 +43,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "leaves",
         (
             "rabbitry._version",
+            "rabbitry._errors_base",
+            "rabbitry._errors_topology",
+            "rabbitry._errors_rpc",
             "rabbitry.exceptions",
             "rabbitry.broker",
             "rabbitry.record",
