@@ -82,6 +82,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rabbitry.topology._apply",
             "rabbitry.outbox",
             "rabbitry._outbox_rows",
+            "rabbitry._publisher_core",
             "rabbitry.publisher",
             "rabbitry.outbox_publisher",
             "rabbitry.pool",
