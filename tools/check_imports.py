@@ -87,6 +87,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rabbitry.outbox_publisher",
             "rabbitry.pool",
             "rabbitry._batch_consume",
+            "rabbitry._consumer_core",
             "rabbitry.consumer",
             "rabbitry.rpc",
             "rabbitry.management.*",
