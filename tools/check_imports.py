@@ -43,6 +43,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "leaves",
         (
             "rabbitry._version",
+            "rabbitry._errors_base",
+            "rabbitry._errors_topology",
+            "rabbitry._errors_rpc",
             "rabbitry.exceptions",
             "rabbitry.broker",
             "rabbitry.record",
@@ -68,6 +71,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "high-level",
         (
+            "rabbitry.topology._checks",
             "rabbitry.topology._model",
             "rabbitry.topology._sharding",
             "rabbitry.topology._base",
@@ -77,10 +81,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rabbitry.topology._definitions",
             "rabbitry.topology._apply",
             "rabbitry.outbox",
+            "rabbitry._outbox_rows",
+            "rabbitry._publisher_core",
             "rabbitry.publisher",
             "rabbitry.outbox_publisher",
             "rabbitry.pool",
             "rabbitry._batch_consume",
+            "rabbitry._consumer_core",
             "rabbitry.consumer",
             "rabbitry.rpc",
             "rabbitry.management.*",

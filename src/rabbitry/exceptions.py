@@ -80,43 +80,32 @@ registering a code twice is a programming error and fails at import time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+from ._errors_base import AMQPError, Message
+from ._errors_rpc import (
+    RpcError,
+    RpcInterrupted,
+    RpcRemoteError,
+    RpcUnroutable,
+    ServiceStopped,
+)
+from ._errors_topology import (
+    ManagementError,
+    ManagementNotFound,
+    TopologyConflict,
+    TopologyError,
+    TopologyMissingExchange,
+    TopologyValidationError,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
 
-class Message(Protocol):
-    """The message an error carries: a :class:`rabbitry.Message` (a returned, delivered
-    or reply message).
-
-    This module is the bottom of the package and imports nothing from it, so the
-    errors name the message by what they and their callers use of it.
-    """
-
-    body: bytes
-    properties: Any
-    delivery_tag: int
-    redelivered: bool
-    exchange: str
-    routing_key: str
-    consumer_tag: str
-    message_count: int | None
-    reply_code: int
-    reply_text: str
-
-    @property
-    def headers(self) -> dict[str, Any]: ...
-
-    def ack(self, multiple: bool = False) -> Any: ...
-
-    def nack(self, multiple: bool = False, requeue: bool = True) -> Any: ...
-
-    def reject(self, requeue: bool = True) -> Any: ...
-
-
 # Set by rabbitry.protocol when it is imported (this module imports nothing of the
-# package): turns (class id, method id) into "queue.declare" in error texts.
+# package but its own _errors_* parts): turns (class id, method id) into
+# "queue.declare" in error texts.
 _method_name: Callable[[int, int], str] = "{}.{}".format
 
 __all__ = [
@@ -196,10 +185,6 @@ __all__ = [
     "channel_error_for",
     "connection_error_for",
 ]
-
-
-class AMQPError(Exception):
-    """Base class of every rabbitry exception."""
 
 
 # --------------------------------------------------------------------------- protocol
@@ -664,249 +649,6 @@ class ConsumerCancelled(AMQPError):
     def __init__(self, consumer_tag: str) -> None:
         super().__init__(f"the broker cancelled consumer {consumer_tag!r}")
         self.consumer_tag = consumer_tag
-
-
-# --------------------------------------------------------------------------- topology
-
-
-class TopologyError(AMQPError):
-    """Declaring, verifying or deleting topology, or moving a failed message, went wrong.
-
-    The :mod:`rabbitry.topology` errors derive from it; it is also raised as it is, e.g.
-    when a retry move was returned unroutable. Broker errors that caused it are chained
-    as ``__cause__``.
-    """
-
-
-class TopologyValidationError(TopologyError, ValueError):
-    """A declaration breaks a RabbitMQ rule; found before anything is sent.
-
-    The message names the entity, the field and the rule, e.g. ``queue 'jobs':
-    message_ttl (x-message-ttl): must be an integer in 0..4294967295 (milliseconds),
-    got -1``.
-
-    Attributes:
-        entity: the entity, e.g. ``"queue 'jobs'"``.
-        field: the offending field (or argument) name.
-        rule: the rule that was broken, with the value given.
-    """
-
-    def __init__(self, entity: str, field: str, rule: str) -> None:
-        super().__init__(f"{entity}: {field}: {rule}")
-        self.entity = entity
-        self.field = field
-        self.rule = rule
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.entity, self.field, self.rule))
-
-
-class TopologyConflict(TopologyError):
-    """An entity already exists with other properties (406 PRECONDITION_FAILED).
-
-    RabbitMQ refuses to re-declare an exchange or queue with different arguments and
-    names the first one that differs; this carries it. The channel that got the 406 is
-    closed, the connection stays usable, and the ``PreconditionFailed`` is ``__cause__``.
-
-    Attributes:
-        kind: ``"exchange"`` or ``"queue"``.
-        name: the entity's name.
-        argument: the differing argument (``"x-message-ttl"``, ``"durable"``, ``"type"``…),
-            or ``None`` when the broker's reply did not name one.
-        ours: the value we declared (``None``: not set by us).
-        theirs: the value the existing entity has (``None``: not set there).
-        reply_text: the broker's reply text, as received.
-    """
-
-    def __init__(
-        self,
-        kind: str,
-        name: str,
-        argument: str | None,
-        ours: Any,
-        theirs: Any,
-        reply_text: str,
-    ) -> None:
-        if argument is None:
-            text = f"{kind} {name!r} cannot be declared as given: {reply_text}"
-        else:
-            text = (
-                f"{kind} {name!r} exists with {argument}={_show(theirs)}, "
-                f"but the topology declares {argument}={_show(ours)}"
-            )
-        super().__init__(text)
-        self.kind = kind
-        self.name = name
-        self.argument = argument
-        self.ours = ours
-        self.theirs = theirs
-        self.reply_text = reply_text
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            type(self),
-            (self.kind, self.name, self.argument, self.ours, self.theirs, self.reply_text),
-        )
-
-
-class TopologyMissingExchange(TopologyError):
-    """An alternate exchange or dead-letter exchange the topology names does not exist.
-
-    Neither the topology declares it nor does the broker have it. RabbitMQ accepts such
-    a name without complaint and then drops the messages that should go there: an
-    unroutable message (alternate exchange) or a rejected, expired or overflowing one
-    (dead-letter exchange) is lost.
-
-    Attributes:
-        missing: one ``(entity, field, exchange)`` per dangling reference, e.g.
-            ``("queue 'jobs'", "dead_letter_exchange", "jobs.dlx")``.
-    """
-
-    def __init__(self, missing: tuple[tuple[str, str, str], ...]) -> None:
-        lines = "; ".join(
-            f"{entity}: {field} {exchange!r} does not exist" for entity, field, exchange in missing
-        )
-        super().__init__(
-            f"{lines} (not in the topology, not on the broker): messages sent there would be "
-            "dropped. Add the exchange to the topology, or pass missing_exchanges='warn'"
-        )
-        self.missing = missing
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.missing,))
-
-
-def _show(value: Any) -> str:
-    return "(not set)" if value is None else repr(value)
-
-
-# --------------------------------------------------------------------------- management
-
-
-class ManagementError(AMQPError):
-    """The management HTTP API answered with an error, or could not be reached.
-
-    Attributes:
-        status: the HTTP status code (``None`` when no answer came: refused, timed out).
-        reason: the API's own explanation (its JSON ``reason``), or the transport error.
-        method: the HTTP method of the request.
-        path: the request path (never carries credentials).
-    """
-
-    def __init__(self, status: int | None, reason: str, method: str = "", path: str = "") -> None:
-        where = f"{method} {path}: " if method else ""
-        code = f"HTTP {status}" if status is not None else "no answer"
-        super().__init__(f"{where}{code}: {reason}")
-        self.status = status
-        self.reason = reason
-        self.method = method
-        self.path = path
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.status, self.reason, self.method, self.path))
-
-
-class ManagementNotFound(ManagementError):
-    """404 from the management API: the queue, vhost, policy or connection does not exist."""
-
-
-# --------------------------------------------------------------------------- services
-
-
-class ServiceStopped(BaseException):
-    """Raised in the main thread of a plain-function service by the first stop signal.
-
-    A ``BaseException`` so that ``except Exception`` in application code does not
-    swallow it. :func:`run` catches it; code that must clean up uses ``with`` or
-    ``finally``.
-
-    Attributes:
-        signum: the signal received.
-    """
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"stopped by {_signal_name(signum)}")
-        self.signum = signum
-
-
-def _signal_name(signum: int) -> str:
-    import signal
-
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-# --------------------------------------------------------------------------- rpc
-
-
-class RpcError(AMQPError):
-    """A request/reply call of ``rabbitry.rpc`` failed.
-
-    Attributes:
-        routing_key: the routing key the request was sent with.
-    """
-
-    def __init__(self, routing_key: str, message: str) -> None:
-        super().__init__(message)
-        self.routing_key = routing_key
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.routing_key, str(self)))
-
-
-class RpcUnroutable(RpcError):
-    """The broker returned the request: no queue is bound for its routing key."""
-
-    def __init__(self, routing_key: str, reply_text: str = "NO_ROUTE") -> None:
-        super().__init__(
-            routing_key,
-            f"RPC request to {routing_key!r} was returned by the broker ({reply_text}): "
-            "is the server's queue declared?",
-        )
-        self.reply_text = reply_text
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.routing_key, self.reply_text))
-
-
-class RpcInterrupted(RpcError):
-    """The connection or the client's channel was lost while the call waited for its
-    reply; the server may or may not have handled the request.
-
-    Attributes:
-        reason: why (the connection's or the channel's close reason).
-    """
-
-    def __init__(self, routing_key: str, reason: BaseException) -> None:
-        super().__init__(
-            routing_key,
-            f"RPC call to {routing_key!r} interrupted before its reply: {reason!r} (the "
-            "server may or may not have handled it)",
-        )
-        self.reason = reason
-        self.__cause__ = reason
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.routing_key, self.reason))
-
-
-class RpcRemoteError(RpcError):
-    """The server's handler raised; its reply carried the error instead of a body.
-
-    Attributes:
-        error: ``"<exception type>: <text>"`` as the server reported it.
-        reply: the error reply message.
-    """
-
-    def __init__(self, routing_key: str, error: str, reply: Message | None = None) -> None:
-        super().__init__(routing_key, f"RPC handler for {routing_key!r} failed: {error}")
-        self.error = error
-        self.reply = reply
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.routing_key, self.error))
 
 
 # --------------------------------------------------------------------------- time

@@ -36,12 +36,24 @@ import contextlib
 import heapq
 import logging
 import random
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ._outbox_rows import (
+    _ACKED,
+    _DEAD,
+    _IN_FLIGHT,
+    _READY,
+    _RETRY_WRITE_DELAY,
+    _STORING,
+    _WAITING,
+    _Entry,
+    _open_store,
+    _Send,
+    _Writer,
+)
 from .exceptions import (
     AMQPError,
     ConfigurationError,
@@ -54,7 +66,7 @@ from .exceptions import (
     Unroutable,
 )
 from .observability import _state as _obs
-from .outbox import Outbox, OutboxBatch, OutboxRecord, OutboxStatus
+from .outbox import Outbox, OutboxBatch, OutboxRecord
 from .protocol.publish import publish_key, publish_parts
 from .publisher import AsyncPublisher
 
@@ -69,10 +81,6 @@ if TYPE_CHECKING:
 __all__ = ["AsyncOutboxPublisher", "OutboxStats"]
 
 logger = logging.getLogger("rabbitry.outbox")
-
-# Entry states.
-_STORING, _READY, _IN_FLIGHT, _WAITING, _ACKED, _DEAD = range(6)
-_RETRY_WRITE_DELAY = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,101 +107,6 @@ class OutboxStats:
     acked: int
     resent: int
     dead: int
-
-
-class _Entry:
-    """A stored row and what the publisher knows about it (loop thread)."""
-
-    __slots__ = ("due", "frames", "gen", "record", "sends", "sent_at", "size", "state")
-
-    def __init__(self, record: OutboxRecord, frames: list[bytes] | None, sends: int) -> None:
-        self.record = record
-        self.size = len(record.body) + len(record.properties)
-        self.frames = frames
-        self.state = _STORING
-        self.gen = 0
-        self.sends = sends
-        self.sent_at = 0.0
-        self.due = 0.0
-
-    def __lt__(self, other: _Entry) -> bool:  # heap order among equal due times
-        return self.record.id < other.record.id
-
-
-class _Send:
-    """One send of a row: the channel settles it on ack / nack / return / channel end."""
-
-    __slots__ = ("entry", "gen", "owner", "settled")
-
-    def __init__(self, owner: AsyncOutboxPublisher, entry: _Entry, gen: int) -> None:
-        self.owner = owner
-        self.entry = entry
-        self.gen = gen
-        self.settled = False
-
-    def done(self) -> bool:
-        return self.settled
-
-    def set_result(self, _result: None, /) -> None:
-        self.settled = True
-        self.owner._acked(self.entry)
-
-    def set_exception(self, exception: BaseException, /) -> None:
-        self.settled = True
-        self.owner._send_failed(self.entry, self.gen, exception)
-
-
-class _Writer:
-    """The thread that owns the store and commits batches (group commit)."""
-
-    def __init__(self, store: Outbox, loop: asyncio.AbstractEventLoop) -> None:
-        self.store = store
-        self.loop = loop
-        self.cond = threading.Condition(threading.Lock())
-        self.batch = OutboxBatch()
-        self.waiters: list[tuple[asyncio.Future[None], list[_Entry]]] = []
-        self.stopping = False
-        self.on_commit: Any = None
-        self.thread = threading.Thread(
-            target=self._run, name=f"rabbitry-outbox {store.name}", daemon=True
-        )
-
-    def submit(
-        self, batch: OutboxBatch, waiters: list[tuple[asyncio.Future[None], list[_Entry]]]
-    ) -> None:
-        with self.cond:
-            mine = self.batch
-            mine.inserts += batch.inserts
-            mine.deletes += batch.deletes
-            mine.failures += batch.failures
-            mine.deaths += batch.deaths
-            mine.resent += batch.resent
-            self.waiters += waiters
-            self.cond.notify()
-
-    def stop(self) -> None:
-        with self.cond:
-            self.stopping = True
-            self.cond.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self.cond:
-                while not self.batch and not self.stopping:
-                    self.cond.wait()
-                if not self.batch:
-                    return
-                batch, self.batch = self.batch, OutboxBatch()
-                waiters, self.waiters = self.waiters, []
-            error: BaseException | None = None
-            try:
-                self.store.apply(batch)
-            except BaseException as exc:  # reported to the loop, never lost
-                error = exc
-            try:
-                self.loop.call_soon_threadsafe(self.on_commit, batch, waiters, error)
-            except RuntimeError:  # the loop is closed: nobody is left to tell
-                return
 
 
 class AsyncOutboxPublisher:
@@ -878,14 +791,3 @@ class AsyncOutboxPublisher:
                     entry.gen,
                     PublishTimeout(f"not confirmed within {limit:g} s (confirm_timeout)"),
                 )
-
-
-def _open_store(outbox: Outbox) -> tuple[OutboxStatus, list[OutboxRecord]]:
-    """Writer-side start: claim the store and read what it still holds."""
-    status = outbox.open()
-    try:
-        records = list(outbox.pending())
-    except BaseException:
-        outbox.close()
-        raise
-    return status, records

@@ -13,12 +13,10 @@ they raise are logged.
 
 from __future__ import annotations
 
-import queue as queue_module
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..batching import BATCH_FORMAT_HEADER, iter_delivery
-from ..exceptions import AMQPError, ConsumerCancelled, InvalidStateError
-from ..protocol.message import Message
+from ..exceptions import AMQPError, InvalidStateError
+from ._consume import consume as _consume
 from ._portal import ConfirmFuture
 from ._portal import _wait as _wait  # re-exported: the twins import it from here
 
@@ -28,6 +26,7 @@ if TYPE_CHECKING:
 
     from ..aio.channel import AsyncChannel
     from ..protocol import spec
+    from ..protocol.message import Message
     from ._portal import Dispatcher, Portal
 
 __all__ = ["Channel"]
@@ -616,64 +615,16 @@ class Channel:
             ConsumerCancelled: the broker cancelled the consumer.
             ChannelClosed / AMQPConnectionError: the channel or connection ended.
         """
-        if prefetch is not None:
-            self.basic_qos(prefetch)
-        inbox: queue_module.SimpleQueue[Message | BaseException] = queue_module.SimpleQueue()
-
-        def deliver(message: Message) -> None:
-            message.channel = self
-            inbox.put(message)
-
-        def cancelled(tag: str) -> None:
-            inbox.put(ConsumerCancelled(tag))
-
-        tag = self._portal.call(
-            self._async._start_consumer,
+        return _consume(
+            self,
             queue,
-            deliver,
+            prefetch=prefetch,
+            timeout=timeout,
             no_ack=no_ack,
             exclusive=exclusive,
             arguments=arguments,
-            on_cancel=cancelled,
-            on_close=inbox.put,
-            timeout=None,
+            unpack_batches=unpack_batches,
         )
-        try:
-            while True:
-                try:
-                    item = inbox.get(timeout=timeout)
-                except queue_module.Empty:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                if unpack_batches:
-                    headers = item.properties.headers
-                    if headers is not None and BATCH_FORMAT_HEADER in headers:
-                        yield from iter_delivery(item, no_ack)  # batch envelopes: records
-                    else:
-                        yield item  # (iter_delivery's own test, inlined: once per message)
-                else:
-                    yield item
-        finally:
-            # Cancelled now if the channel is open; forgotten if the connection is
-            # recovering, so recovery never subscribes it again into a dead inbox.
-            if not self.is_closed:
-                try:
-                    self._portal.call(self._async._abandon_consumer, tag, wait=30.0)
-                except AMQPError:
-                    pass
-            if self.is_open and self._connection.is_open:
-                # Deliveries that reached us but were never handed out go back to the
-                # queue now, not when the channel closes (one by one: a multiple nack
-                # would also hit messages the caller still holds).
-                if not no_ack:
-                    while True:
-                        try:
-                            left = inbox.get_nowait()
-                        except queue_module.Empty:
-                            break
-                        if isinstance(left, Message) and self.is_open:
-                            self.basic_nack(left.delivery_tag, requeue=True)
 
     def basic_get(
         self, queue: str, *, no_ack: bool = False, timeout: float | None = None

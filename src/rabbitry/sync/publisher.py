@@ -21,9 +21,9 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from .._publisher_core import _Batch
 from ..exceptions import AMQPError, InvalidStateError, PublishTimeout
 from ..observability import _state as _obs
-from ..publisher import _Batch
 from ._portal import ConfirmFuture
 from .channel import _wait
 

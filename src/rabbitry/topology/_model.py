@@ -18,14 +18,30 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from ..exceptions import LocalProtocolError, TopologyValidationError
-from ..protocol.frames import encode_table
+from ..exceptions import TopologyValidationError
+from ._checks import (
+    _MAX_AGE,
+    _arguments,
+    _boolean,
+    _declarable_name,
+    _encodable,
+    _integer,
+    _lift,
+    _policy_choice,
+    _policy_int,
+    _policy_max_age,
+    _policy_str,
+    _shortstr,
+    is_reserved,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
 
 __all__ = [
     "BUILTIN_EXCHANGES",
@@ -71,9 +87,7 @@ OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 #: ``x-delivery-limit`` / ``delivery-limit`` value for "no limit" (RabbitMQ 4.0+, whose
 #: quorum queues otherwise default to 20 deliveries; 3.x quorum queues had no default).
 UNLIMITED_DELIVERIES = -1
-_MAX_SHORTSTR = 255
 _log = logging.getLogger("rabbitry.topology")
-_MAX_AGE = re.compile(r"[0-9]+[YMDhms]")
 
 
 def entity_label(kind: str, name: str) -> str:
@@ -82,23 +96,7 @@ def entity_label(kind: str, name: str) -> str:
 
 
 # --------------------------------------------------------------------------- checks
-
-
-def _shortstr(entity: str, name: str, value: object, *, empty: bool = True) -> str:
-    if not isinstance(value, str):
-        raise TopologyValidationError(entity, name, f"must be a str, got {type(value).__name__}")
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise TopologyValidationError(entity, name, "must be encodable as UTF-8") from None
-    if size > _MAX_SHORTSTR:
-        raise TopologyValidationError(
-            entity, name, f"must be at most 255 UTF-8 bytes (AMQP shortstr), got {size}"
-        )
-    if not empty and not value:
-        raise TopologyValidationError(entity, name, "must not be empty")
-    return value
-
+# The general ones (strings, integers, argument tables, policy values) are in _checks.
 
 #: The exchanges every RabbitMQ vhost has; they may appear in a topology (to bind to
 #: them, or verify them) and ``apply`` checks them with a passive declare.
@@ -115,103 +113,11 @@ BUILTIN_EXCHANGES = (
 SERVER_NAMED_PREFIX = "amq.gen-"
 
 
-def is_reserved(name: str) -> bool:
-    """A name only the broker may create (``amq.*``): apply checks it, never declares it."""
-    return name.startswith("amq.")
-
-
-def _declarable_name(entity: str, name: str, allowed: tuple[str, ...] | str) -> None:
-    # RabbitMQ answers 403 ACCESS_REFUSED: "... contains reserved prefix 'amq.*'" to a
-    # non-passive declare. Only the broker's own entities may be named so; apply checks
-    # those with a passive declare.
-    if is_reserved(name) and not (
-        name in allowed if isinstance(allowed, tuple) else name.startswith(allowed)
-    ):
-        raise TopologyValidationError(
-            entity,
-            "name",
-            "names starting with 'amq.' are reserved by the broker (only its built-in "
-            "exchanges and amq.gen-* server-named queues may appear; they are checked "
-            "with a passive declare, never declared)",
-        )
-
-
-def _integer(entity: str, name: str, value: object, low: int, high: int | None, unit: str) -> int:
-    span = f"in {low}..{high}" if high is not None else f">= {low}"
-    rule = f"must be an integer {span}{unit}"
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TopologyValidationError(entity, name, f"{rule}, got {value!r}")
-    if value < low or (high is not None and value > high):
-        raise TopologyValidationError(entity, name, f"{rule}, got {value}")
-    return int(value)
-
-
 def _delivery_limit(entity: str, name: str, value: object) -> int:
     # RabbitMQ 4.0 reads any negative value as "unlimited"; -1 is the documented one.
     if value == UNLIMITED_DELIVERIES and isinstance(value, int) and not isinstance(value, bool):
         return UNLIMITED_DELIVERIES
     return _integer(entity, name, value, 0, None, " or -1 (unlimited, RabbitMQ 4.0+)")
-
-
-def _boolean(entity: str, name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TopologyValidationError(entity, name, f"must be True or False, got {value!r}")
-    return value
-
-
-def _arguments(entity: str, value: object) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise TopologyValidationError(
-            entity, "arguments", f"must be a mapping, got {type(value).__name__}"
-        )
-    result: dict[str, Any] = {}
-    for key, item in value.items():
-        _shortstr(entity, "arguments", key, empty=False)
-        result[key] = item
-    return result
-
-
-def _encodable(entity: str, arguments: Mapping[str, Any]) -> None:
-    try:
-        encode_table(arguments, "arguments")
-    except LocalProtocolError as exc:
-        raise TopologyValidationError(entity, "arguments", str(exc)) from None
-
-
-def _same(a: object, b: object) -> bool:
-    """Equal, without letting ``True == 1`` pass."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    return a == b
-
-
-def _lift(
-    obj: object, entity: str, arguments: dict[str, Any], mapping: Iterable[tuple[str, str]]
-) -> None:
-    """Move arguments that have a typed field into it; refuse contradictions."""
-    for name, argument in mapping:
-        if argument not in arguments:
-            continue
-        raw = arguments[argument]
-        ours = getattr(obj, name)
-        unset = ours is None or ours is False
-        if unset:
-            # x-single-active-consumer=false is sent as given: RabbitMQ treats an
-            # explicit false and no argument as different on re-declare (406).
-            if raw is False:
-                continue
-            object.__setattr__(obj, name, raw)
-            del arguments[argument]
-        elif _same(ours, raw):
-            del arguments[argument]
-        else:
-            raise TopologyValidationError(
-                entity,
-                name,
-                f"{name}={ours!r} contradicts arguments[{argument!r}]={raw!r}; give one of them",
-            )
 
 
 # --------------------------------------------------------------------------- entities
@@ -654,38 +560,6 @@ def format_expiration(value: int | float | timedelta | str) -> str:
 POLICY_APPLY_TO = ("all", "queues", "exchanges", "classic_queues", "quorum_queues", "streams")
 _QUEUE_MODES = ("default", "lazy")
 _LOCATORS = ("client-local", "min-masters", "random", "balanced")
-
-
-def _policy_int(low: int, high: int | None, unit: str = "") -> Any:
-    def check(entity: str, name: str, value: object) -> None:
-        _integer(entity, name, value, low, high, unit)
-
-    return check
-
-
-def _policy_str(empty: bool = True) -> Any:
-    def check(entity: str, name: str, value: object) -> None:
-        _shortstr(entity, name, value, empty=empty)
-
-    return check
-
-
-def _policy_choice(choices: tuple[Any, ...]) -> Any:
-    def check(entity: str, name: str, value: object) -> None:
-        if isinstance(value, bool) or value not in choices:
-            shown = ", ".join(map(str, choices))
-            raise TopologyValidationError(entity, name, f"must be one of {shown}, got {value!r}")
-
-    return check
-
-
-def _policy_max_age(entity: str, name: str, value: object) -> None:
-    if not (isinstance(value, str) and _MAX_AGE.fullmatch(value) is not None):
-        raise TopologyValidationError(
-            entity,
-            name,
-            f"must be a number and a unit Y, M, D, h, m or s (e.g. '7D'), got {value!r}",
-        )
 
 
 _MS = " (milliseconds)"

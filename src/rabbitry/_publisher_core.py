@@ -1,0 +1,715 @@
+"""The loop-thread half of :class:`rabbitry.publisher.AsyncPublisher`.
+
+The records the channel's confirm table settles (one per message, or one per member of
+a ``publish_batch``), and the publisher's machinery: waiting for the right to send (the
+window, a blocked connection, the channel), sending, and the channel's and the
+connection's events. :class:`AsyncPublisher` derives from :class:`_PublisherCore`, which
+declares the attributes ``AsyncPublisher.__init__`` sets and this half uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from .exceptions import (
+    AMQPError,
+    InvalidStateError,
+    Nacked,
+    PublishOutcomeUnknown,
+    PublishTimeout,
+    Unroutable,
+)
+from .protocol.channel import ChannelState
+from .protocol.publish import PublishEncoder, retarget
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .aio.channel import AsyncChannel, Settleable
+    from .aio.connection import AsyncConnection
+    from .protocol.message import Message
+    from .recovery import NackRetry
+
+logger = logging.getLogger("rabbitry.publisher")
+
+_OPEN = ChannelState.OPEN
+_UNSET: Any = object()
+
+
+# --------------------------------------------------------------------------- records
+
+
+class _Pending:
+    """One sent, unsettled message: what the channel's confirm table settles.
+
+    ``done()`` answers "has the broker (or the channel's end) settled it", not "has the
+    caller's future an outcome": after a return the future has failed but the ack must
+    still come through here to free the window slot.
+    """
+
+    __slots__ = (
+        "frames",
+        "future",
+        "message_id",
+        "owner",
+        "release",
+        "returnable",
+        "seq",
+        "settled",
+        "timer",
+    )
+
+    def __init__(
+        self,
+        owner: _PublisherCore,
+        future: Settleable,
+        frames: list[bytes],
+        message_id: str | None,
+        release: Callable[[], None] | None,
+    ) -> None:
+        self.owner = owner
+        self.future = future
+        self.frames = frames
+        self.message_id = message_id
+        self.release = release
+        self.returnable = False
+        self.seq = 0
+        self.settled = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def done(self) -> bool:
+        return self.settled
+
+    @property
+    def resend_on_recovery(self) -> bool:
+        """Recovery keeps this message and sends it again (``republish_unconfirmed``)."""
+        return self.owner._republish
+
+    def set_result(self, _result: None, /) -> None:
+        self.settled = True
+        future = self.future
+        if not future.done():
+            future.set_result(None)
+        owner = self.owner
+        if self.timer is not None or self.returnable or owner._nack_attempts:
+            owner._finished(self)
+            return
+        # The common case of AsyncPublisher._finished, inlined: this runs once per ack.
+        owner._outstanding -= 1
+        release = self.release
+        if release is not None:
+            release()
+        if not owner._outstanding and owner._idle_waiters:
+            owner._check_idle()
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        future = self.future
+        if (
+            isinstance(exception, Nacked)
+            and self.owner._nack_retry is not None
+            and not future.done()
+            and self.owner._retry_nacked(self)
+        ):
+            return  # sent again later; this record is replaced by the next attempt's
+        self.settled = True
+        if not future.done():
+            if isinstance(exception, Nacked) and exception.delivery_tag != self.seq:
+                exception = Nacked(self.seq)  # a multiple nack names its highest tag
+            future.set_exception(exception)
+        self.owner._finished(self)
+
+    def expire(self) -> None:
+        """The deadline passed: fail the future, keep the record until the confirm."""
+        self.timer = None
+        future = self.future
+        if not future.done():
+            future.set_exception(
+                PublishTimeout(f"publish #{self.seq} was not confirmed before its deadline")
+            )
+
+
+class _Batch:
+    """Collects the outcomes of one ``publish_batch`` call; completes ``target`` once."""
+
+    __slots__ = ("outcomes", "remaining", "target", "timer")
+
+    def __init__(self, size: int, target: Any) -> None:
+        self.outcomes: list[BaseException | None] = [_UNSET] * size
+        self.remaining = size
+        self.target = target
+        self.timer: asyncio.TimerHandle | None = None
+
+    def settle(self, index: int, outcome: BaseException | None) -> None:
+        if self.outcomes[index] is not _UNSET:
+            return
+        self.outcomes[index] = outcome
+        self.remaining -= 1
+        if not self.remaining:
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            if not self.target.done():
+                self.target.set_result(self.outcomes)
+
+    def expire(self) -> None:
+        self.timer = None
+        for index, outcome in enumerate(self.outcomes):
+            if outcome is _UNSET:
+                self.settle(
+                    index, PublishTimeout("batch message not confirmed before its deadline")
+                )
+
+
+class _Slot:
+    """A batch member's stand-in for a future."""
+
+    __slots__ = ("batch", "index")
+
+    def __init__(self, batch: _Batch, index: int) -> None:
+        self.batch = batch
+        self.index = index
+
+    def done(self) -> bool:
+        return self.batch.outcomes[self.index] is not _UNSET
+
+    def set_result(self, _result: None, /) -> None:
+        self.batch.settle(self.index, None)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self.batch.settle(self.index, exception)
+
+
+#: One encoded message: frames, message_id, mandatory.
+_Encoded = tuple[list[bytes], str | None, bool]
+
+
+class _PublisherCore:
+    """Waiting, sending and events: the machinery under :class:`AsyncPublisher`."""
+
+    # Set by AsyncPublisher.__init__.
+    _conn: AsyncConnection
+    _loop: asyncio.AbstractEventLoop
+    _confirm: bool
+    _max: int
+    _republish: bool
+    _nack_retry: NackRetry | None
+    _retrying: int
+    _nack_attempts: dict[Any, int]
+    nack_resends: int
+    _channel: AsyncChannel | None
+    _opening: asyncio.Task[AsyncChannel] | None
+    _encoder: PublishEncoder
+    _cid_bytes: bytes
+    _max_size: int
+    _in_flight: int
+    _room_waiters: deque[asyncio.Future[None]]
+    _outstanding: int
+    _backlog: deque[
+        tuple[
+            list[bytes],
+            Settleable | None,
+            str | None,
+            bool,
+            float | None,
+            Callable[[], None] | None,
+        ]
+    ]
+    _idle_waiters: list[asyncio.Future[None]]
+    _returnable: dict[str, list[_Pending]]
+    _blocked_reason: str | None
+    _unblocked: asyncio.Event
+    _block_hooks: list[Callable[[str | None], None]]
+    _close_hooks: list[Callable[[], None]]
+    _closing: bool
+    _closed_by: AMQPError | None
+    _detached: bool
+    _release_slot_cb: Callable[[], None]
+
+    # ------------------------------------------------------------------ waiting (loop)
+
+    async def _acquire(self, deadline: float | None, timeout: float | None) -> None:
+        """Wait until a message may be sent; reserves a window slot in confirm mode."""
+        if self._closing:
+            raise self._closed_state()
+        reserved = False
+        scope = asyncio.timeout_at(deadline)
+        try:
+            async with scope:
+                while self._blocked_reason is not None:
+                    await self._unblocked.wait()
+                    if self._closing:
+                        raise self._closed_state()
+                if self._confirm:
+                    if self._in_flight < self._max and not self._room_waiters:
+                        self._in_flight += 1
+                        reserved = True
+                    else:
+                        waiter: asyncio.Future[None] = self._loop.create_future()
+                        self._room_waiters.append(waiter)
+                        try:
+                            await waiter
+                        except BaseException:
+                            # The slot may have been handed over as we were cancelled.
+                            if waiter.done() and not waiter.cancelled():
+                                if waiter.exception() is None:
+                                    self._release_slot()
+                            else:
+                                waiter.cancel()
+                                try:
+                                    self._room_waiters.remove(waiter)
+                                except ValueError:
+                                    pass
+                            raise
+                        reserved = True
+                if self._conn._write_paused:
+                    await self._conn._wait_writable()
+                await self._ensure_channel()
+                if self._closing:
+                    raise self._closed_state()
+        except BaseException as exc:
+            if reserved:
+                self._release_slot()
+            if isinstance(exc, TimeoutError) and scope.expired():
+                what = (
+                    f"connection blocked by the broker: {self._blocked_reason}"
+                    if self._blocked_reason is not None
+                    else f"no room in the window of {self._max}"
+                )
+                raise PublishTimeout(f"could not publish within {timeout} s: {what}") from None
+            raise
+
+    def _reserve_now(self) -> bool:
+        """Reserve a window slot if a message can be sent at once (loop thread).
+
+        True when the channel is open, nothing blocks publishing and the window has
+        room; False reserves nothing (wait with :meth:`_acquire` instead).
+        """
+        channel = self._channel
+        if (
+            self._blocked_reason is None
+            and not self._conn._write_paused
+            and not self._closing
+            and channel is not None
+            and channel._proto.state is _OPEN
+            and self._in_flight < self._max
+            and not self._room_waiters
+        ):
+            self._in_flight += 1
+            return True
+        return False
+
+    def _reserve_more(self) -> bool:
+        """Reserve one more window slot if there is room and nobody waits for one."""
+        if self._in_flight < self._max and not self._room_waiters:
+            self._in_flight += 1
+            return True
+        return False
+
+    def _release_slot(self) -> None:
+        """A confirm freed a window slot: hand it to the oldest waiter, or free it."""
+        waiters = self._room_waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._in_flight -= 1
+
+    def _wake_room_waiters(self, exc: BaseException) -> None:
+        waiters, self._room_waiters = self._room_waiters, deque()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(copy.copy(exc))
+
+    async def _ensure_channel(self) -> AsyncChannel:
+        channel = self._channel
+        if channel is not None and channel._proto.state is _OPEN:
+            return channel
+        task = self._opening
+        if task is None:
+            task = self._opening = self._loop.create_task(self._open_channel())
+            task.add_done_callback(_retrieve)
+        return await asyncio.shield(task)
+
+    async def _open_channel(self) -> AsyncChannel:
+        old = self._channel
+        if old is not None and old._suspended and not old.is_closed:
+            # The connection is recovering and brings this channel back (same number,
+            # confirm mode, return callback): wait for it rather than open another.
+            try:
+                await self._conn.wait_recovered()
+            except AMQPError:
+                pass
+            if old._proto.state is _OPEN:
+                self._opening = None
+                if self._backlog:
+                    backlog, self._backlog = self._backlog, deque()
+                    for item in backlog:
+                        self._send_now(old, *item)
+                    self._conn._kick()
+                return old
+        try:
+            channel = await self._conn.channel()
+            if self._confirm:
+                await channel.confirm_select()
+            channel.add_return_callback(self._on_return)
+        except BaseException as exc:
+            self._opening = None
+            self._fail_backlog(exc)
+            raise
+        self._opening = None
+        if self._detached:
+            # close() is past waiting for confirms (it closed the channel it knew of):
+            # adopting this one would leave it open forever.
+            self._fail_backlog(InvalidStateError("the publisher is closed"), closing=True)
+            if channel._proto.state is _OPEN and self._conn.is_open:
+                self._loop.create_task(channel.close()).add_done_callback(_retrieve)
+            raise InvalidStateError("the publisher is closed")
+        self._channel = channel
+        self._encoder = PublishEncoder(channel.channel_id, self._conn.frame_max)
+        self._max_size = self._conn.max_message_size  # the broker's, now that it is known
+        self._cid_bytes = channel.channel_id.to_bytes(2, "big")
+        if self._backlog:
+            # Also while closing: publish() accepted these messages and close() waits for
+            # their confirms (then closes this channel); only _detach fails what is left.
+            backlog, self._backlog = self._backlog, deque()
+            for item in backlog:
+                self._send_now(channel, *item)
+            self._conn._kick()
+        return channel
+
+    # ------------------------------------------------------------------ sending (loop)
+
+    def _send(
+        self,
+        frames: list[bytes],
+        future: Settleable | None,
+        message_id: str | None,
+        mandatory: bool,
+        deadline: float | None,
+        release: Callable[[], None] | None,
+    ) -> None:
+        """Queue one encoded message (loop thread; the sync twin's hot path too).
+
+        ``future`` may be ``None`` without confirms (the sync twin reports nothing then).
+        """
+        channel = self._channel
+        if self._closing:
+            if future is not None:
+                future.set_exception(self._closed_error())
+            if release is not None:
+                release()
+            return
+        if channel is None or channel._proto.state is not _OPEN or self._backlog:
+            self._backlog.append((frames, future, message_id, mandatory, deadline, release))
+            self._reopen_soon()
+            return
+        self._send_now(channel, frames, future, message_id, mandatory, deadline, release)
+        self._conn._kick()
+
+    def _send_reserved(
+        self,
+        frames: list[bytes],
+        waiter: Settleable,
+        message_id: str | None,
+        mandatory: bool,
+    ) -> None:
+        """Queue one message whose window slot is reserved, without a flush when the
+        channel is ready: the caller flushes (``_conn._kick()``) after a run of them.
+        The slot is freed when the message is settled (loop thread)."""
+        channel = self._channel
+        if (
+            channel is not None
+            and channel._proto.state is _OPEN
+            and not self._backlog
+            and not self._closing
+        ):
+            self._send_now(
+                channel, frames, waiter, message_id, mandatory, None, self._release_slot_cb
+            )
+        else:
+            self._send(frames, waiter, message_id, mandatory, None, self._release_slot_cb)
+
+    def _send_batch(
+        self,
+        items: list[_Encoded],
+        batch: _Batch,
+        start: int,
+        deadline: float | None,
+        release: Callable[[], None] | None,
+    ) -> None:
+        """Queue a chunk of a batch and write it with one flush (loop thread)."""
+        channel = self._channel
+        direct = not (
+            self._closing or channel is None or channel._proto.state is not _OPEN or self._backlog
+        )
+        index = start
+        for frames, message_id, mandatory in items:
+            slot = _Slot(batch, index)
+            if direct:
+                assert channel is not None
+                self._send_now(channel, frames, slot, message_id, mandatory, None, release)
+            else:
+                self._send(frames, slot, message_id, mandatory, None, release)
+            index += 1
+        if deadline is not None and batch.timer is None and batch.remaining:
+            batch.timer = self._loop.call_at(deadline, batch.expire)
+        if direct:
+            self._conn._flush()
+
+    def _send_now(
+        self,
+        channel: AsyncChannel,
+        frames: list[bytes],
+        future: Settleable | None,
+        message_id: str | None,
+        mandatory: bool,
+        deadline: float | None,
+        release: Callable[[], None] | None,
+    ) -> None:
+        if frames[0][1:3] != self._cid_bytes:
+            frames = retarget(frames, channel.channel_id)
+        try:
+            seq = channel._proto.send_publish(frames)
+        except AMQPError as exc:
+            if future is not None:
+                future.set_exception(exc)
+            if release is not None:
+                release()
+            return
+        if not seq:  # no confirms: queued is all we will know
+            if future is not None and not future.done():
+                future.set_result(None)
+            if release is not None:
+                release()
+            return
+        assert future is not None
+        record = _Pending(self, future, frames, message_id, release)
+        record.seq = seq
+        # The channel's confirm tracker settles it (AsyncChannel._on_confirm), and
+        # AsyncChannel._on_closed fails it if the channel ends first.
+        channel._confirms.add(seq, record)
+        self._outstanding += 1
+        if mandatory and message_id is not None:
+            record.returnable = True
+            same = self._returnable.get(message_id)
+            if same is None:
+                self._returnable[message_id] = [record]
+            else:
+                same.append(record)
+        if deadline is not None:
+            record.timer = self._loop.call_at(deadline, record.expire)
+
+    def _reopen_soon(self) -> None:
+        if self._opening is None:
+            task = self._opening = self._loop.create_task(self._open_channel())
+            task.add_done_callback(_retrieve)
+
+    def _fail_backlog(self, exc: BaseException, *, closing: bool = False) -> None:
+        """Fail the messages that waited for a channel; they were never sent.
+
+        They get :class:`PublishOutcomeUnknown` caused by ``exc`` (like every message
+        lost with its channel), or ``exc`` itself when the publisher is closing.
+        """
+        backlog, self._backlog = self._backlog, deque()
+        for _frames, future, _message_id, _mandatory, _deadline, release in backlog:
+            if future is not None and not future.done():
+                if closing:
+                    error: BaseException = copy.copy(exc)
+                else:
+                    error = PublishOutcomeUnknown(
+                        0, f"not sent: no channel could be opened ({exc!r})"
+                    )
+                    error.__cause__ = exc
+                future.set_exception(error)
+            if release is not None:
+                release()
+        self._check_idle()
+
+    # ------------------------------------------------------------------ events (loop)
+
+    def _finished(self, record: _Pending) -> None:
+        """A record was settled by the broker or by the channel's end."""
+        self._outstanding -= 1
+        if self._nack_attempts:
+            self._nack_attempts.pop(record.future, None)
+        if record.timer is not None:
+            record.timer.cancel()
+            record.timer = None
+        if record.returnable:
+            self._forget_returnable(record)
+        release = record.release
+        if release is not None:
+            release()
+        if not self._outstanding and self._idle_waiters:
+            self._check_idle()
+
+    def _forget_returnable(self, record: _Pending) -> None:
+        record.returnable = False
+        key = record.message_id
+        assert key is not None
+        same = self._returnable.get(key)
+        if same is not None:
+            if record in same:
+                same.remove(record)
+            if not same:
+                del self._returnable[key]
+
+    def _retry_nacked(self, record: _Pending) -> bool:
+        """A nack for ``record``: schedule it again if the policy allows (loop thread)."""
+        policy = self._nack_retry
+        assert policy is not None
+        if self._closing:
+            return False
+        attempt = self._nack_attempts.get(record.future, 0)
+        if attempt >= policy.max_attempts:
+            self._nack_attempts.pop(record.future, None)
+            return False
+        self._nack_attempts[record.future] = attempt + 1
+        record.settled = True  # this send is over; the next attempt gets a new record
+        self._outstanding -= 1
+        deadline: float | None = None
+        if record.timer is not None:
+            deadline = record.timer.when()
+            record.timer.cancel()
+            record.timer = None
+        mandatory = record.returnable
+        if mandatory:
+            self._forget_returnable(record)
+        self._retrying += 1
+        self.nack_resends += 1
+        delay = policy.delay(attempt)
+        logger.info(
+            "publish #%d (message_id %s) nacked; sending again in %.3f s (attempt %d of %d)",
+            record.seq,
+            record.message_id,
+            delay,
+            attempt + 1,
+            policy.max_attempts,
+        )
+        self._loop.call_later(delay, self._resend_nacked, record, mandatory, deadline)
+        return True
+
+    def _resend_nacked(self, record: _Pending, mandatory: bool, deadline: float | None) -> None:
+        self._retrying -= 1
+        future = record.future
+        if future.done():  # e.g. its deadline passed while waiting
+            self._nack_attempts.pop(future, None)
+            if record.release is not None:
+                record.release()
+            self._check_idle()
+            return
+        self._send(record.frames, future, record.message_id, mandatory, deadline, record.release)
+
+    def _check_idle(self) -> None:
+        if self._outstanding or self._backlog or self._retrying:
+            return
+        waiters, self._idle_waiters = self._idle_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _on_return(self, message: Message) -> None:
+        message_id = message.properties.message_id
+        same = self._returnable.get(message_id) if message_id is not None else None
+        if not same:
+            logger.warning(
+                "returned message matches no mandatory publish in flight (%s %s, "
+                "exchange=%r routing_key=%r message_id=%r)",
+                message.reply_code,
+                message.reply_text,
+                message.exchange,
+                message.routing_key,
+                message_id,
+            )
+            return
+        record = same[0]  # duplicates: oldest first
+        self._forget_returnable(record)
+        if not record.future.done():
+            record.future.set_exception(Unroutable(message))
+
+    def _on_blocked(self, reason: str | None) -> None:
+        self._blocked_reason = reason
+        if reason is None:
+            self._unblocked.set()
+        else:
+            self._unblocked.clear()
+        for hook in list(self._block_hooks):
+            hook(reason)
+
+    def _add_block_hook(self, hook: Callable[[str | None], None]) -> None:
+        """Call ``hook(reason)`` now and on every block change (loop thread)."""
+        self._block_hooks.append(hook)
+        hook(self._blocked_reason)
+
+    def _closed_error(self) -> AMQPError:
+        """What a message handed over after the close fails with: the connection's end
+        when that closed the publisher, else :class:`InvalidStateError`."""
+        if self._closed_by is not None:
+            return copy.copy(self._closed_by)
+        return InvalidStateError("the publisher is closed")
+
+    def _closed_state(self) -> InvalidStateError:
+        """The error of a call made on the closed publisher (chained to the connection's
+        end when that closed it)."""
+        error = InvalidStateError("the publisher is closed")
+        error.__cause__ = self._closed_by
+        return error
+
+    def _add_close_hook(self, hook: Callable[[], None]) -> None:
+        """Call ``hook()`` once the publisher is closed (loop thread; now if it is)."""
+        if self._closing:
+            hook()
+        else:
+            self._close_hooks.append(hook)
+
+    def _run_close_hooks(self) -> None:
+        hooks, self._close_hooks = self._close_hooks, []
+        for hook in hooks:
+            hook()
+
+    def _on_connection_closed(self, exc: AMQPError) -> None:
+        # Blocked state ends with the connection; waiters then fail on the channel.
+        self._on_blocked(None)
+        self._fail_backlog(exc)
+        if self._closing:
+            self._run_close_hooks()
+            return
+        # The connection is gone for good (recovery, if any, has given up): the
+        # publisher is closed with it, and whatever is handed over later fails at once.
+        self._closing = True
+        self._closed_by = exc
+        for waiter in self._room_waiters:
+            if not waiter.done():
+                error = InvalidStateError("the connection is closed")
+                error.__cause__ = exc
+                waiter.set_exception(error)
+        self._room_waiters.clear()
+        self._run_close_hooks()
+
+    def _detach(self) -> None:
+        """Stop listening to the connection and release everyone waiting (closing)."""
+        self._closing = True
+        self._detached = True
+        for hooks, callback in (
+            (self._conn._blocked_callbacks, self._on_blocked),
+            (self._conn._close_callbacks, self._on_connection_closed),
+        ):
+            try:
+                hooks.remove(callback)  # type: ignore[arg-type]
+            except ValueError:
+                pass
+        self._unblocked.set()
+        self._wake_room_waiters(InvalidStateError("the publisher is closed"))
+        self._fail_backlog(InvalidStateError("the publisher is closed"), closing=True)
+        self._run_close_hooks()
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Mark a background task's exception as seen (its waiters got it already)."""
+    if not task.cancelled():
+        task.exception()
