@@ -871,11 +871,27 @@ class BrokerNode:
     def set_alarm(self, alarm: Alarm) -> None:
         """Raise a memory or disk resource alarm, independent of real usage (§4.6).
 
-        Publishing connections get ``connection.blocked`` at their next publish.
+        Publishing connections get ``connection.blocked`` at their next publish. The
+        broker tells each connection process about the alarm asynchronously, so this
+        returns only once every open client connection knows it (state ``blocking`` or
+        ``blocked``): a publish sent before that would pass unblocked.
         """
         self._check_alarm(alarm)
         self.eval(f"rabbit_alarm:set_alarm({{{{resource_limit, {alarm}, node()}}, []}})")
         self._alarms.add(alarm)
+        self._wait_connections_know_the_alarm()
+
+    def _wait_connections_know_the_alarm(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            out = self.ctl("list_connections", "state", "--formatter", "json", "--quiet")
+            rows: list[dict[str, Any]] = json.loads(out) if out.strip() else []
+            unaware = [row.get("state") for row in rows if row.get("state") in ("running", "flow")]
+            if not unaware:
+                return
+            if time.monotonic() > deadline:
+                raise self._fail(f"{len(unaware)} connection(s) still {unaware} after the alarm")
+            time.sleep(0.05)
 
     def clear_alarm(self, alarm: Alarm) -> None:
         """Clear an alarm set by :meth:`set_alarm`; ``connection.unblocked`` follows once
