@@ -100,8 +100,12 @@ class RpcClient:
             The reply message; it needs no ack.
 
         Raises:
-            RpcTimeout, RpcUnroutable, RpcInterrupted, RpcRemoteError,
-                ConfigurationError, InvalidStateError: as :meth:`AsyncRpcClient.call`.
+            RpcTimeout: no reply within ``timeout``.
+            RpcUnroutable: the broker could not route the request.
+            RpcInterrupted: the connection or the channel was lost meanwhile.
+            RpcRemoteError: the server's handler raised.
+            ConfigurationError: an argument is invalid; nothing was sent.
+            InvalidStateError: the client is closed.
         """
         deadline = self._async.timeout if timeout is _UNSET else timeout
         return self._portal.call(

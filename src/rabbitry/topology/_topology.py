@@ -411,8 +411,11 @@ class Topology(TopologyData):
             What was declared (:class:`ApplyResult`).
 
         Raises:
-            TopologyMissingExchange, TopologyError, ManagementError, TopologyConflict,
-                ChannelClosedByBroker: as :meth:`aapply`.
+            TopologyMissingExchange: as :meth:`aapply`.
+            TopologyError: as :meth:`aapply`.
+            ManagementError: as :meth:`aapply`.
+            TopologyConflict: as :meth:`aapply`.
+            ChannelClosedByBroker: as :meth:`aapply`.
         """
         from ._apply import apply_topology
 
