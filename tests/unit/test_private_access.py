@@ -1,0 +1,226 @@
+"""No module of the package uses a private name of a class defined in another module.
+
+Definition. For every module M under ``src/rabbitry``: an attribute access ``expr._name``
+(one leading underscore, not a dunder) where ``expr`` is not the bare name ``self`` or
+``cls``, and ``_name`` is a private member of a class defined in another module and of no
+class defined in M, is a violation. The private members of a class are its methods
+(properties included), the names assigned in its body, and the ``self._name`` /
+``cls._name`` attributes its methods assign. Accesses through ``self`` and ``cls`` (own
+or inherited members) are allowed, and so are accesses to a name that a class of M also
+defines (the access is then taken to be M's own).
+
+A class that a collaborator must drive offers it an explicit interface instead: a method
+that does the work (tell, don't ask), or public members documented as being for the
+library's own use.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "src" / "rabbitry"
+
+# Ratchet: (module, private name) pairs not fixed yet. Remove a pair once the module no
+# longer reaches into that private name (test_remaining_is_current fails until it is
+# removed); never add one.
+REMAINING: set[tuple[str, str]] = {
+    ("_connection.py", "_create"),
+    ("_consumer_core.py", "_pause_reading"),
+    ("_consumer_core.py", "_resume_reading"),
+    ("_consumer_core.py", "_start_consumer"),
+    ("_publisher_core.py", "_blocked_callbacks"),
+    ("_publisher_core.py", "_close_callbacks"),
+    ("_publisher_core.py", "_confirms"),
+    ("_publisher_core.py", "_flush"),
+    ("_publisher_core.py", "_kick"),
+    ("_publisher_core.py", "_proto"),
+    ("_publisher_core.py", "_suspended"),
+    ("_publisher_core.py", "_wait_writable"),
+    ("_publisher_core.py", "_write_paused"),
+    ("aio/_recovery.py", "_consumer_specs"),
+    ("aio/_recovery.py", "_lose_consumer"),
+    ("aio/_recovery.py", "_mark_lost"),
+    ("aio/_recovery.py", "_republish"),
+    ("aio/_recovery.py", "_resubscribe_one"),
+    ("aio/_recovery.py", "_resume"),
+    ("aio/connection.py", "_await_rpc"),
+    ("aio/connection.py", "_consumers"),
+    ("aio/connection.py", "_fail_pending"),
+    ("aio/connection.py", "_internal"),
+    ("aio/connection.py", "_on_closed"),
+    ("aio/connection.py", "_on_confirm"),
+    ("aio/connection.py", "_on_consumer_cancelled"),
+    ("aio/connection.py", "_on_delivery"),
+    ("aio/connection.py", "_on_flow"),
+    ("aio/connection.py", "_on_return"),
+    ("aio/connection.py", "_on_rpc_reply"),
+    ("aio/connection.py", "_out"),
+    ("aio/connection.py", "_records"),
+    ("aio/connection.py", "_suspend"),
+    ("consumer.py", "_abandon_consumer"),
+    ("observability/_otel.py", "_confirm"),
+    ("observability/_otel.py", "_conn"),
+    ("observability/_otel.py", "_handle"),
+    ("observability/_otel.py", "_handle_batch"),
+    ("observability/_otel.py", "_id_prefix"),
+    ("observability/_otel.py", "_ids"),
+    ("observability/_outbox.py", "_outbox"),
+    ("outbox_publisher.py", "_acquire"),
+    ("outbox_publisher.py", "_encode"),
+    ("outbox_publisher.py", "_encode_batch"),
+    ("outbox_publisher.py", "_encoder"),
+    ("outbox_publisher.py", "_kick"),
+    ("outbox_publisher.py", "_mandatory"),
+    ("outbox_publisher.py", "_release_slot"),
+    ("outbox_publisher.py", "_reserve_more"),
+    ("outbox_publisher.py", "_reserve_now"),
+    ("outbox_publisher.py", "_send_reserved"),
+    ("pool.py", "_confirms"),
+    ("pool.py", "_confirms_settled"),
+    ("pool.py", "_fail_pending"),
+    ("pool.py", "_proto"),
+    ("protocol/connection.py", "_finish"),
+    ("publisher.py", "_confirms"),
+    ("publisher.py", "_detach"),
+    ("publisher.py", "_ensure_channel"),
+    ("publisher.py", "_kick"),
+    ("publisher.py", "_proto"),
+    ("publisher.py", "_resend"),
+    ("publisher.py", "_wait_writable"),
+    ("publisher.py", "_write_paused"),
+    ("rpc.py", "_start_consumer"),
+    ("rpc.py", "_state_callbacks"),
+    ("service.py", "_loop"),
+    ("sync/_connection.py", "_abort"),
+    ("sync/_connection.py", "_begin_batch"),
+    ("sync/_connection.py", "_end_batch"),
+    ("sync/_connection.py", "_pause_reading"),
+    ("sync/_connection.py", "_resume_reading"),
+    ("sync/_connection.py", "_stop_reason"),
+    ("sync/_connection.py", "_transport"),
+    ("sync/_connection.py", "_writable_hooks"),
+    ("sync/_connection.py", "_write_paused"),
+    ("sync/_consume.py", "_abandon_consumer"),
+    ("sync/_consume.py", "_start_consumer"),
+    ("sync/channel.py", "_closed"),
+    ("sync/channel.py", "_proto"),
+    ("sync/channel.py", "_publish_encoded"),
+    ("sync/consumer.py", "_post"),
+    ("sync/consumer.py", "_release_on_cancel"),
+    ("sync/consumer.py", "_require_portal"),
+    ("sync/outbox_publisher.py", "_release_store"),
+    ("sync/outbox_publisher.py", "_require_portal"),
+    ("sync/outbox_publisher.py", "_stopped"),
+    ("sync/pool.py", "_acquire"),
+    ("sync/pool.py", "_release"),
+    ("sync/pool.py", "_require_portal"),
+    ("sync/publisher.py", "_add_block_hook"),
+    ("sync/publisher.py", "_add_close_hook"),
+    ("sync/publisher.py", "_closed_state"),
+    ("sync/publisher.py", "_closing"),
+    ("sync/publisher.py", "_confirm"),
+    ("sync/publisher.py", "_encode"),
+    ("sync/publisher.py", "_encode_batch"),
+    ("sync/publisher.py", "_mandatory"),
+    ("sync/publisher.py", "_max"),
+    ("sync/publisher.py", "_require_portal"),
+    ("sync/publisher.py", "_send"),
+    ("sync/publisher.py", "_send_batch"),
+    ("sync/publisher.py", "_timeout"),
+    ("sync/rpc.py", "_require_portal"),
+    ("topology/_topology.py", "_async"),
+}
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _is_self(node: ast.expr) -> bool:
+    return isinstance(node, ast.Name) and node.id in ("self", "cls")
+
+
+def _class_members(cls: ast.ClassDef) -> set[str]:
+    """The private members of ``cls``: methods, body assignments, ``self._x`` stores."""
+    members: set[str] = set()
+    for stmt in cls.body:
+        if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
+            members.add(stmt.name)
+            for node in ast.walk(stmt):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and isinstance(node.ctx, ast.Store)
+                    and _is_self(node.value)
+                ):
+                    members.add(node.attr)
+        elif isinstance(stmt, ast.Assign):
+            for target in stmt.targets:
+                if isinstance(target, ast.Name):
+                    members.add(target.id)
+        elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            members.add(stmt.target.id)
+    return {name for name in members if _is_private(name)}
+
+
+@dataclass(frozen=True)
+class Violation:
+    module: str
+    line: int
+    expr: str
+    name: str
+    owners: tuple[str, ...]
+
+    def __str__(self) -> str:
+        owners = ", ".join(self.owners)
+        return f"{self.module}:{self.line} {self.expr}.{self.name} (owned by {owners})"
+
+
+def _parse() -> dict[str, ast.Module]:
+    return {
+        path.relative_to(PACKAGE).as_posix(): ast.parse(path.read_text(encoding="utf-8"))
+        for path in sorted(PACKAGE.rglob("*.py"))
+    }
+
+
+@cache
+def find_violations() -> tuple[Violation, ...]:
+    trees = _parse()
+    owners: dict[str, set[str]] = defaultdict(set)
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                for name in _class_members(node):
+                    owners[name].add(module)
+    found: list[Violation] = []
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and _is_private(node.attr)):
+                continue
+            if _is_self(node.value):
+                continue
+            owning = owners.get(node.attr, set())
+            if not owning or module in owning:
+                continue
+            found.append(
+                Violation(
+                    module, node.lineno, ast.unparse(node.value), node.attr, tuple(sorted(owning))
+                )
+            )
+    return tuple(sorted(found, key=lambda v: (v.module, v.line, v.name)))
+
+
+def test_no_private_access_across_modules() -> None:
+    new = [v for v in find_violations() if (v.module, v.name) not in REMAINING]
+    report = "\n".join(f"  {v}" for v in new)
+    assert not new, f"private members of another module's class used:\n{report}"
+
+
+def test_remaining_is_current() -> None:
+    occurring = {(v.module, v.name) for v in find_violations()}
+    stale = sorted(REMAINING - occurring)
+    assert not stale, f"fixed, remove from REMAINING: {stale}"
