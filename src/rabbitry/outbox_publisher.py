@@ -68,7 +68,7 @@ from .exceptions import (
 from .observability import _state as _obs
 from .outbox import Outbox, OutboxBatch, OutboxRecord
 from .protocol.publish import publish_key, publish_parts
-from .publisher import AsyncPublisher
+from .publisher import AsyncPublisher, port_of
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -129,6 +129,8 @@ class AsyncOutboxPublisher:
     ) -> None:
         self._conn = connection
         self._pub = publisher
+        # The publisher's window and sending, which the outbox's sender drives.
+        self._port = port_of(publisher)
         self._outbox = outbox
         self._loop = publisher._loop
         self._timeout = publisher.timeout
@@ -309,8 +311,8 @@ class AsyncOutboxPublisher:
         """
         pub = self._pub
         if mandatory is None:
-            mandatory = pub._mandatory
-        frames, message_id = pub._encode(
+            mandatory = pub.mandatory
+        frames, message_id = self._port.encode(
             body, exchange, routing_key, properties, mandatory, persistent, expiration
         )
         entry = self._entry(frames, message_id, exchange, routing_key, mandatory, time.time())
@@ -342,8 +344,7 @@ class AsyncOutboxPublisher:
             OutboxError: the store failed to write; nothing was stored.
             InvalidStateError: the publisher is closed.
         """
-        pub = self._pub
-        encoded = pub._encode_batch(
+        encoded = self._port.encode_batch(
             messages, exchange, routing_key, properties, mandatory, persistent, expiration
         )
         if not encoded:
@@ -629,7 +630,7 @@ class AsyncOutboxPublisher:
     # ------------------------------------------------------------------ sending (loop)
 
     async def _sender(self) -> None:
-        pub = self._pub
+        pub = self._port
         ready = self._ready
         event = self._ready_event
         while True:
@@ -637,11 +638,11 @@ class AsyncOutboxPublisher:
                 event.clear()
                 await event.wait()
                 continue
-            if not pub._reserve_now():
+            if not pub.reserve_now():
                 try:
-                    await pub._acquire(None, None)
+                    await pub.acquire(None, None)
                 except InvalidStateError:
-                    if pub._closing or self._conn.is_closed:
+                    if pub.closing or self._conn.is_closed:
                         return  # rows stay stored for the next publisher
                     await asyncio.sleep(self._outbox.retry_delay or 0.1)
                     continue
@@ -652,15 +653,15 @@ class AsyncOutboxPublisher:
             # Send every ready row the window has room for, then one flush.
             send = self._send_one
             send(ready.popleft())
-            while ready and pub._reserve_more():
+            while ready and pub.reserve_more():
                 send(ready.popleft())
             self._conn._kick()
 
     def _send_one(self, entry: _Entry) -> None:
         """Send one row; its window slot is reserved by the caller."""
-        pub = self._pub
+        pub = self._port
         if entry.state != _READY:  # acked late while waiting: nothing to send
-            pub._release_slot()
+            pub.release_slot()
             return
         record = entry.record
         frames = entry.frames
@@ -669,7 +670,7 @@ class AsyncOutboxPublisher:
             try:
                 frames = self._frames(record)
             except LocalProtocolError as exc:
-                pub._release_slot()
+                pub.release_slot()
                 self._kill(entry, f"cannot be encoded: {exc}")
                 return
         if entry.sends:
@@ -681,12 +682,12 @@ class AsyncOutboxPublisher:
         entry.state = _IN_FLIGHT
         entry.sent_at = self._loop.time()
         self._in_flight[record.id] = entry
-        pub._send_reserved(
+        pub.send_reserved(
             frames, _Send(self, entry, entry.gen), record.message_id, record.mandatory
         )
 
     def _frames(self, record: OutboxRecord) -> list[bytes]:
-        return self._pub._encoder.frames(
+        return self._port.frames(
             record.exchange, record.routing_key, record.mandatory, record.properties, record.body
         )
 

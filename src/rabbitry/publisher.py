@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ._publisher_core import _Batch, _Encoded, _Pending, _PublisherCore
+from ._publisher_core import PublisherPort, _Batch, _Encoded, _Pending, _PublisherCore
 from .exceptions import (
     AMQPError,
     ConfigurationError,
@@ -263,6 +263,8 @@ class AsyncPublisher(_PublisherCore):
         # Told (loop thread) when the publisher closes or its connection ends.
         self._close_hooks: list[Callable[[], None]] = []
         self._closing = False
+        # The members the sync twin and the outbox drive (closing mirrors _closing).
+        self._port = PublisherPort(self, self._encode, self._encode_batch)
         # The connection's end, when that is what closed the publisher.
         self._closed_by: AMQPError | None = None
         # close() has given up waiting (or _create failed): nothing will use or close a
@@ -579,7 +581,7 @@ class AsyncPublisher(_PublisherCore):
         """
         if self._closing:
             return
-        self._closing = True
+        self._closing = self._port.closing = True
         try:
             # While the connection recovers, the unconfirmed messages kept for the resend
             # are still ours: wait for them too instead of abandoning them.
@@ -700,3 +702,9 @@ class AsyncPublisher(_PublisherCore):
             if expiration is not None:
                 properties.expiration = expiration_ms(expiration)
         return properties.encode(), message_id
+
+
+def port_of(publisher: AsyncPublisher) -> PublisherPort:
+    """The members of ``publisher`` that the library's own collaborators drive (the
+    thread-safe twin, the durable outbox); not for applications."""
+    return publisher._port
