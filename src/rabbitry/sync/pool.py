@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..exceptions import InvalidStateError
+from ._connection import portal_of
 from .channel import Channel, _wait
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ class ChannelPool:
     def __init__(self, connection: Connection, pool: AsyncChannelPool) -> None:
         self._connection = connection
         self._async = pool
-        self._portal = connection._require_portal()
+        self._portal = portal_of(connection)
 
     def __repr__(self) -> str:
         return repr(self._async).replace("AsyncChannelPool", "ChannelPool", 1)

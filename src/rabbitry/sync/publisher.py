@@ -25,6 +25,7 @@ from .._publisher_core import _Batch
 from ..exceptions import AMQPError, InvalidStateError, PublishTimeout
 from ..observability import _state as _obs
 from ..publisher import port_of
+from ._connection import portal_of
 from ._portal import ConfirmFuture
 from .channel import _wait
 
@@ -55,7 +56,7 @@ class Publisher:
         self._mandatory = publisher.mandatory
         self._timeout = publisher.timeout
         self._confirm = publisher.confirm
-        self._portal = connection._require_portal()
+        self._portal = portal_of(connection)
         self._slots = _Window(publisher.max_in_flight)
         self._release = _Releaser(self._portal.loop, self._slots)
         self._unblocked = threading.Event()
