@@ -318,7 +318,10 @@ class _ConsumerCore:
             traced = _obs.active
             if traced is not None and traced.records_process():
                 # rabbitry.observability: a process span and measurements around it
-                await traced.process(self, work)
+                handling = (
+                    self._handle_batch(work) if isinstance(work, list) else self._handle(work)
+                )
+                await traced.process(self, work, handling)
             elif isinstance(work, list):
                 await self._handle_batch(work)
             else:

@@ -729,8 +729,9 @@ class PublisherPort:
 
     Its users are the thread-safe twin (:class:`rabbitry.sync.publisher.Publisher`) and
     the durable outbox (:class:`rabbitry.outbox_publisher.AsyncOutboxPublisher`), which
-    encode and send through the publisher and share its window; applications use the
-    publisher's own methods. ``AsyncPublisher.__init__`` builds it; get it with
+    encode and send through the publisher and share its window, and the OpenTelemetry
+    hooks (``rabbitry.observability._otel``); applications use the publisher's own
+    methods. ``AsyncPublisher.__init__`` builds it; get it with
     :func:`rabbitry.publisher.port_of`.
 
     Its members are plain attributes (bound methods and a flag), so using one costs the
@@ -745,9 +746,11 @@ class PublisherPort:
         "add_close_hook",
         "closed_state",
         "closing",
+        "connection",
         "encode",
         "encode_batch",
         "frames",
+        "new_message_id",
         "release_slot",
         "reserve_more",
         "reserve_now",
@@ -761,6 +764,7 @@ class PublisherPort:
         core: _PublisherCore,
         encode: Callable[..., tuple[list[bytes], str | None]],
         encode_batch: Callable[..., list[_Encoded]],
+        new_message_id: Callable[[], str],
     ) -> None:
         #: ``encode(body, exchange, routing_key, properties, mandatory, persistent,
         #: expiration)``: the frames and message_id of one message; any thread.
@@ -768,6 +772,10 @@ class PublisherPort:
         #: ``encode_batch(messages, exchange, routing_key, properties, mandatory,
         #: persistent, expiration)``: a list of (frames, message_id, mandatory).
         self.encode_batch = encode_batch
+        #: ``new_message_id()``: a message_id as the publisher generates them.
+        self.new_message_id = new_message_id
+        #: The publisher's connection.
+        self.connection = core._conn
         self.frames = core._frames
         self.send = core._send
         self.send_batch = core._send_batch

@@ -292,7 +292,7 @@ class AsyncConsumer(_ConsumerCore):
             self._started = False
             raise
         if _obs.active is not None:  # rabbitry.observability: stats, queue depth
-            _obs.active.consumer_started(self)
+            _obs.active.consumer_started(self, self._conn)
 
     async def _check_failure_path(self, timeout: float | None) -> None:
         """Passive-check that failed messages have somewhere to go (see :meth:`start`)."""

@@ -264,7 +264,7 @@ class AsyncPublisher(_PublisherCore):
         self._close_hooks: list[Callable[[], None]] = []
         self._closing = False
         # The members the sync twin and the outbox drive (closing mirrors _closing).
-        self._port = PublisherPort(self, self._encode, self._encode_batch)
+        self._port = PublisherPort(self, self._encode, self._encode_batch, self._new_message_id)
         # The connection's end, when that is what closed the publisher.
         self._closed_by: AMQPError | None = None
         # close() has given up waiting (or _create failed): nothing will use or close a
@@ -600,6 +600,10 @@ class AsyncPublisher(_PublisherCore):
                     pass
 
     # ------------------------------------------------------------------ encoding
+
+    def _new_message_id(self) -> str:
+        """A message_id as :meth:`_encode` generates them (unique to this publisher)."""
+        return f"{self._id_prefix}{next(self._ids)}"
 
     def _encode(
         self,
