@@ -68,7 +68,7 @@ from .exceptions import (
 from .observability import _state as _obs
 from .outbox import Outbox, OutboxBatch, OutboxRecord
 from .protocol.publish import publish_key, publish_parts
-from .publisher import AsyncPublisher, port_of
+from .publisher import AsyncPublisher, open_publisher, port_of
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -156,33 +156,11 @@ class AsyncOutboxPublisher:
         self._stored = self._acked_count = self._resent = self._dead = 0
         self._rng = random.Random()
 
-    @classmethod
-    async def _create(
-        cls,
-        connection: AsyncConnection,
-        outbox: Outbox,
-        *,
-        open_timeout: float | None = None,
-        **options: Any,
-    ) -> AsyncOutboxPublisher:
-        if not isinstance(outbox, Outbox):
-            raise ConfigurationError(
-                f"outbox: must be an Outbox (e.g. SQLiteOutbox(path)), got {type(outbox).__name__}"
-            )
-        if not options.get("confirm", True):
-            raise ConfigurationError("outbox: needs confirm=True (rows are deleted on ack)")
-        # The store first: a locked or corrupt file fails here, before the broker is used.
-        status, records = await asyncio.to_thread(_open_store, outbox)
-        try:
-            publisher = await AsyncPublisher._create(
-                connection, open_timeout=open_timeout, **options
-            )
-        except BaseException:
-            await asyncio.to_thread(outbox.close)
-            raise
-        self = cls(connection, publisher, outbox)
-        self._next_id = status.last_id + 1
-        self._dead = status.dead
+    def _start(self, next_id: int, dead: int, records: list[OutboxRecord]) -> None:
+        """Take over the stored state (``records``: the rows still to send) and start
+        the sender and the sweeper."""
+        self._next_id = next_id
+        self._dead = dead
         for record in records:
             entry = _Entry(record, None, 1)
             entry.state = _READY
@@ -191,7 +169,7 @@ class AsyncOutboxPublisher:
             self._bytes += entry.size
             self._ready.append(entry)
         if records:
-            logger.info("outbox %s: resending %d stored messages", outbox.name, len(records))
+            logger.info("outbox %s: resending %d stored messages", self._outbox.name, len(records))
         self._writer.thread.start()
         self._ready_event.set()
         self._tasks = [
@@ -202,7 +180,6 @@ class AsyncOutboxPublisher:
             task.add_done_callback(self._task_done)
         if _obs.active is not None:  # rabbitry.observability: the rabbitry.outbox.* metrics
             _obs.active.outbox_started(self)
-        return self
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         # A background task that ends by itself stops delivery: never silently.
@@ -792,3 +769,32 @@ class AsyncOutboxPublisher:
                     entry.gen,
                     PublishTimeout(f"not confirmed within {limit:g} s (confirm_timeout)"),
                 )
+
+
+async def open_outbox_publisher(
+    connection: AsyncConnection,
+    outbox: Outbox,
+    *,
+    open_timeout: float | None = None,
+    **options: Any,
+) -> AsyncOutboxPublisher:
+    """An outbox publisher on ``connection`` delivering what ``outbox`` holds, its
+    channel open within ``open_timeout`` s: what :meth:`AsyncConnection.publisher`
+    returns with ``outbox`` (``options``: those of :class:`AsyncPublisher`).
+    """
+    if not isinstance(outbox, Outbox):
+        raise ConfigurationError(
+            f"outbox: must be an Outbox (e.g. SQLiteOutbox(path)), got {type(outbox).__name__}"
+        )
+    if not options.get("confirm", True):
+        raise ConfigurationError("outbox: needs confirm=True (rows are deleted on ack)")
+    # The store first: a locked or corrupt file fails here, before the broker is used.
+    status, records = await asyncio.to_thread(_open_store, outbox)
+    try:
+        publisher = await open_publisher(connection, open_timeout=open_timeout, **options)
+    except BaseException:
+        await asyncio.to_thread(outbox.close)
+        raise
+    durable = AsyncOutboxPublisher(connection, publisher, outbox)
+    durable._start(status.last_id + 1, status.dead, records)
+    return durable
