@@ -469,3 +469,14 @@ def is_async_callable(handler: object) -> bool:
     return call is not None and (
         inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call)
     )
+
+
+def run_handlers_on_threads(consumer: AsyncConsumer) -> None:
+    """Tell ``consumer`` that its handler hands each message to a thread, which a
+    cancellation cannot stop: a cancelled handling then leaves its message unsettled
+    (no requeue behind the thread's back), and stop() keeps the channel open until the
+    threads have settled theirs.
+
+    For the thread-safe twin (:class:`rabbitry.Consumer`); not for applications.
+    """
+    consumer._release_on_cancel = False

@@ -91,11 +91,7 @@ REMAINING: set[tuple[str, str]] = {
     ("sync/channel.py", "_closed"),
     ("sync/channel.py", "_proto"),
     ("sync/channel.py", "_publish_encoded"),
-    ("sync/consumer.py", "_release_on_cancel"),
     ("sync/outbox_publisher.py", "_release_store"),
-    ("sync/pool.py", "_acquire"),
-    ("sync/pool.py", "_release"),
-    ("topology/_topology.py", "_async"),
 }
 
 

@@ -430,6 +430,12 @@ def portal_of(connection: Connection) -> Portal:
     return connection._require_portal()
 
 
+def engine_of(connection: Connection) -> AsyncConnection:
+    """The asyncio engine under ``connection``, for the library's code that runs on its
+    IO thread (e.g. ``Topology.apply``); not for applications."""
+    return connection._async
+
+
 def post_callback(connection: Connection, fn: Callable[..., Any], *args: Any) -> None:
     """IO thread: run the user callback ``fn(*args)`` on ``connection``'s dispatcher
     thread (for the library's thread-safe objects; not for applications)."""

@@ -15,7 +15,14 @@ import contextvars
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..consumer import AsyncConsumer, ConsumerStats, DedupStore, SyncHandler, is_async_callable
+from ..consumer import (
+    AsyncConsumer,
+    ConsumerStats,
+    DedupStore,
+    SyncHandler,
+    is_async_callable,
+    run_handlers_on_threads,
+)
 from ..exceptions import ConfigurationError
 from ..observability import _state as _obs
 from ._connection import portal_of, post_callback
@@ -129,7 +136,7 @@ class Consumer:
             on_cancel=cancel_hook,
             resubscribe=resubscribe,
         )
-        self._async._release_on_cancel = False
+        run_handlers_on_threads(self._async)
 
     def __repr__(self) -> str:
         return repr(self._async).replace("AsyncConsumer", "Consumer", 1)
