@@ -385,10 +385,10 @@ class ChannelProtocol:
             # §2.3.5.2 / channel.close: after sending close, discard everything but
             # close and close-ok.
             if type(method) is spec.ChannelCloseOk:
-                self._finish(self.close_exc or ChannelClosedByClient(200, "Normal shutdown"))
+                self.finish(self.close_exc or ChannelClosedByClient(200, "Normal shutdown"))
             elif type(method) is spec.ChannelClose:
                 self._conn._write(method_frame(self.channel_id, spec.ChannelCloseOk()))
-                self._finish(self.close_exc or ChannelClosedByClient(200, "Normal shutdown"))
+                self.finish(self.close_exc or ChannelClosedByClient(200, "Normal shutdown"))
             return
         if method.CONTENT:
             self._content_method = method
@@ -412,7 +412,7 @@ class ChannelProtocol:
         elif cls is spec.ChannelClose:
             assert isinstance(method, spec.ChannelClose)
             self._conn._write(method_frame(self.channel_id, spec.ChannelCloseOk()))
-            self._finish(
+            self.finish(
                 channel_error_for(
                     method.reply_code, method.reply_text, method.class_id, method.method_id
                 )
@@ -556,8 +556,11 @@ class ChannelProtocol:
         else:  # basic.publish from the broker: not a thing a client accepts
             raise RemoteProtocolError(f"unexpected {method.NAME} from the broker", 503)
 
-    def _finish(self, exc: AMQPError) -> None:
-        """Mark the channel closed and tell the engine (once)."""
+    def finish(self, exc: AMQPError) -> None:
+        """Mark the channel closed and tell the engine (once).
+
+        Also called by its connection for each of its channels when the connection ends.
+        """
         if self.state is CLOSED:
             return
         self.state = CLOSED

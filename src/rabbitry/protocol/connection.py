@@ -589,6 +589,6 @@ class ConnectionProtocol:
         self.state = CLOSED
         self.close_exc = exc  # always the reason the event carries
         for channel in list(self.channels.values()):
-            channel._finish(exc)
+            channel.finish(exc)
         self.channels.clear()
         self._events.append(ConnectionTerminated(exc))
