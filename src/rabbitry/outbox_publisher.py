@@ -129,7 +129,6 @@ class AsyncOutboxPublisher:
     ) -> None:
         self._conn = connection
         self._pub = publisher
-        # The publisher's window and sending, which the outbox's sender drives.
         self._port = port_of(publisher)
         self._outbox = outbox
         self._loop = publisher._loop
@@ -394,14 +393,6 @@ class AsyncOutboxPublisher:
             self._writer.stop()
             await asyncio.to_thread(self._writer.thread.join)
             await asyncio.to_thread(self._outbox.close)
-
-    def _release_store(self) -> None:
-        """Blocking: stop the writer and close the store (the loop is gone)."""
-        self._closing = True
-        self._writer.stop()
-        if self._writer.thread.is_alive():
-            self._writer.thread.join()
-        self._outbox.close()
 
     # ------------------------------------------------------------------ storing (loop)
 
@@ -780,8 +771,7 @@ async def open_outbox_publisher(
 ) -> AsyncOutboxPublisher:
     """An outbox publisher on ``connection`` delivering what ``outbox`` holds, its
     channel open within ``open_timeout`` s: what :meth:`AsyncConnection.publisher`
-    returns with ``outbox`` (``options``: those of :class:`AsyncPublisher`).
-    """
+    returns with ``outbox`` (``options``: those of :class:`AsyncPublisher`)."""
     if not isinstance(outbox, Outbox):
         raise ConfigurationError(
             f"outbox: must be an Outbox (e.g. SQLiteOutbox(path)), got {type(outbox).__name__}"
@@ -798,3 +788,13 @@ async def open_outbox_publisher(
     durable = AsyncOutboxPublisher(connection, publisher, outbox)
     durable._start(status.last_id + 1, status.dead, records)
     return durable
+
+
+def release_store(publisher: AsyncOutboxPublisher) -> None:
+    """Blocking, the loop being gone: stop the writer and close the store (for the
+    thread-safe twin, :class:`rabbitry.OutboxPublisher`; not for applications)."""
+    publisher._closing = True
+    publisher._writer.stop()
+    if publisher._writer.thread.is_alive():
+        publisher._writer.thread.join()
+    publisher._outbox.close()

@@ -89,7 +89,6 @@ REMAINING: set[tuple[str, str]] = {
     ("sync/channel.py", "_closed"),
     ("sync/channel.py", "_proto"),
     ("sync/channel.py", "_publish_encoded"),
-    ("sync/outbox_publisher.py", "_release_store"),
 }
 
 

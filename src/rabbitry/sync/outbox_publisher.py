@@ -13,6 +13,7 @@ import concurrent.futures
 from typing import TYPE_CHECKING
 
 from ..exceptions import InvalidStateError
+from ..outbox_publisher import release_store
 from ._connection import portal_of
 from .channel import _wait
 
@@ -200,7 +201,7 @@ class OutboxPublisher:
         if self._portal.stopped:
             # The connection (and its IO thread) is gone: nothing is in flight any more,
             # but the outbox file must still be released.
-            self._async._release_store()
+            release_store(self._async)
             return
         self._portal.call(self._async.close, timeout=timeout, wait=_wait(timeout))
 
