@@ -49,6 +49,7 @@ from ._outbox_rows import (
     _RETRY_WRITE_DELAY,
     _STORING,
     _WAITING,
+    SendOutcomes,
     _Entry,
     _open_store,
     _Send,
@@ -154,10 +155,10 @@ class AsyncOutboxPublisher:
         self._tasks: list[asyncio.Task[None]] = []
         self._stored = self._acked_count = self._resent = self._dead = 0
         self._rng = random.Random()
+        self._outcomes = SendOutcomes(self._acked, self._send_failed)
 
     def _start(self, next_id: int, dead: int, records: list[OutboxRecord]) -> None:
-        """Take over the stored state (``records``: the rows still to send) and start
-        the sender and the sweeper."""
+        """Take over the stored state (``records``: rows to send); start the tasks."""
         self._next_id = next_id
         self._dead = dead
         for record in records:
@@ -507,8 +508,7 @@ class AsyncOutboxPublisher:
         self._batch_waiters.append((waiter, entries))
         self._schedule_flush()
         # Once queued the rows are committed (and then sent) even if the caller is
-        # cancelled meanwhile (that cancels only this waiter): at-least-once, never half
-        # a batch.
+        # cancelled meanwhile (that cancels only this waiter): at-least-once, no half batch.
         await waiter
         self._stored += rows
 
@@ -651,7 +651,7 @@ class AsyncOutboxPublisher:
         entry.sent_at = self._loop.time()
         self._in_flight[record.id] = entry
         pub.send_reserved(
-            frames, _Send(self, entry, entry.gen), record.message_id, record.mandatory
+            frames, _Send(self._outcomes, entry, entry.gen), record.message_id, record.mandatory
         )
 
     def _frames(self, record: OutboxRecord) -> list[bytes]:

@@ -33,8 +33,6 @@ REMAINING: set[tuple[str, str]] = {
     ("_consumer_core.py", "_pause_reading"),
     ("_consumer_core.py", "_resume_reading"),
     ("_consumer_core.py", "_start_consumer"),
-    ("_outbox_rows.py", "_acked"),
-    ("_outbox_rows.py", "_send_failed"),
     ("_publisher_core.py", "_blocked_callbacks"),
     ("_publisher_core.py", "_close_callbacks"),
     ("_publisher_core.py", "_confirms"),
