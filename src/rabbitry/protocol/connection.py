@@ -369,7 +369,9 @@ class ConnectionProtocol:
             )
         elif channel_id in self.channels:
             raise LocalProtocolError(f"channel_id: channel {channel_id} is already open")
-        channel = ChannelProtocol(self, channel_id)
+        channel = ChannelProtocol(
+            self, channel_id, self._write, self._write_many, self._channel_finished
+        )
         self.channels[channel_id] = channel
         channel.send_method(spec.ChannelOpen())
         return channel
