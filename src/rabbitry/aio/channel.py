@@ -10,128 +10,40 @@ methods: they only queue a frame.
 from __future__ import annotations
 
 import asyncio
-import copy
-import inspect
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, TypeVar
 
 from ..batching import iter_delivery
-from ..exceptions import (
-    AMQPError,
-    ChannelClosedByBroker,
-    ChannelClosedByClient,
-    ConnectionLost,
-    ConsumerCancelled,
-    Nacked,
-    PublishOutcomeUnknown,
-    PublishRefused,
-    Timeout,
-)
+from ..exceptions import AMQPError, ChannelClosedByClient, ConsumerCancelled, Timeout
 from ..message import Message
 from ..protocol import spec
-from ..protocol._refusal import PublishSummary, is_publish_refusal, refused_index, summarize
 from ..protocol.channel import ChannelProtocol, ChannelState
 from ..protocol.frames import Method
 from ..protocol.publish import ConfirmTracker
 from ..record import RecordedBinding, RecordedExchange, RecordedQueue
-from ..streams import check_consume
-
-if TYPE_CHECKING:
-    from ..record import TopologyRecord
+from ._consumers import _CONSUMER_QUEUE_BYTES as _CONSUMER_QUEUE_BYTES
+from ._consumers import _CONSUMER_QUEUE_MESSAGES as _CONSUMER_QUEUE_MESSAGES
+from ._consumers import CancelCallback, ConsumerMethods, _Connection, _Consumer
+from ._consumers import ConsumerCallback as ConsumerCallback
+from ._lifecycle import ChannelLifecycle, _settle
+from ._lifecycle import Settleable as Settleable
 
 __all__ = ["AsyncChannel", "ConsumerCallback"]
 
 logger = logging.getLogger("rabbitry.channel")
 
-#: A consumer callback: a plain function or a coroutine function taking the message.
-ConsumerCallback = Callable[[Message], Awaitable[None] | None]
 ReturnCallback = Callable[[Message], Any]
-CancelCallback = Callable[[str], Any]
 
 M = TypeVar("M", bound=Method)
 
 
-class _Connection(Protocol):
-    """What a channel uses of its :class:`~rabbitry.aio.connection.AsyncConnection`.
-
-    The connection creates its channels and imports this module; a channel knows it
-    only through these members.
-    """
-
-    _loop: asyncio.AbstractEventLoop | None
-    _channels: dict[int, AsyncChannel]
-    _write_paused: bool
-    topology_record: TopologyRecord
-
-    async def _await_recovery(self, timeout: float | None, what: str) -> None: ...
-
-    async def _wait_writable(self) -> None: ...
-
-    def _kick(self) -> None: ...
-
-    def _pause_reading(self) -> None: ...
-
-    def _resume_reading(self) -> None: ...
-
-    def _forget_if_auto_deleted(self, queue: str) -> None: ...
-
-    def _records_channel_topology(self) -> bool: ...
-
-
-class Settleable(Protocol):
-    """What confirms settle: an asyncio or a concurrent.futures future."""
-
-    def done(self) -> bool: ...
-
-    def set_result(self, result: None, /) -> None: ...
-
-    def set_exception(self, exception: BaseException, /) -> None: ...
-
-
-_END = object()
-#: Deliveries queued for a coroutine consumer callback, and their body bytes, before
-#: the connection stops reading the socket (until the queue is half empty).
-_CONSUMER_QUEUE_MESSAGES = 1024
-_CONSUMER_QUEUE_BYTES = 16 * 1024 * 1024
 #: How often (in publishes) the table of publish heads drops confirmed entries.
 _HEADS_PRUNE = 1024
 
 
-class _Consumer:
-    """A registered consumer: where its deliveries go."""
-
-    __slots__ = (
-        "callback",
-        "is_async",
-        "on_cancel",
-        "on_close",
-        "paused",
-        "queue",
-        "queued_bytes",
-        "spec",
-        "task",
-    )
-
-    def __init__(self, callback: ConsumerCallback, on_cancel: CancelCallback | None) -> None:
-        self.callback = callback
-        self.on_cancel = on_cancel
-        # Told when the channel ends under the consumer (the iterator form uses it).
-        self.on_close: Callable[[AMQPError], None] | None = None
-        #: The basic.consume that made it, for recovery to send again.
-        self.spec: spec.BasicConsume | None = None
-        self.is_async = inspect.iscoroutinefunction(callback)
-        # Async callbacks run one at a time, in delivery order, on a worker task. The
-        # queue is bounded in messages and bytes: when full, the connection stops
-        # reading the socket (``paused``) until the worker has drained it to half.
-        self.queue: asyncio.Queue[Message | object] | None = None
-        self.queued_bytes = 0
-        self.paused = False
-        self.task: asyncio.Task[None] | None = None
-
-
-class AsyncChannel:
+class AsyncChannel(ConsumerMethods, ChannelLifecycle):
     """An open AMQP channel. Get one with ``await connection.channel()``.
 
     Usable as ``async with`` (closes on exit). Callbacks run on the event loop; their
@@ -585,54 +497,6 @@ class AsyncChannel:
             timeout=timeout,
         )
 
-    async def _start_consumer(
-        self,
-        queue: str,
-        callback: ConsumerCallback,
-        *,
-        consumer_tag: str = "",
-        no_local: bool = False,
-        no_ack: bool = False,
-        exclusive: bool = False,
-        arguments: Mapping[str, Any] | None = None,
-        on_cancel: CancelCallback | None,
-        on_close: Callable[[AMQPError], None] | None,
-        timeout: float | None,
-    ) -> str:
-        check_consume(
-            queue, arguments, no_ack=no_ack, qos=self._qos, record=self._conn.topology_record
-        )
-        consumer = _Consumer(callback, on_cancel)
-        consumer.on_close = on_close
-        # What recovery needs to subscribe again (the tag is filled in on consume-ok).
-        consumer.spec = spec.BasicConsume(
-            queue=queue,
-            consumer_tag=consumer_tag,
-            no_local=no_local,
-            no_ack=no_ack,
-            exclusive=exclusive,
-            arguments=arguments,
-        )
-
-        def register(reply: spec.BasicConsumeOk) -> None:
-            assert consumer.spec is not None
-            consumer.spec.consumer_tag = reply.consumer_tag
-            self._consumers[reply.consumer_tag] = consumer
-            if consumer.is_async:
-                consumer.queue = asyncio.Queue()
-                consumer.task = self._loop.create_task(self._run_async_consumer(consumer))
-
-        method = spec.BasicConsume(
-            queue=queue,
-            consumer_tag=consumer_tag,
-            no_local=no_local,
-            no_ack=no_ack,
-            exclusive=exclusive,
-            arguments=arguments,
-        )
-        reply: spec.BasicConsumeOk = await self._rpc(method, timeout, register)
-        return reply.consumer_tag
-
     async def basic_cancel(
         self, consumer_tag: str, *, timeout: float | None = None
     ) -> spec.BasicCancelOk:
@@ -647,28 +511,6 @@ class AsyncChannel:
             spec.BasicCancel(consumer_tag=consumer_tag), timeout, unregister
         )
         return result
-
-    async def _abandon_consumer(self, tag: str, timeout: float = 10.0) -> None:
-        """The consumer's owner is gone (an iterator ended, timed out or was dropped).
-
-        Cancel it now if the channel is open; otherwise forget it at once, so recovery
-        never subscribes it again into an inbox nobody reads.
-        """
-        if tag not in self._consumers:
-            return
-        if self._suspended or not self.is_open:
-            consumer = self._drop_consumer(tag)
-            if consumer is not None and consumer.spec is not None:
-                self._conn._forget_if_auto_deleted(consumer.spec.queue)
-            return
-        try:
-            await self.basic_cancel(tag, timeout=timeout)
-        except AMQPError:
-            # The channel ended or recovery began while cancelling: the broker's
-            # consumer is gone with it, and ours must not come back.
-            consumer = self._drop_consumer(tag)
-            if consumer is not None and consumer.spec is not None:
-                self._conn._forget_if_auto_deleted(consumer.spec.queue)
 
     async def consume(
         self,
@@ -890,110 +732,6 @@ class AsyncChannel:
         if not future.done():
             future.set_result(message if message is not None else method)
 
-    def _on_delivery(self, message: Message) -> None:
-        message.channel = self
-        message.epoch = self.epoch
-        tag = message.delivery_tag = message.delivery_tag + self._tag_offset
-        if tag > self._max_tag:
-            self._max_tag = tag
-        consumer = self._consumers.get(message.consumer_tag)
-        if consumer is None:
-            logger.warning(
-                "channel %s: delivery for unknown consumer %r; requeueing it",
-                self.channel_id,
-                message.consumer_tag,
-            )
-            self.basic_reject(message.delivery_tag, requeue=True)
-            return
-        if consumer.is_async:
-            queue = consumer.queue
-            assert queue is not None
-            queue.put_nowait(message)
-            consumer.queued_bytes += len(message.body)
-            if not consumer.paused and (
-                queue.qsize() >= _CONSUMER_QUEUE_MESSAGES
-                or consumer.queued_bytes >= _CONSUMER_QUEUE_BYTES
-            ):
-                # TCP back-pressure, as the sync dispatcher does: the broker keeps the
-                # rest (no basic_qos means no other bound on what it sends).
-                consumer.paused = True
-                self._conn._pause_reading()
-            return
-        try:
-            consumer.callback(message)
-        except Exception:
-            logger.exception("consumer callback %r failed", consumer.callback)
-
-    async def _run_async_consumer(self, consumer: _Consumer) -> None:
-        queue = consumer.queue
-        assert queue is not None
-        while True:
-            item = await queue.get()
-            if item is _END or self._closed.done():
-                # Closed: what is still queued is dropped (the broker requeues it).
-                self._release_consumer_pause(consumer)
-                return
-            assert isinstance(item, Message)
-            consumer.queued_bytes -= len(item.body)
-            if (
-                consumer.paused
-                and queue.qsize() <= _CONSUMER_QUEUE_MESSAGES // 2
-                and consumer.queued_bytes <= _CONSUMER_QUEUE_BYTES // 2
-            ):
-                self._release_consumer_pause(consumer)
-            try:
-                result = consumer.callback(item)
-                if result is not None:
-                    await result
-            except Exception:
-                logger.exception("consumer callback %r failed", consumer.callback)
-
-    def _release_consumer_pause(self, consumer: _Consumer) -> None:
-        if consumer.paused:
-            consumer.paused = False
-            self._conn._resume_reading()
-
-    def _drop_consumer(self, tag: str) -> _Consumer | None:
-        consumer = self._consumers.pop(tag, None)
-        if consumer is not None and consumer.is_async and consumer.queue is not None:
-            consumer.queue.put_nowait(_END)
-            if self._closed.done():
-                self._release_consumer_pause(consumer)
-        return consumer
-
-    def _on_consumer_cancelled(self, tag: str) -> None:
-        consumer = self._drop_consumer(tag)
-        logger.warning("channel %s: the broker cancelled consumer %r", self.channel_id, tag)
-        if consumer is not None and consumer.on_cancel is not None:
-            try:
-                consumer.on_cancel(tag)
-            except Exception:
-                logger.exception("cancel callback %r failed", consumer.on_cancel)
-
-    def _on_confirm(self, tag: int, multiple: bool, ack: bool) -> None:
-        confirms = self._confirms
-        confirms.confirm(tag, multiple, ack)  # settles through _settle
-        if self._settled_waiters and not confirms:
-            self._notify_settled()
-
-    def _confirms_settled(self) -> asyncio.Future[None]:
-        """A future resolved once the confirm table is empty (every publish settled).
-
-        The table also empties when the channel ends (its publishes fail).
-        """
-        future: asyncio.Future[None] = self._loop.create_future()
-        if self._confirms:
-            self._settled_waiters.append(future)
-        else:
-            future.set_result(None)
-        return future
-
-    def _notify_settled(self) -> None:
-        waiters, self._settled_waiters = self._settled_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-
     def _on_return(self, message: Message) -> None:
         if not self._return_callbacks:
             logger.warning(
@@ -1013,213 +751,3 @@ class AsyncChannel:
 
     def _on_flow(self, active: bool) -> None:
         logger.info("channel %s: broker flow %s", self.channel_id, "on" if active else "off")
-
-    def _fail_pending(self, exc: AMQPError, *, keep_resendable: bool = False) -> None:
-        """Fail waiting requests and unconfirmed publishes with ``exc``.
-
-        With ``keep_resendable`` (the connection is recovering), unconfirmed publishes
-        whose owner asked for it (``resend_on_recovery``) are kept for :meth:`_republish`.
-        """
-        rpcs, self._rpcs = self._rpcs, deque()
-        for future, _ in rpcs:
-            if not future.done():
-                # A fresh instance per waiter: one exception object raised in several
-                # tasks would collect all their tracebacks.
-                future.set_exception(copy.copy(exc))
-        confirms = self._confirms.take_all()
-        heads, self._heads = self._heads, {}
-        refused = self._refused_seq(exc, confirms, heads)
-        if not keep_resendable and self._resend:
-            resend, self._resend = self._resend, []
-            confirms.update((-i - 1, waiter) for i, waiter in enumerate(resend))
-        for seq, waiter in confirms.items():
-            if waiter.done():
-                continue
-            if keep_resendable and getattr(waiter, "resend_on_recovery", False):
-                self._resend.append(waiter)
-                continue
-            error: PublishOutcomeUnknown | PublishRefused
-            if refused is None or seq < refused:
-                error = PublishOutcomeUnknown(max(seq, 0))
-            elif seq == refused:
-                assert isinstance(exc, ChannelClosedByBroker)
-                error = PublishRefused(seq, exc.reply_code, exc.reply_text)
-            else:
-                error = PublishOutcomeUnknown(
-                    seq,
-                    f"publish #{seq}: not processed: the broker discarded it after "
-                    f"refusing publish #{refused} on the same channel",
-                    discarded=True,
-                )
-            error.__cause__ = exc
-            waiter.set_exception(error)
-        if self._settled_waiters:
-            self._notify_settled()
-
-    def _refused_seq(
-        self,
-        exc: AMQPError,
-        confirms: Mapping[int, Settleable],
-        heads: Mapping[int, tuple[bytes, bytes]],
-    ) -> int | None:
-        """The sequence number of the publish a broker's channel.close refused, if any.
-
-        See :mod:`rabbitry.protocol._refusal`: the broker closes the channel right after
-        the offending basic.publish, earlier publishes may still await their confirm,
-        later ones were discarded unprocessed.
-        """
-        if not isinstance(exc, ChannelClosedByBroker) or not is_publish_refusal(
-            exc.reply_code, exc.class_id, exc.method_id
-        ):
-            return None
-        order = sorted(seq for seq, waiter in confirms.items() if not waiter.done())
-        candidates: list[PublishSummary | None] = []
-        for seq in order:
-            frames: list[bytes] | None = getattr(confirms[seq], "frames", None)
-            head = (frames[0], frames[2]) if frames and len(frames) > 2 else heads.get(seq)
-            candidates.append(summarize(*head) if head is not None else None)
-        index = refused_index(exc.reply_text, candidates)
-        if index is None:
-            if order:
-                logger.error(
-                    "channel %s: the broker refused one of %d unconfirmed publishes (%s) and "
-                    "its reply does not say which; they all fail as outcome unknown",
-                    self.channel_id,
-                    len(order),
-                    exc,
-                )
-            return None
-        return order[index]
-
-    def _suspend(self, exc: AMQPError) -> None:
-        """The connection died and is recovering: keep the channel, fail what was pending.
-
-        Consumers stay registered (recovery subscribes them again); a new epoch starts
-        so that acks for the deliveries received so far are not sent on the new channel.
-        """
-        if self._closed.done():
-            return
-        if self._internal:
-            self._on_closed(exc)  # recovery's own channel: the next attempt opens another
-            return
-        self._suspended = True
-        self.epoch += 1
-        # Every tag handed out so far died with the connection.
-        self._tag_offset = self._max_tag
-        self._fail_pending(exc, keep_resendable=True)
-
-    async def _resume(self, protocol: ChannelProtocol) -> None:
-        """Recovery: adopt the re-opened channel; replay QoS and confirm/tx modes."""
-        confirm = self._proto.confirm_mode
-        transactional = self._proto.transactional
-        self._proto = protocol
-        self._register_rpc(None)  # channel.open, queued by the protocol
-        await self._await_rpc("channel.open", 30.0)
-        # Still suspended: the application's calls wait until the modes are back (a
-        # publish in between would miss confirm mode).
-        if self._qos is not None:
-            count, size, global_ = self._qos
-            qos = spec.BasicQos(prefetch_size=size, prefetch_count=count, global_=global_)
-            await self._replay_rpc(qos)
-        if confirm:
-            await self._replay_rpc(spec.ConfirmSelect())
-        if transactional:
-            await self._replay_rpc(spec.TxSelect())
-        self._suspended = False
-
-    async def _replay_rpc(self, method: Method) -> Any:
-        """A request of recovery itself: sent now, never waiting for recovery.
-
-        Raises:
-            ConnectionLost: the connection dropped again (recovery tries again).
-        """
-        if self._proto.state is not ChannelState.OPEN:
-            raise ConnectionLost(f"the connection dropped before {method.NAME} was replayed")
-        self._proto.send_method(method)
-        self._register_rpc(None)
-        return await self._await_rpc(method.NAME, 30.0)
-
-    def _republish(self) -> int:
-        """Recovery: send again the unconfirmed messages kept at suspension, in order.
-
-        They keep their ``message_id``; the broker may now hold two copies of some
-        (at-least-once: the consumer's dedup store or idempotency handles them).
-        Returns how many were sent.
-        """
-        resend, self._resend = self._resend, []
-        sent = 0
-        for record in resend:
-            if record.done():
-                continue
-            seq = self._proto.send_publish(record.frames)  # type: ignore[attr-defined]
-            record.seq = seq  # type: ignore[attr-defined]
-            self._confirms.add(seq, record)
-            sent += 1
-        if sent:
-            self.republished += sent
-            self._conn._kick()
-        return sent
-
-    def _consumer_specs(self) -> list[spec.BasicConsume]:
-        """Recovery: the basic.consume of every live consumer, in subscription order."""
-        return [c.spec for c in self._consumers.values() if c.spec is not None]
-
-    async def _resubscribe_one(self, method: spec.BasicConsume, renamed: Mapping[str, str]) -> None:
-        """Recovery: subscribe one consumer again, same tag, following a renamed queue.
-
-        Raises:
-            ChannelClosedByBroker: the broker refused (the channel is closed).
-        """
-        tag = method.consumer_tag
-        if tag not in self._consumers:
-            return  # its owner ended it while recovery ran
-        method.queue = renamed.get(method.queue, method.queue)
-        await self._replay_rpc(method)
-        if tag not in self._consumers and self.is_open:
-            # Abandoned while the consume was on its way: cancel what the broker made.
-            await self._replay_rpc(spec.BasicCancel(consumer_tag=tag))
-
-    def _lose_consumer(self, tag: str, exc: AMQPError) -> None:
-        """Recovery could not restore this consumer: end it through its cancel path."""
-        consumer = self._drop_consumer(tag)
-        if consumer is None:
-            return
-        if consumer.on_cancel is not None:
-            try:
-                consumer.on_cancel(tag)
-            except Exception:
-                logger.exception("cancel callback %r failed", consumer.on_cancel)
-        elif consumer.on_close is not None:
-            consumer.on_close(exc)
-
-    def _mark_lost(self, exc: AMQPError) -> None:
-        """Recovery could not restore this channel: close it for good with ``exc``."""
-        self._lost_reason = exc
-        if self._proto.state is ChannelState.CLOSED:
-            self._proto.close_exc = exc  # what a later call on this channel names
-        self._on_closed(exc)
-
-    def _on_closed(self, exc: AMQPError) -> None:
-        if self._closed.done():
-            return
-        self._suspended = False
-        self.close_exc = exc
-        self._closed.set_result(exc)
-        self._conn._channels.pop(self.channel_id, None)
-        self._fail_pending(exc)
-        for tag in list(self._consumers):
-            consumer = self._drop_consumer(tag)
-            if consumer is not None and consumer.on_close is not None:
-                consumer.on_close(exc)
-        if not isinstance(exc, ChannelClosedByClient):
-            logger.debug("channel %s closed: %r", self.channel_id, exc)
-
-
-def _settle(future: Settleable, tag: int, ack: bool) -> None:
-    """Settle a publish with the broker's confirm of ``tag`` (unless it is settled)."""
-    if future.done():
-        return
-    if ack:
-        future.set_result(None)
-    else:
-        future.set_exception(Nacked(tag))

@@ -2,7 +2,8 @@
 
 The engine owns the socket, the timers and the futures; every protocol rule lives in
 ``rabbitry.protocol``. Bytes flow ``data_received → receive_data → data_to_send → write``
-and events flow ``events_received → futures and callbacks``.
+and events flow ``events_received → futures and callbacks`` (the dispatch, the state
+changes and the endings are in :mod:`rabbitry.aio._events`, a base class).
 
 Writes are corked per loop pass: the first frames an API call queues in a pass are
 written at once (a round trip costs no extra loop iteration), what follows in the same
@@ -21,12 +22,11 @@ import os
 import ssl
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Self, cast
+from typing import TYPE_CHECKING, Any, Self, cast
 
 from ..broker import RABBITMQ_3_MAX_MESSAGE_SIZE, server_capabilities
 from ..config import ConnectionParameters, default_url, parse_urls
 from ..exceptions import (
-    AMQPConnectionError,
     AMQPError,
     AuthenticationError,
     ConfigurationError,
@@ -44,25 +44,15 @@ from ..exceptions import (
 from ..observability import _state as _obs
 from ..protocol import spec
 from ..protocol.connection import ConnectionProtocol, ConnectionState
-from ..protocol.events import (
-    ChannelClosedEvent,
-    ConnectionBlocked,
-    ConnectionOpened,
-    ConnectionTerminated,
-    ConnectionUnblocked,
-    ConsumerCancelledByBroker,
-    Delivery,
-    Event,
-    FlowChanged,
-    PublishConfirmed,
-    Returned,
-    RpcReply,
-)
 from ..record import TopologyRecord
-from ..recovery import DEFAULT_RECOVERY, RecoveryPolicy, State, is_recoverable
+from ..recovery import DEFAULT_RECOVERY, RecoveryPolicy, State
 from ._connect_errors import refine, wait_opened
+from ._events import _CLOSE_TIMEOUT, BlockedCallback, CloseCallback, ConnectionEvents
 from ._recovery import Recovery
 from .channel import AsyncChannel
+
+if TYPE_CHECKING:
+    from ..protocol.events import Event
 
 __all__ = ["AsyncConnection"]
 
@@ -72,14 +62,10 @@ logger = logging.getLogger("rabbitry.connection")
 _FLUSH_FRAMES = 256
 #: Above this many bytes queued, a flush writes the pieces one by one instead of joining.
 _JOIN_BYTES = 1024 * 1024
-#: How long close() waits for connection.close-ok by default.
-_CLOSE_TIMEOUT = 10.0
 
 # Every connection opened in this process, so that a forked child can disable them all.
 _CONNECTIONS: weakref.WeakSet[AsyncConnection] = weakref.WeakSet()
 
-BlockedCallback = Callable[[str | None], Any]
-CloseCallback = Callable[[AMQPError], Any]
 #: Returns ``(username, password)``; called before every connect and reconnect attempt.
 CredentialsProvider = Callable[[], "tuple[str, str] | Awaitable[tuple[str, str]]"]
 
@@ -120,7 +106,7 @@ class _Transport(asyncio.Protocol):
         self._connection._resume_writing()
 
 
-class AsyncConnection:
+class AsyncConnection(ConnectionEvents):
     """The asyncio engine of :class:`rabbitry.AsyncConnection`: the socket, the timers,
     the channels and recovery.
 
@@ -513,37 +499,26 @@ class AsyncConnection:
         except TimeoutError:
             raise Timeout(f"connection still open after {timeout} s") from None
 
-    def _pause_reading(self) -> None:
-        """Stop reading the socket: a consumer's queue is full (loop thread).
+    def _abort(self, exc: AMQPError) -> None:
+        """End the connection now without waiting for the broker (loop thread).
 
-        Pauses are counted (the sync dispatcher and every full consumer queue each hold
-        one); reading resumes when the last is released by :meth:`_resume_reading`.
-        Deliveries already read in the same chunk are held back too (see
-        :meth:`_handle_events`), so a queue grows by at most the message that filled it.
+        For a loop about to stop under the connection (the sync facade's IO thread):
+        every future the engine holds fails with ``exc`` and the close callbacks run.
         """
-        self._read_pauses += 1
-        if self._read_pauses == 1 and self._transport is not None and self._proto is not None:
-            self._proto.rx_paused = True
-            self._transport.pause_reading()
-
-    def _resume_reading(self) -> None:
-        """Release one :meth:`_pause_reading` (loop thread)."""
-        if not self._read_pauses:
-            return
-        self._read_pauses -= 1
-        if self._read_pauses:
-            return
-        if self._held_events and self._loop is not None:
-            self._loop.call_soon(self._release_held)
-        if self._transport is not None and self._proto is not None:
-            self._proto.rx_paused = False
-            self._transport.resume_reading()
-
-    def _release_held(self) -> None:
-        """Handle the events held back while reading was paused (in order)."""
-        events, self._held_events = self._held_events, []
-        if events:
-            self._handle_events(events)
+        self._closing = True
+        task = self._recovery_task
+        if task is not None and not task.done():
+            task.cancel()
+        proto = self._proto
+        if proto is not None and proto.state is not ConnectionState.CLOSED:
+            proto.abort(exc)
+            self._handle_events(proto.events_received())
+        if not self.is_closed:
+            self._reset_attempt()
+            self._finish_closed(exc)
+        if self._transport is not None:
+            # Not close(): a broker that reads nothing (blocked) would keep it open.
+            self._transport.abort()
 
     # ------------------------------------------------------------------ channels
 
@@ -684,15 +659,6 @@ class AsyncConnection:
 
     # ------------------------------------------------------------------ socket events
 
-    def _on_connection_made(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
-        self._held_events = []  # deliveries of an earlier socket: the broker requeued them
-        if self._read_pauses and self._proto is not None:
-            # A consumer queue is still full from before a reconnect.
-            self._proto.rx_paused = True
-            transport.pause_reading()
-        self._flush()  # the protocol header
-
     def _on_data(self, data: bytes) -> None:
         proto = self._proto
         if proto is None:
@@ -718,194 +684,6 @@ class AsyncConnection:
             self._flush()
         if proto.state is ConnectionState.CLOSING and self._close_deadline is None:
             self._arm_close_deadline()
-
-    def _on_connection_lost(self, exc: Exception | None) -> None:
-        proto = self._proto
-        self._transport = None
-        self._resume_writing()
-        if proto is not None:
-            proto.receive_eof()
-            self._handle_events(proto.events_received())
-        if self._lost is not None and not self._lost.done():
-            self._lost.set_result(None)
-        if exc is not None:
-            logger.debug("socket closed: %r", exc)
-            if isinstance(exc, ssl.SSLError) and self._opened is not None:
-                if not self._opened.done() or self._opened.exception() is not None:
-                    self._handshake_tls_error = exc
-
-    def _on_tick(self) -> None:
-        self._tick_handle = None
-        proto = self._proto
-        loop = self._loop
-        if proto is None or loop is None:
-            return
-        proto.tick(loop.time())
-        self._flush()
-        self._handle_events(proto.events_received())
-        interval = proto.tick_interval
-        if interval and proto.state is not ConnectionState.CLOSED:
-            self._tick_handle = loop.call_later(interval, self._on_tick)
-
-    def _arm_close_deadline(self) -> None:
-        """The protocol closes the connection (it found a violation): bound the wait.
-
-        The pending calls fail at once with the violation; only the socket waits (up
-        to ``_CLOSE_TIMEOUT``) for the broker's close-ok.
-        """
-        assert self._loop is not None
-        self._close_deadline = self._loop.call_later(_CLOSE_TIMEOUT, self._close_overdue)
-        proto = self._proto
-        if proto is not None and proto.close_exc is not None:
-            self._fail_all_pending(proto.close_exc)
-
-    def _fail_all_pending(self, exc: AMQPError) -> None:
-        """The connection is closing: fail every channel's waiting calls and confirms.
-
-        Publishes kept for a resend after recovery stay kept (the close may still turn
-        out recoverable); the channels themselves end when the connection does.
-        """
-        for channel in list(self._channels.values()):
-            channel._fail_pending(exc, keep_resendable=True)
-        waiter = self._update_secret_waiter
-        self._update_secret_waiter = None
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
-
-    def _abort(self, exc: AMQPError) -> None:
-        """End the connection now without waiting for the broker (loop thread).
-
-        For a loop about to stop under the connection (the sync facade's IO thread):
-        every future the engine holds fails with ``exc`` and the close callbacks run.
-        """
-        self._closing = True
-        task = self._recovery_task
-        if task is not None and not task.done():
-            task.cancel()
-        proto = self._proto
-        if proto is not None and proto.state is not ConnectionState.CLOSED:
-            proto.abort(exc)
-            self._handle_events(proto.events_received())
-        if not self.is_closed:
-            self._reset_attempt()
-            self._finish_closed(exc)
-        if self._transport is not None:
-            # Not close(): a broker that reads nothing (blocked) would keep it open.
-            self._transport.abort()
-
-    def _close_overdue(self) -> None:
-        proto = self._proto
-        if proto is not None and proto.state is ConnectionState.CLOSING:
-            assert proto.close_exc is not None
-            proto.abort(proto.close_exc)
-            self._handle_events(proto.events_received())
-
-    def _cancel_timers(self) -> None:
-        if self._close_deadline is not None:
-            self._close_deadline.cancel()
-            self._close_deadline = None
-        if self._tick_handle is not None:
-            self._tick_handle.cancel()
-            self._tick_handle = None
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-            self._flush_handle = None
-
-    # ------------------------------------------------------------------ events
-
-    def _handle_events(self, events: list[Event]) -> None:
-        channels = self._channels
-        dropped: AMQPError | None = None
-        proto = self._proto
-        if (
-            self.recovery is not None
-            and not self._closing
-            and (proto is None or proto.state is ConnectionState.CLOSED)
-        ):
-            # The connection just ended: if it will be recovered, its channels are
-            # suspended (kept for replay) rather than closed.
-            for event in events:
-                if type(event) is ConnectionTerminated:
-                    assert isinstance(event, ConnectionTerminated)
-                    if self._state is State.RECOVERING or (
-                        self._state is State.OPEN and is_recoverable(event.exc)
-                    ):
-                        dropped = event.exc
-        for index, event in enumerate(events):
-            kind = type(event)
-            if kind is Delivery:
-                assert isinstance(event, Delivery)
-                channel = channels.get(event.channel)
-                if channel is not None:
-                    channel._on_delivery(event.message)
-                else:
-                    logger.error(
-                        "delivery %s on channel %s, which has no channel object: it stays "
-                        "unacknowledged until the channel closes",
-                        event.message.delivery_tag,
-                        event.channel,
-                    )
-                if self._read_pauses and proto is not None and proto.state is ConnectionState.OPEN:
-                    # A consumer's queue just filled: the rest of this chunk waits as
-                    # if it had not been read yet (released with the last pause).
-                    rest = events[index + 1 :]
-                    if rest:
-                        self._held_events = rest + self._held_events
-                    return
-            elif kind is PublishConfirmed:
-                assert isinstance(event, PublishConfirmed)
-                channel = channels.get(event.channel)
-                if channel is not None:
-                    channel._on_confirm(event.delivery_tag, event.multiple, event.ack)
-            elif kind is RpcReply:
-                assert isinstance(event, RpcReply)
-                if event.channel == 0:
-                    waiter = self._update_secret_waiter
-                    self._update_secret_waiter = None
-                    if waiter is not None and not waiter.done():
-                        waiter.set_result(None)
-                else:
-                    channel = channels.get(event.channel)
-                    if channel is not None:
-                        channel._on_rpc_reply(event.method, event.message)
-            elif kind is Returned:
-                assert isinstance(event, Returned)
-                channel = channels.get(event.channel)
-                if channel is not None:
-                    channel._on_return(event.message)
-            elif kind is ConsumerCancelledByBroker:
-                assert isinstance(event, ConsumerCancelledByBroker)
-                channel = channels.get(event.channel)
-                if channel is not None:
-                    channel._on_consumer_cancelled(event.consumer_tag)
-            elif kind is FlowChanged:
-                assert isinstance(event, FlowChanged)
-                channel = channels.get(event.channel)
-                if channel is not None:
-                    channel._on_flow(event.active)
-            elif kind is ChannelClosedEvent:
-                assert isinstance(event, ChannelClosedEvent)
-                if dropped is not None and event.exc is dropped:
-                    channel = channels.get(event.channel)
-                    if channel is not None:
-                        channel._suspend(event.exc)
-                    continue
-                channel = channels.pop(event.channel, None)
-                if channel is not None:
-                    channel._on_closed(event.exc)
-            elif kind is ConnectionOpened:
-                self._on_opened()
-            elif kind is ConnectionBlocked:
-                assert isinstance(event, ConnectionBlocked)
-                self._notify_blocked(event.reason)
-            elif kind is ConnectionUnblocked:
-                self._notify_blocked(None)
-            elif kind is ConnectionTerminated:
-                assert isinstance(event, ConnectionTerminated)
-                if dropped is not None and event.exc is dropped:
-                    self._on_dropped(event.exc)
-                else:
-                    self._on_terminated(event.exc)
 
     # ------------------------------------------------------------------ recovery
 
@@ -954,16 +732,6 @@ class AsyncConnection:
             raise ConnectionRecovering(f"cannot {what}: the connection is recovering")
         await self.wait_recovered(timeout)
 
-    def _set_state(self, state: State, cause: AMQPError | None) -> None:
-        if state is self._state:
-            return
-        self._state = state
-        for callback in list(self._state_callbacks):
-            try:
-                callback(state, cause)
-            except Exception:
-                logger.exception("state callback %r failed", callback)
-
     def _on_dropped(self, exc: AMQPError) -> None:
         """The connection died for a recoverable reason; its channels are suspended."""
         self._held_events = []  # unacked deliveries: the broker requeues them
@@ -989,137 +757,6 @@ class AsyncConnection:
         assert self.recovery is not None
         recovery = Recovery(self, self.recovery)
         self._recovery_task = self._loop.create_task(recovery.run(exc))
-
-    def _forget_if_auto_deleted(self, queue: str) -> None:
-        """A consumer of ``queue`` was cancelled: if it was the last one on this
-        connection and the record holds ``queue`` as auto-delete, the broker has deleted
-        the queue, so recovery must not declare it again."""
-        recorded = self.topology_record.queue(queue)
-        if recorded is None or not recorded.auto_delete:
-            return
-        for channel in self._channels.values():
-            for consumer in channel._consumers.values():
-                if consumer.spec is not None and consumer.spec.queue == queue:
-                    return
-        logger.debug("auto-delete queue %r lost its last consumer: forgotten", queue)
-        self.topology_record.forget_queue(queue)
-
-    def _recovery_done(self) -> None:
-        """Recovery reconnected and replayed: the connection is OPEN again."""
-        assert self._recovered is not None
-        self._set_state(State.OPEN, None)
-        self._recovered.set()
-
-    def _notify_recovery_error(self, kind: str, name: str, exc: AMQPError) -> None:
-        for callback in list(self._recovery_error_callbacks):
-            try:
-                callback(kind, name, exc)
-            except Exception:
-                logger.exception("recovery error callback %r failed", callback)
-
-    def _notify_renamed(self, old: str, new: str) -> None:
-        for callback in list(self._rename_callbacks):
-            try:
-                callback(old, new)
-            except Exception:
-                logger.exception("rename callback %r failed", callback)
-
-    def _give_up(self, exc: AMQPError) -> None:
-        """Recovery failed for good: end the connection with ``exc``."""
-        logger.error("giving up recovering the connection to %s: %r", self.params.address, exc)
-        self._notify_recovery_error("connection", self.params.address, exc)
-        self._finish_closed(exc)
-
-    async def _stop_recovery(self, exc: AMQPError) -> None:
-        task = self._recovery_task
-        if task is not None and not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        self._reset_attempt()
-        self._finish_closed(exc)
-
-    def _finish_closed(self, exc: AMQPError) -> None:
-        self.close_exc = exc
-        for channel in list(self._channels.values()):
-            channel._on_closed(exc)
-        self._channels.clear()
-        if self._terminated is not None and not self._terminated.done():
-            self._terminated.set_result(exc)
-        self._set_state(State.CLOSED, exc)
-        if self._recovered is not None:
-            self._recovered.set()
-        for callback in list(self._close_callbacks):
-            try:
-                callback(exc)
-            except Exception:
-                logger.exception("close callback %r failed", callback)
-
-    def _on_opened(self) -> None:
-        if self._opened is not None and not self._opened.done():
-            self._opened.set_result(None)
-        proto = self._proto
-        if proto is not None and proto.tick_interval and self._loop is not None:
-            proto.tick(self._loop.time())
-            self._tick_handle = self._loop.call_later(proto.tick_interval, self._on_tick)
-
-    def _notify_blocked(self, reason: str | None) -> None:
-        if reason is None:
-            logger.info("connection unblocked by the broker")
-        else:
-            logger.warning("connection blocked by the broker: %s", reason)
-        for callback in list(self._blocked_callbacks):
-            try:
-                callback(reason)
-            except Exception:
-                logger.exception("blocked callback %r failed", callback)
-
-    def _on_terminated(self, exc: AMQPError) -> None:
-        self.close_exc = exc
-        self._held_events = []  # deliveries of closed channels: the broker requeues them
-        if self._state is State.OPEN:
-            self._set_state(State.CLOSED, exc)
-        if self._recovered is not None:
-            self._recovered.set()
-        self._cancel_timers()
-        self._flush()  # e.g. the close-ok answering the broker's close
-        transport = self._transport
-        if transport is not None:
-            if isinstance(exc, AMQPConnectionError) and not isinstance(
-                exc, ConnectionClosedByClient
-            ):
-                transport.abort()
-            else:
-                transport.close()
-        for channel in list(self._channels.values()):
-            channel._on_closed(exc)
-        self._channels.clear()
-        self._resume_writing()
-        waiter = self._update_secret_waiter
-        self._update_secret_waiter = None
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
-        if self._terminated is not None and not self._terminated.done():
-            self._terminated.set_result(exc)
-        opened = self._opened
-        was_open = (
-            opened is not None
-            and opened.done()
-            and not opened.cancelled()
-            and opened.exception() is None
-        )
-        if opened is not None and not opened.done():
-            opened.set_exception(exc)
-        if not was_open:
-            return  # a failed connection attempt: connect() reports it
-        if isinstance(exc, ConnectionClosedByClient):
-            logger.debug("connection closed: %s", exc)
-        else:
-            logger.warning("connection to %s ended: %r", self.params.address, exc)
-        for callback in list(self._close_callbacks):
-            try:
-                callback(exc)
-            except Exception:
-                logger.exception("close callback %r failed", callback)
 
 
 def _after_fork() -> None:
