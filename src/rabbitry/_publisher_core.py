@@ -15,6 +15,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from .aio.connection import remove_callback
 from .exceptions import (
     AMQPError,
     InvalidStateError,
@@ -707,14 +708,8 @@ class _PublisherCore:
         """Stop listening to the connection and release everyone waiting (closing)."""
         self._closing = self._port.closing = True
         self._detached = True
-        for hooks, callback in (
-            (self._conn._blocked_callbacks, self._on_blocked),
-            (self._conn._close_callbacks, self._on_connection_closed),
-        ):
-            try:
-                hooks.remove(callback)  # type: ignore[arg-type]
-            except ValueError:
-                pass
+        remove_callback(self._conn, self._on_blocked)
+        remove_callback(self._conn, self._on_connection_closed)
         self._unblocked.set()
         self._wake_room_waiters(InvalidStateError("the publisher is closed"))
         self._fail_backlog(InvalidStateError("the publisher is closed"), closing=True)
