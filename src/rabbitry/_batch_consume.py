@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from .protocol.message import Message
 
-__all__ = ["handle_batch_with_envelopes", "handle_envelope"]
+__all__ = ["EnvelopeHandling"]
 
 
 class _Dedup(Protocol):
@@ -44,8 +44,7 @@ class _Stats(Protocol):
 
 
 class _Consumer(Protocol):
-    """What these functions use of their :class:`~rabbitry.consumer.AsyncConsumer`, which
-    imports this module."""
+    """What :class:`EnvelopeHandling` uses of the consumer it is a base of."""
 
     @property
     def dedup(self) -> _Dedup | None: ...
@@ -70,110 +69,113 @@ class _Consumer(Protocol):
     ) -> list[tuple[Message, BaseException]]: ...
 
 
-async def handle_envelope(consumer: _Consumer, envelope: Message) -> None:
-    """Hand the records of ``envelope`` to ``consumer``'s handler; settle the envelope."""
-    dedup = consumer.dedup
-    message_id = envelope.properties.message_id
-    if dedup is not None and message_id and dedup.seen(message_id):
-        consumer.stats.deduplicated += 1
-        consumer._ack(envelope)
-        return
+class EnvelopeHandling:
+    """Handling batch envelopes: a base of :class:`~rabbitry._consumer_core._ConsumerCore`,
+    its methods typed against the members of the consumer they use (``_Consumer``)."""
 
-    def settle(how: str, *, multiple: bool = False, requeue: bool = True) -> None:
-        if how == "ack":
-            consumer._ack(envelope)
-        else:
-            consumer._settle(envelope, how, requeue=requeue)
-
-    try:
-        records = unpack(envelope, settle)
-    except BatchFormatError as exc:
-        await consumer._fail(envelope, exc)
-        return
-    handler = consumer._handler
-    for record in records:
-        settler = settler_of(record)
-        if settler is not None and settler.done:
-            return  # the handler nacked or rejected a record: the envelope went with it
-        try:
-            result: Any = handler(record)
-            if inspect.isawaitable(result):
-                await result
-        except asyncio.CancelledError:
-            if consumer._release_on_cancel and not (settler is not None and settler.done):
-                consumer._settle(envelope, "nack", requeue=True)
-                consumer.stats.released += 1
-            raise
-        except Exception as exc:
-            if settler is None or not settler.done:
-                await consumer._fail(envelope, exc)
+    async def _handle_envelope(self: _Consumer, envelope: Message) -> None:
+        """Hand the records of ``envelope`` to the handler; settle the envelope."""
+        dedup = self.dedup
+        message_id = envelope.properties.message_id
+        if dedup is not None and message_id and dedup.seen(message_id):
+            self.stats.deduplicated += 1
+            self._ack(envelope)
             return
-        if not record.settled and settler is not None and not settler.done:
-            record.ack()
-    if dedup is not None and message_id and envelope.settled:
-        dedup.add(message_id)
 
+        def settle(how: str, *, multiple: bool = False, requeue: bool = True) -> None:
+            if how == "ack":
+                self._ack(envelope)
+            else:
+                self._settle(envelope, how, requeue=requeue)
 
-def _settle_for(consumer: _Consumer, envelope: Message) -> Any:
-    def settle(how: str, *, multiple: bool = False, requeue: bool = True) -> None:
-        if how == "ack":
-            consumer._ack(envelope)
-        else:
-            consumer._settle(envelope, how, requeue=requeue)
-
-    return settle
-
-
-async def handle_batch_with_envelopes(consumer: _Consumer, batch: list[Message]) -> None:
-    """A list handler's batch that holds envelopes: records in their place (see above)."""
-    items: list[Message] = []
-    owner: dict[int, Message] = {}
-    envelopes: list[Message] = []
-    for message in batch:
-        if not is_envelope(message):
-            items.append(message)
-            continue
         try:
-            records = unpack(message, _settle_for(consumer, message))
+            records = unpack(envelope, settle)
         except BatchFormatError as exc:
-            await consumer._fail(message, exc)
-            continue
-        envelopes.append(message)
+            await self._fail(envelope, exc)
+            return
+        handler = self._handler
         for record in records:
-            owner[id(record)] = message
-        items.extend(records)
-    failed: list[tuple[Message, BaseException]] = []
-    if items:
-        try:
-            result: Any = consumer._handler(items)
-            if inspect.isawaitable(result):
-                result = await result
-            if result is not None:
-                failed = consumer._failed_items(items, result)
-        except asyncio.CancelledError:
-            if consumer._release_on_cancel:
-                for message in (*envelopes, *(m for m in items if id(m) not in owner)):
-                    consumer._settle(message, "nack", requeue=True)
-            raise
-        except Exception as exc:
-            failed = [(message, exc) for message in items]
-    failed_envelopes: dict[int, tuple[Message, BaseException]] = {}
-    failed_plain: set[int] = set()
-    for message, error in failed:
-        envelope = owner.get(id(message))
-        if envelope is None:
-            failed_plain.add(id(message))
-            await consumer._fail(message, error)
-        else:
-            failed_envelopes.setdefault(id(envelope), (envelope, error))
-    for envelope, error in failed_envelopes.values():
-        if not envelope.settled:
-            await consumer._fail(envelope, error)
-    handled = [m for m in items if id(m) not in owner and id(m) not in failed_plain]
-    handled += [e for e in envelopes if id(e) not in failed_envelopes]
-    for message in handled:
-        consumer._ack(message)  # no-op when the handler settled it
-    if consumer.dedup is not None:
+            settler = settler_of(record)
+            if settler is not None and settler.done:
+                return  # the handler nacked or rejected a record: the envelope went with it
+            try:
+                result: Any = handler(record)
+                if inspect.isawaitable(result):
+                    await result
+            except asyncio.CancelledError:
+                if self._release_on_cancel and not (settler is not None and settler.done):
+                    self._settle(envelope, "nack", requeue=True)
+                    self.stats.released += 1
+                raise
+            except Exception as exc:
+                if settler is None or not settler.done:
+                    await self._fail(envelope, exc)
+                return
+            if not record.settled and settler is not None and not settler.done:
+                record.ack()
+        if dedup is not None and message_id and envelope.settled:
+            dedup.add(message_id)
+
+    async def _handle_batch_with_envelopes(self: _Consumer, batch: list[Message]) -> None:
+        """A list handler's batch that holds envelopes: records in their place (see above)."""
+
+        def settle_for(envelope: Message) -> Any:
+            def settle(how: str, *, multiple: bool = False, requeue: bool = True) -> None:
+                if how == "ack":
+                    self._ack(envelope)
+                else:
+                    self._settle(envelope, how, requeue=requeue)
+
+            return settle
+
+        items: list[Message] = []
+        owner: dict[int, Message] = {}
+        envelopes: list[Message] = []
+        for message in batch:
+            if not is_envelope(message):
+                items.append(message)
+                continue
+            try:
+                records = unpack(message, settle_for(message))
+            except BatchFormatError as exc:
+                await self._fail(message, exc)
+                continue
+            envelopes.append(message)
+            for record in records:
+                owner[id(record)] = message
+            items.extend(records)
+        failed: list[tuple[Message, BaseException]] = []
+        if items:
+            try:
+                result: Any = self._handler(items)
+                if inspect.isawaitable(result):
+                    result = await result
+                if result is not None:
+                    failed = self._failed_items(items, result)
+            except asyncio.CancelledError:
+                if self._release_on_cancel:
+                    for message in (*envelopes, *(m for m in items if id(m) not in owner)):
+                        self._settle(message, "nack", requeue=True)
+                raise
+            except Exception as exc:
+                failed = [(message, exc) for message in items]
+        failed_envelopes: dict[int, tuple[Message, BaseException]] = {}
+        failed_plain: set[int] = set()
+        for message, error in failed:
+            envelope = owner.get(id(message))
+            if envelope is None:
+                failed_plain.add(id(message))
+                await self._fail(message, error)
+            else:
+                failed_envelopes.setdefault(id(envelope), (envelope, error))
+        for envelope, error in failed_envelopes.values():
+            if not envelope.settled:
+                await self._fail(envelope, error)
+        handled = [m for m in items if id(m) not in owner and id(m) not in failed_plain]
+        handled += [e for e in envelopes if id(e) not in failed_envelopes]
         for message in handled:
-            if message.properties.message_id:
-                consumer.dedup.add(message.properties.message_id)
+            self._ack(message)  # no-op when the handler settled it
+        if self.dedup is not None:
+            for message in handled:
+                if message.properties.message_id:
+                    self.dedup.add(message.properties.message_id)

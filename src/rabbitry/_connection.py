@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from .aio import connection as _engine
 from .consumer import AsyncConsumer
 from .exceptions import ConfigurationError
-from .outbox_publisher import AsyncOutboxPublisher
+from .outbox_publisher import AsyncOutboxPublisher, open_outbox_publisher
 from .pool import AsyncChannelPool
-from .publisher import AsyncPublisher
+from .publisher import AsyncPublisher, open_publisher
 from .rpc import AsyncRpcClient, AsyncRpcServer
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ class AsyncConnection(_engine.AsyncConnection):
                     "itself, with its own backoff)"
                 )
 
-            return await AsyncOutboxPublisher._create(
+            return await open_outbox_publisher(
                 self,
                 outbox,
                 open_timeout=timeout,
@@ -150,7 +150,7 @@ class AsyncConnection(_engine.AsyncConnection):
                 timeout=timeout,
                 republish_unconfirmed=republish_unconfirmed,
             )
-        return await AsyncPublisher._create(
+        return await open_publisher(
             self,
             open_timeout=timeout,
             confirm=confirm,

@@ -19,7 +19,7 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._batch_consume import handle_batch_with_envelopes, handle_envelope
+from ._batch_consume import EnvelopeHandling
 from .aio._recovery import redeclare_queue
 from .batching import BATCH_FORMAT_HEADER
 from .exceptions import (
@@ -175,7 +175,7 @@ class ConsumerStats:
         return f"ConsumerStats({self.as_dict()})"
 
 
-class _ConsumerCore:
+class _ConsumerCore(EnvelopeHandling):
     """Deliveries, settling and the broker's events: the machinery under AsyncConsumer."""
 
     # Set by AsyncConsumer.__init__.
@@ -318,7 +318,10 @@ class _ConsumerCore:
             traced = _obs.active
             if traced is not None and traced.records_process():
                 # rabbitry.observability: a process span and measurements around it
-                await traced.process(self, work)
+                handling = (
+                    self._handle_batch(work) if isinstance(work, list) else self._handle(work)
+                )
+                await traced.process(self, work, handling)
             elif isinstance(work, list):
                 await self._handle_batch(work)
             else:
@@ -368,7 +371,7 @@ class _ConsumerCore:
     async def _handle(self, message: Message) -> None:
         headers = message.properties.headers
         if headers and BATCH_FORMAT_HEADER in headers:  # a batch envelope: its records
-            await handle_envelope(self, message)
+            await self._handle_envelope(message)
             return
         message_id = message.properties.message_id
         if self.dedup is not None and message_id and self.dedup.seen(message_id):
@@ -401,7 +404,7 @@ class _ConsumerCore:
             if not batch:
                 return
         if any(m.properties.headers and BATCH_FORMAT_HEADER in m.properties.headers for m in batch):
-            await handle_batch_with_envelopes(self, batch)  # records in the envelopes' place
+            await self._handle_batch_with_envelopes(batch)  # records in the envelopes' place
             return
         failed: list[tuple[Message, BaseException]] = []
         try:

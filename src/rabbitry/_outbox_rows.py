@@ -4,24 +4,32 @@ thread that owns the store (group commit), and the writer-side start."""
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from .outbox import Outbox, OutboxBatch, OutboxRecord, OutboxStatus
 
 if TYPE_CHECKING:
     import asyncio
+    from collections.abc import Callable
 
 # Entry states.
 _STORING, _READY, _IN_FLIGHT, _WAITING, _ACKED, _DEAD = range(6)
 _RETRY_WRITE_DELAY = 1.0
 
 
-class _Owner(Protocol):
-    """What a :class:`_Send` settles: the outbox publisher of its row."""
+class SendOutcomes:
+    """Where a :class:`_Send` reports: the outbox publisher's handlers of an ack and of
+    a failed send (nack, return, channel end) of one of its rows."""
 
-    def _acked(self, entry: _Entry) -> None: ...
+    __slots__ = ("acked", "send_failed")
 
-    def _send_failed(self, entry: _Entry, gen: int, exc: BaseException) -> None: ...
+    def __init__(
+        self,
+        acked: Callable[[_Entry], None],
+        send_failed: Callable[[_Entry, int, BaseException], None],
+    ) -> None:
+        self.acked = acked
+        self.send_failed = send_failed
 
 
 class _Entry:
@@ -48,7 +56,7 @@ class _Send:
 
     __slots__ = ("entry", "gen", "owner", "settled")
 
-    def __init__(self, owner: _Owner, entry: _Entry, gen: int) -> None:
+    def __init__(self, owner: SendOutcomes, entry: _Entry, gen: int) -> None:
         self.owner = owner
         self.entry = entry
         self.gen = gen
@@ -59,11 +67,11 @@ class _Send:
 
     def set_result(self, _result: None, /) -> None:
         self.settled = True
-        self.owner._acked(self.entry)
+        self.owner.acked(self.entry)
 
     def set_exception(self, exception: BaseException, /) -> None:
         self.settled = True
-        self.owner._send_failed(self.entry, self.gen, exception)
+        self.owner.send_failed(self.entry, self.gen, exception)
 
 
 class _Writer:

@@ -15,6 +15,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from .aio.connection import remove_callback
 from .exceptions import (
     AMQPError,
     InvalidStateError,
@@ -225,6 +226,7 @@ class _PublisherCore:
     _block_hooks: list[Callable[[str | None], None]]
     _close_hooks: list[Callable[[], None]]
     _closing: bool
+    _port: PublisherPort
     _closed_by: AMQPError | None
     _detached: bool
     _release_slot_cb: Callable[[], None]
@@ -410,6 +412,17 @@ class _PublisherCore:
             return
         self._send_now(channel, frames, future, message_id, mandatory, deadline, release)
         self._conn._kick()
+
+    def _frames(
+        self,
+        exchange: str,
+        routing_key: str,
+        mandatory: bool,
+        properties: bytes,
+        body: bytes,
+    ) -> list[bytes]:
+        """The frames of one message with encoded ``properties``, for the current channel."""
+        return self._encoder.frames(exchange, routing_key, mandatory, properties, body)
 
     def _send_reserved(
         self,
@@ -681,7 +694,7 @@ class _PublisherCore:
             return
         # The connection is gone for good (recovery, if any, has given up): the
         # publisher is closed with it, and whatever is handed over later fails at once.
-        self._closing = True
+        self._closing = self._port.closing = True
         self._closed_by = exc
         for waiter in self._room_waiters:
             if not waiter.done():
@@ -693,20 +706,83 @@ class _PublisherCore:
 
     def _detach(self) -> None:
         """Stop listening to the connection and release everyone waiting (closing)."""
-        self._closing = True
+        self._closing = self._port.closing = True
         self._detached = True
-        for hooks, callback in (
-            (self._conn._blocked_callbacks, self._on_blocked),
-            (self._conn._close_callbacks, self._on_connection_closed),
-        ):
-            try:
-                hooks.remove(callback)  # type: ignore[arg-type]
-            except ValueError:
-                pass
+        remove_callback(self._conn, self._on_blocked)
+        remove_callback(self._conn, self._on_connection_closed)
         self._unblocked.set()
         self._wake_room_waiters(InvalidStateError("the publisher is closed"))
         self._fail_backlog(InvalidStateError("the publisher is closed"), closing=True)
         self._run_close_hooks()
+
+
+# --------------------------------------------------------------------------- port
+
+
+class PublisherPort:
+    """What the library's own collaborators of a publisher drive; not for applications.
+
+    Its users are the thread-safe twin (:class:`rabbitry.sync.publisher.Publisher`) and
+    the durable outbox (:class:`rabbitry.outbox_publisher.AsyncOutboxPublisher`), which
+    encode and send through the publisher and share its window, and the OpenTelemetry
+    hooks (``rabbitry.observability._otel``); applications use the publisher's own
+    methods. ``AsyncPublisher.__init__`` builds it; get it with
+    :func:`rabbitry.publisher.port_of`.
+
+    Its members are plain attributes (bound methods and a flag), so using one costs the
+    same calls as the publisher's method would. ``closing`` is set together with the
+    publisher's own flag: the publisher is closing or closed, and nothing may be handed
+    over any more.
+    """
+
+    __slots__ = (
+        "acquire",
+        "add_block_hook",
+        "add_close_hook",
+        "closed_state",
+        "closing",
+        "connection",
+        "encode",
+        "encode_batch",
+        "frames",
+        "new_message_id",
+        "release_slot",
+        "reserve_more",
+        "reserve_now",
+        "send",
+        "send_batch",
+        "send_reserved",
+    )
+
+    def __init__(
+        self,
+        core: _PublisherCore,
+        encode: Callable[..., tuple[list[bytes], str | None]],
+        encode_batch: Callable[..., list[_Encoded]],
+        new_message_id: Callable[[], str],
+    ) -> None:
+        #: ``encode(body, exchange, routing_key, properties, mandatory, persistent,
+        #: expiration)``: the frames and message_id of one message; any thread.
+        self.encode = encode
+        #: ``encode_batch(messages, exchange, routing_key, properties, mandatory,
+        #: persistent, expiration)``: a list of (frames, message_id, mandatory).
+        self.encode_batch = encode_batch
+        #: ``new_message_id()``: a message_id as the publisher generates them.
+        self.new_message_id = new_message_id
+        #: The publisher's connection.
+        self.connection = core._conn
+        self.frames = core._frames
+        self.send = core._send
+        self.send_batch = core._send_batch
+        self.send_reserved = core._send_reserved
+        self.acquire = core._acquire
+        self.reserve_now = core._reserve_now
+        self.reserve_more = core._reserve_more
+        self.release_slot = core._release_slot
+        self.closed_state = core._closed_state
+        self.add_block_hook = core._add_block_hook
+        self.add_close_hook = core._add_close_hook
+        self.closing = False
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:

@@ -292,7 +292,7 @@ class AsyncConsumer(_ConsumerCore):
             self._started = False
             raise
         if _obs.active is not None:  # rabbitry.observability: stats, queue depth
-            _obs.active.consumer_started(self)
+            _obs.active.consumer_started(self, self._conn)
 
     async def _check_failure_path(self, timeout: float | None) -> None:
         """Passive-check that failed messages have somewhere to go (see :meth:`start`)."""
@@ -469,3 +469,14 @@ def is_async_callable(handler: object) -> bool:
     return call is not None and (
         inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call)
     )
+
+
+def run_handlers_on_threads(consumer: AsyncConsumer) -> None:
+    """Tell ``consumer`` that its handler hands each message to a thread, which a
+    cancellation cannot stop: a cancelled handling then leaves its message unsettled
+    (no requeue behind the thread's back), and stop() keeps the channel open until the
+    threads have settled theirs.
+
+    For the thread-safe twin (:class:`rabbitry.Consumer`); not for applications.
+    """
+    consumer._release_on_cancel = False

@@ -49,6 +49,7 @@ from ._outbox_rows import (
     _RETRY_WRITE_DELAY,
     _STORING,
     _WAITING,
+    SendOutcomes,
     _Entry,
     _open_store,
     _Send,
@@ -68,7 +69,7 @@ from .exceptions import (
 from .observability import _state as _obs
 from .outbox import Outbox, OutboxBatch, OutboxRecord
 from .protocol.publish import publish_key, publish_parts
-from .publisher import AsyncPublisher
+from .publisher import AsyncPublisher, open_publisher, port_of
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -129,6 +130,7 @@ class AsyncOutboxPublisher:
     ) -> None:
         self._conn = connection
         self._pub = publisher
+        self._port = port_of(publisher)
         self._outbox = outbox
         self._loop = publisher._loop
         self._timeout = publisher.timeout
@@ -153,34 +155,12 @@ class AsyncOutboxPublisher:
         self._tasks: list[asyncio.Task[None]] = []
         self._stored = self._acked_count = self._resent = self._dead = 0
         self._rng = random.Random()
+        self._outcomes = SendOutcomes(self._acked, self._send_failed)
 
-    @classmethod
-    async def _create(
-        cls,
-        connection: AsyncConnection,
-        outbox: Outbox,
-        *,
-        open_timeout: float | None = None,
-        **options: Any,
-    ) -> AsyncOutboxPublisher:
-        if not isinstance(outbox, Outbox):
-            raise ConfigurationError(
-                f"outbox: must be an Outbox (e.g. SQLiteOutbox(path)), got {type(outbox).__name__}"
-            )
-        if not options.get("confirm", True):
-            raise ConfigurationError("outbox: needs confirm=True (rows are deleted on ack)")
-        # The store first: a locked or corrupt file fails here, before the broker is used.
-        status, records = await asyncio.to_thread(_open_store, outbox)
-        try:
-            publisher = await AsyncPublisher._create(
-                connection, open_timeout=open_timeout, **options
-            )
-        except BaseException:
-            await asyncio.to_thread(outbox.close)
-            raise
-        self = cls(connection, publisher, outbox)
-        self._next_id = status.last_id + 1
-        self._dead = status.dead
+    def _start(self, next_id: int, dead: int, records: list[OutboxRecord]) -> None:
+        """Take over the stored state (``records``: rows to send); start the tasks."""
+        self._next_id = next_id
+        self._dead = dead
         for record in records:
             entry = _Entry(record, None, 1)
             entry.state = _READY
@@ -189,7 +169,7 @@ class AsyncOutboxPublisher:
             self._bytes += entry.size
             self._ready.append(entry)
         if records:
-            logger.info("outbox %s: resending %d stored messages", outbox.name, len(records))
+            logger.info("outbox %s: resending %d stored messages", self._outbox.name, len(records))
         self._writer.thread.start()
         self._ready_event.set()
         self._tasks = [
@@ -200,7 +180,6 @@ class AsyncOutboxPublisher:
             task.add_done_callback(self._task_done)
         if _obs.active is not None:  # rabbitry.observability: the rabbitry.outbox.* metrics
             _obs.active.outbox_started(self)
-        return self
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         # A background task that ends by itself stops delivery: never silently.
@@ -309,8 +288,8 @@ class AsyncOutboxPublisher:
         """
         pub = self._pub
         if mandatory is None:
-            mandatory = pub._mandatory
-        frames, message_id = pub._encode(
+            mandatory = pub.mandatory
+        frames, message_id = self._port.encode(
             body, exchange, routing_key, properties, mandatory, persistent, expiration
         )
         entry = self._entry(frames, message_id, exchange, routing_key, mandatory, time.time())
@@ -342,8 +321,7 @@ class AsyncOutboxPublisher:
             OutboxError: the store failed to write; nothing was stored.
             InvalidStateError: the publisher is closed.
         """
-        pub = self._pub
-        encoded = pub._encode_batch(
+        encoded = self._port.encode_batch(
             messages, exchange, routing_key, properties, mandatory, persistent, expiration
         )
         if not encoded:
@@ -416,14 +394,6 @@ class AsyncOutboxPublisher:
             self._writer.stop()
             await asyncio.to_thread(self._writer.thread.join)
             await asyncio.to_thread(self._outbox.close)
-
-    def _release_store(self) -> None:
-        """Blocking: stop the writer and close the store (the loop is gone)."""
-        self._closing = True
-        self._writer.stop()
-        if self._writer.thread.is_alive():
-            self._writer.thread.join()
-        self._outbox.close()
 
     # ------------------------------------------------------------------ storing (loop)
 
@@ -538,8 +508,7 @@ class AsyncOutboxPublisher:
         self._batch_waiters.append((waiter, entries))
         self._schedule_flush()
         # Once queued the rows are committed (and then sent) even if the caller is
-        # cancelled meanwhile (that cancels only this waiter): at-least-once, never half
-        # a batch.
+        # cancelled meanwhile (that cancels only this waiter): at-least-once, no half batch.
         await waiter
         self._stored += rows
 
@@ -629,7 +598,7 @@ class AsyncOutboxPublisher:
     # ------------------------------------------------------------------ sending (loop)
 
     async def _sender(self) -> None:
-        pub = self._pub
+        pub = self._port
         ready = self._ready
         event = self._ready_event
         while True:
@@ -637,11 +606,11 @@ class AsyncOutboxPublisher:
                 event.clear()
                 await event.wait()
                 continue
-            if not pub._reserve_now():
+            if not pub.reserve_now():
                 try:
-                    await pub._acquire(None, None)
+                    await pub.acquire(None, None)
                 except InvalidStateError:
-                    if pub._closing or self._conn.is_closed:
+                    if pub.closing or self._conn.is_closed:
                         return  # rows stay stored for the next publisher
                     await asyncio.sleep(self._outbox.retry_delay or 0.1)
                     continue
@@ -652,15 +621,15 @@ class AsyncOutboxPublisher:
             # Send every ready row the window has room for, then one flush.
             send = self._send_one
             send(ready.popleft())
-            while ready and pub._reserve_more():
+            while ready and pub.reserve_more():
                 send(ready.popleft())
             self._conn._kick()
 
     def _send_one(self, entry: _Entry) -> None:
         """Send one row; its window slot is reserved by the caller."""
-        pub = self._pub
+        pub = self._port
         if entry.state != _READY:  # acked late while waiting: nothing to send
-            pub._release_slot()
+            pub.release_slot()
             return
         record = entry.record
         frames = entry.frames
@@ -669,7 +638,7 @@ class AsyncOutboxPublisher:
             try:
                 frames = self._frames(record)
             except LocalProtocolError as exc:
-                pub._release_slot()
+                pub.release_slot()
                 self._kill(entry, f"cannot be encoded: {exc}")
                 return
         if entry.sends:
@@ -681,12 +650,12 @@ class AsyncOutboxPublisher:
         entry.state = _IN_FLIGHT
         entry.sent_at = self._loop.time()
         self._in_flight[record.id] = entry
-        pub._send_reserved(
-            frames, _Send(self, entry, entry.gen), record.message_id, record.mandatory
+        pub.send_reserved(
+            frames, _Send(self._outcomes, entry, entry.gen), record.message_id, record.mandatory
         )
 
     def _frames(self, record: OutboxRecord) -> list[bytes]:
-        return self._pub._encoder.frames(
+        return self._port.frames(
             record.exchange, record.routing_key, record.mandatory, record.properties, record.body
         )
 
@@ -791,3 +760,41 @@ class AsyncOutboxPublisher:
                     entry.gen,
                     PublishTimeout(f"not confirmed within {limit:g} s (confirm_timeout)"),
                 )
+
+
+async def open_outbox_publisher(
+    connection: AsyncConnection,
+    outbox: Outbox,
+    *,
+    open_timeout: float | None = None,
+    **options: Any,
+) -> AsyncOutboxPublisher:
+    """An outbox publisher on ``connection`` delivering what ``outbox`` holds, its
+    channel open within ``open_timeout`` s: what :meth:`AsyncConnection.publisher`
+    returns with ``outbox`` (``options``: those of :class:`AsyncPublisher`)."""
+    if not isinstance(outbox, Outbox):
+        raise ConfigurationError(
+            f"outbox: must be an Outbox (e.g. SQLiteOutbox(path)), got {type(outbox).__name__}"
+        )
+    if not options.get("confirm", True):
+        raise ConfigurationError("outbox: needs confirm=True (rows are deleted on ack)")
+    # The store first: a locked or corrupt file fails here, before the broker is used.
+    status, records = await asyncio.to_thread(_open_store, outbox)
+    try:
+        publisher = await open_publisher(connection, open_timeout=open_timeout, **options)
+    except BaseException:
+        await asyncio.to_thread(outbox.close)
+        raise
+    durable = AsyncOutboxPublisher(connection, publisher, outbox)
+    durable._start(status.last_id + 1, status.dead, records)
+    return durable
+
+
+def release_store(publisher: AsyncOutboxPublisher) -> None:
+    """Blocking, the loop being gone: stop the writer and close the store (for the
+    thread-safe twin, :class:`rabbitry.OutboxPublisher`; not for applications)."""
+    publisher._closing = True
+    publisher._writer.stop()
+    if publisher._writer.thread.is_alive():
+        publisher._writer.thread.join()
+    publisher._outbox.close()

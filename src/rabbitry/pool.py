@@ -38,6 +38,8 @@ from .observability import _state as _obs
 from .protocol.channel import ChannelState
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Coroutine
+
     from .aio.channel import AsyncChannel
     from .aio.connection import AsyncConnection
 
@@ -385,3 +387,18 @@ class _Lease:
 def _retrieve(task: asyncio.Task[object]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+def lending(
+    pool: AsyncChannelPool,
+) -> tuple[
+    Callable[[float | None], Coroutine[None, None, AsyncChannel]],
+    Callable[[AsyncChannel], None],
+]:
+    """The pool's borrow and give-back, both for the loop thread: the coroutine function
+    that takes a channel (within a timeout) and the function that takes it back.
+
+    For the thread-safe twin (:class:`rabbitry.ChannelPool`), which lends channels to
+    threads outside an ``async with``; not for applications.
+    """
+    return pool._acquire, pool._release

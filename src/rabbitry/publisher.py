@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ._publisher_core import _Batch, _Encoded, _Pending, _PublisherCore
+from ._publisher_core import PublisherPort, _Batch, _Encoded, _Pending, _PublisherCore
 from .exceptions import (
     AMQPError,
     ConfigurationError,
@@ -263,32 +263,30 @@ class AsyncPublisher(_PublisherCore):
         # Told (loop thread) when the publisher closes or its connection ends.
         self._close_hooks: list[Callable[[], None]] = []
         self._closing = False
+        # The members the sync twin and the outbox drive (closing mirrors _closing).
+        self._port = PublisherPort(self, self._encode, self._encode_batch, self._new_message_id)
         # The connection's end, when that is what closed the publisher.
         self._closed_by: AMQPError | None = None
-        # close() has given up waiting (or _create failed): nothing will use or close a
+        # close() has given up waiting (or opening failed): nothing will use or close a
         # channel that finishes opening from now on, so it is closed on arrival.
         self._detached = False
         self._release_slot_cb = self._release_slot
         connection.add_blocked_callback(self._on_blocked)
         connection.add_close_callback(self._on_connection_closed)
 
-    @classmethod
-    async def _create(
-        cls, connection: AsyncConnection, *, open_timeout: float | None = None, **options: Any
-    ) -> AsyncPublisher:
-        publisher = cls(connection, **options)
+    async def _open(self, open_timeout: float | None) -> None:
+        """Open the channel, within ``open_timeout`` seconds; on failure detach and raise."""
         scope = asyncio.timeout(open_timeout)
         try:
             async with scope:
-                await publisher._ensure_channel()
+                await self._ensure_channel()
         except BaseException as exc:
-            publisher._detach()
+            self._detach()
             if isinstance(exc, TimeoutError) and scope.expired():
                 raise PublishTimeout(
                     f"the publisher's channel did not open within {open_timeout} s"
                 ) from None
             raise
-        return publisher
 
     def __repr__(self) -> str:
         channel = self._channel.channel_id if self._channel is not None else None
@@ -579,7 +577,7 @@ class AsyncPublisher(_PublisherCore):
         """
         if self._closing:
             return
-        self._closing = True
+        self._closing = self._port.closing = True
         try:
             # While the connection recovers, the unconfirmed messages kept for the resend
             # are still ours: wait for them too instead of abandoning them.
@@ -598,6 +596,10 @@ class AsyncPublisher(_PublisherCore):
                     pass
 
     # ------------------------------------------------------------------ encoding
+
+    def _new_message_id(self) -> str:
+        """A message_id as :meth:`_encode` generates them (unique to this publisher)."""
+        return f"{self._id_prefix}{next(self._ids)}"
 
     def _encode(
         self,
@@ -700,3 +702,28 @@ class AsyncPublisher(_PublisherCore):
             if expiration is not None:
                 properties.expiration = expiration_ms(expiration)
         return properties.encode(), message_id
+
+
+def port_of(publisher: AsyncPublisher) -> PublisherPort:
+    """The members of ``publisher`` that the library's own collaborators drive (the
+    thread-safe twin, the durable outbox); not for applications."""
+    return publisher._port
+
+
+async def open_publisher(
+    connection: AsyncConnection, *, open_timeout: float | None = None, **options: Any
+) -> AsyncPublisher:
+    """A publisher on ``connection`` with its channel open: what
+    :meth:`AsyncConnection.publisher` returns (applications call that).
+
+    Args:
+        connection: the open connection.
+        open_timeout: seconds to wait for the channel (``None``: no limit).
+        options: the keyword arguments of :class:`AsyncPublisher`.
+
+    Raises:
+        PublishTimeout: the channel did not open within ``open_timeout``.
+    """
+    publisher = AsyncPublisher(connection, **options)
+    await publisher._open(open_timeout)
+    return publisher

@@ -42,13 +42,13 @@ How a server treats requests (the rule):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import traceback
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from .aio.connection import remove_callback
 from .consumer import AsyncConsumer
 from .exceptions import (
     AMQPError,
@@ -264,8 +264,7 @@ class AsyncRpcClient:
         self._closed = True
         self._fail_all(InvalidStateError("the RPC client was closed"))
         if self._watching:  # a closed client no longer listens to its connection
-            with contextlib.suppress(ValueError):
-                self._conn._state_callbacks.remove(self._on_state)
+            remove_callback(self._conn, self._on_state)
             self._watching = False
         channel, self._channel = self._channel, None
         if channel is not None and channel.is_open:

@@ -759,6 +759,20 @@ class AsyncConnection(ConnectionEvents):
         self._recovery_task = self._loop.create_task(recovery.run(exc))
 
 
+def remove_callback(connection: AsyncConnection, callback: Callable[..., Any]) -> None:
+    """Stop calling ``callback``, registered with ``add_blocked_callback``,
+    ``add_close_callback`` or ``on_state_change`` (if it is), for the library's objects
+    that stop listening when they close (publishers, RPC clients); not for applications.
+    """
+    for callbacks in (
+        connection._blocked_callbacks,
+        connection._close_callbacks,
+        connection._state_callbacks,
+    ):
+        if callback in callbacks:
+            callbacks.remove(callback)
+
+
 def _after_fork() -> None:
     """In a forked child: the sockets and the loop belong to the parent.
 

@@ -31,12 +31,12 @@ from opentelemetry.trace import INVALID_SPAN, Link, SpanKind, Status, StatusCode
 from .._version import __version__
 from ..exceptions import AMQPError, Nacked, PublishRefused, Unroutable
 from ..protocol.spec import BasicProperties
-from ..publisher import OutgoingMessage
+from ..publisher import OutgoingMessage, port_of
 from ..recovery import State
 from ._metrics import _OUTCOME_INDEX, A_DESTINATION, A_OUTCOME, A_STATE, metrics_for
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Awaitable, Callable, Iterable
 
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import Span, TracerProvider
@@ -191,14 +191,14 @@ class Instrumentation:
                 return properties, None
         destination = exchange or DEFAULT_EXCHANGE
         if not self._tracing:
-            return properties, _PublishWatch(self, INVALID_SPAN, destination, publisher._confirm)
+            return properties, _PublishWatch(self, INVALID_SPAN, destination, publisher.confirm)
         span = self._tracer.start_span(f"publish {destination}", kind=SpanKind.PRODUCER)
         if span.get_span_context().is_valid:  # e.g. a sampler that drops it without a trace
             props = BasicProperties() if properties is None else copy.copy(properties)
             if props.message_id is None:
-                props.message_id = f"{publisher._id_prefix}{next(publisher._ids)}"
+                props.message_id = port_of(publisher).new_message_id()
             if span.is_recording():
-                params = publisher._conn.params
+                params = port_of(publisher).connection.params
                 attributes: dict[str, AttributeValue] = {
                     A_SYSTEM: SYSTEM,
                     A_OPERATION_NAME: "publish",
@@ -217,7 +217,7 @@ class Instrumentation:
             propagate.inject(headers, context=trace.set_span_in_context(span))
             props.headers = headers
             properties = props
-        return properties, _PublishWatch(self, span, destination, publisher._confirm)
+        return properties, _PublishWatch(self, span, destination, publisher.confirm)
 
     def publish_batch(
         self,
@@ -261,13 +261,16 @@ class Instrumentation:
             self._refresh()
         return self._tracing or self._metering
 
-    async def process(self, consumer: AsyncConsumer, work: Message | list[Message]) -> None:
+    async def process(
+        self,
+        consumer: AsyncConsumer,
+        work: Message | list[Message],
+        handling: Awaitable[None],
+    ) -> None:
         metric_attributes = {A_DESTINATION: consumer.queue}
         if isinstance(work, list):
-            handling = consumer._handle_batch(work)
             redelivered = sum(message.redelivered for message in work)
         else:
-            handling = consumer._handle(work)
             redelivered = work.redelivered
         if redelivered and self._metering:
             self.metrics.redelivered.add(redelivered, metric_attributes)
@@ -361,18 +364,22 @@ class Instrumentation:
         span.add_event(f"rabbitry.{outcome}", attributes)
         span.set_attribute(A_OUTCOME, outcome)
 
-    def consumer_started(self, consumer: AsyncConsumer) -> None:
+    def consumer_started(self, consumer: AsyncConsumer, connection: AsyncConnection) -> None:
         self.metrics.follow_consumer(consumer)
         interval = self.consumer_lag_interval
         if interval is not None:
-            task = asyncio.get_running_loop().create_task(self._poll_depth(consumer, interval))
+            task = asyncio.get_running_loop().create_task(
+                self._poll_depth(consumer, connection, interval)
+            )
             self._pollers.add(task)
             task.add_done_callback(self._pollers.discard)
 
-    async def _poll_depth(self, consumer: AsyncConsumer, interval: float) -> None:
-        """Passive-declare the consumer's queue every ``interval`` s while it runs."""
+    async def _poll_depth(
+        self, consumer: AsyncConsumer, connection: AsyncConnection, interval: float
+    ) -> None:
+        """Passive-declare the consumer's queue (on ``connection``, its connection) every
+        ``interval`` s while it runs."""
         key = id(consumer)
-        connection = consumer._conn
         channel = None
         failures = 0
         try:

@@ -61,7 +61,7 @@ class OutboxMetrics:
     def follow(self, publisher: AsyncOutboxPublisher) -> None:
         last = dict.fromkeys(COUNTERS, 0)
         with self._lock:
-            self._followed.append((weakref.ref(publisher), publisher._outbox.name, last))
+            self._followed.append((weakref.ref(publisher), publisher.outbox.name, last))
 
     def _callback(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(_options: CallbackOptions) -> Iterable[Observation]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Awaitable, Callable, Iterable
 
     from ..protocol.message import Message
     from ..protocol.spec import BasicProperties
@@ -67,8 +67,14 @@ class Hooks(Protocol):
         the API's no-op providers it would not: the consumer then skips it)."""
         ...
 
-    async def process(self, consumer: _AsyncConsumer, work: Message | list[Message]) -> None:
-        """Run ``consumer``'s handling of ``work`` inside a process span."""
+    async def process(
+        self,
+        consumer: _AsyncConsumer,
+        work: Message | list[Message],
+        handling: Awaitable[None],
+    ) -> None:
+        """Await ``handling`` (``consumer``'s handling of ``work``, not started yet)
+        inside a process span."""
         ...
 
     def handler_failed(
@@ -87,8 +93,8 @@ class Hooks(Protocol):
         """The retry policy retried, parked or dropped ``message``."""
         ...
 
-    def consumer_started(self, consumer: _AsyncConsumer) -> None:
-        """``consumer`` subscribed (loop thread)."""
+    def consumer_started(self, consumer: _AsyncConsumer, connection: _AsyncConnection) -> None:
+        """``consumer`` subscribed on ``connection`` (loop thread)."""
         ...
 
     def outbox_started(self, publisher: _AsyncOutboxPublisher) -> None:

@@ -59,6 +59,8 @@ from .message import Message
 from .publish import PublishEncoder
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .events import Event
 
 __all__ = ["ChannelProtocol", "ChannelState"]
@@ -75,12 +77,6 @@ class _Connection(Protocol):
     max_message_size: int
     _out: list[bytes]
     _events: list[Event]
-
-    def _write(self, frame: bytes) -> None: ...
-
-    def _write_many(self, frames: list[bytes]) -> None: ...
-
-    def _channel_finished(self, channel_id: int) -> None: ...
 
 
 class ChannelState(enum.Enum):
@@ -123,8 +119,19 @@ class ChannelProtocol:
         close_exc: why the channel closed, once it has.
     """
 
-    def __init__(self, connection: _Connection, channel_id: int) -> None:
+    def __init__(
+        self,
+        connection: _Connection,
+        channel_id: int,
+        write: Callable[[bytes], None],
+        write_many: Callable[[list[bytes]], None],
+        finished: Callable[[int], None],
+    ) -> None:
         self._conn = connection
+        # From the connection: queue one frame, queue frames, forget this channel.
+        self._write = write
+        self._write_many = write_many
+        self._finished = finished
         self.channel_id = channel_id
         self.state = OPENING
         self.confirm_mode = False
@@ -321,7 +328,7 @@ class ChannelProtocol:
         self.state = CLOSING
         self.close_exc = ChannelClosedByClient(reply_code, reply_text)
         self._pending.clear()
-        self._conn._write(frame)
+        self._write(frame)
 
     def _check_usable(self, what: str) -> None:
         if self.state is CLOSING or self.state is CLOSED:
@@ -332,11 +339,11 @@ class ChannelProtocol:
     def _start_rpc(self, request: tuple[tuple[type[Method], ...], bytes]) -> None:
         self._rpc_responses, frame = request
         self._rpc_outstanding = True
-        self._conn._write(frame)
+        self._write(frame)
 
     def _send_frames(self, frames: list[bytes]) -> None:
         if not self._rpc_outstanding and not self._pending:
-            self._conn._write_many(frames)
+            self._write_many(frames)
         else:
             self._pending.append(frames)
 
@@ -347,7 +354,7 @@ class ChannelProtocol:
         while pending:
             item = pending.popleft()
             if isinstance(item, list):
-                self._conn._write_many(item)
+                self._write_many(item)
             else:
                 self._start_rpc(item)
                 return
@@ -385,10 +392,10 @@ class ChannelProtocol:
             # §2.3.5.2 / channel.close: after sending close, discard everything but
             # close and close-ok.
             if type(method) is spec.ChannelCloseOk:
-                self._finish(self.close_exc or ChannelClosedByClient(200, "Normal shutdown"))
+                self.finish(self.close_exc or ChannelClosedByClient(200, "Normal shutdown"))
             elif type(method) is spec.ChannelClose:
-                self._conn._write(method_frame(self.channel_id, spec.ChannelCloseOk()))
-                self._finish(self.close_exc or ChannelClosedByClient(200, "Normal shutdown"))
+                self._write(method_frame(self.channel_id, spec.ChannelCloseOk()))
+                self.finish(self.close_exc or ChannelClosedByClient(200, "Normal shutdown"))
             return
         if method.CONTENT:
             self._content_method = method
@@ -411,8 +418,8 @@ class ChannelProtocol:
             )
         elif cls is spec.ChannelClose:
             assert isinstance(method, spec.ChannelClose)
-            self._conn._write(method_frame(self.channel_id, spec.ChannelCloseOk()))
-            self._finish(
+            self._write(method_frame(self.channel_id, spec.ChannelCloseOk()))
+            self.finish(
                 channel_error_for(
                     method.reply_code, method.reply_text, method.class_id, method.method_id
                 )
@@ -420,7 +427,7 @@ class ChannelProtocol:
         elif cls is spec.BasicCancel:
             assert isinstance(method, spec.BasicCancel)
             if not method.nowait:
-                self._conn._write(
+                self._write(
                     method_frame(
                         self.channel_id, spec.BasicCancelOk(consumer_tag=method.consumer_tag)
                     )
@@ -431,9 +438,7 @@ class ChannelProtocol:
         elif cls is spec.ChannelFlow:
             assert isinstance(method, spec.ChannelFlow)
             self.flow_active = method.active
-            self._conn._write(
-                method_frame(self.channel_id, spec.ChannelFlowOk(active=method.active))
-            )
+            self._write(method_frame(self.channel_id, spec.ChannelFlowOk(active=method.active)))
             self._conn._events.append(FlowChanged(self.channel_id, method.active))
         else:
             expected = (
@@ -556,8 +561,11 @@ class ChannelProtocol:
         else:  # basic.publish from the broker: not a thing a client accepts
             raise RemoteProtocolError(f"unexpected {method.NAME} from the broker", 503)
 
-    def _finish(self, exc: AMQPError) -> None:
-        """Mark the channel closed and tell the engine (once)."""
+    def finish(self, exc: AMQPError) -> None:
+        """Mark the channel closed and tell the engine (once).
+
+        Also called by its connection for each of its channels when the connection ends.
+        """
         if self.state is CLOSED:
             return
         self.state = CLOSED
@@ -565,5 +573,5 @@ class ChannelProtocol:
         self._pending.clear()
         self._rpc_outstanding = False
         self._rpc_responses = ()
-        self._conn._channel_finished(self.channel_id)
+        self._finished(self.channel_id)
         self._conn._events.append(ChannelClosedEvent(self.channel_id, exc))

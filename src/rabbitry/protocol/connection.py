@@ -369,7 +369,9 @@ class ConnectionProtocol:
             )
         elif channel_id in self.channels:
             raise LocalProtocolError(f"channel_id: channel {channel_id} is already open")
-        channel = ChannelProtocol(self, channel_id)
+        channel = ChannelProtocol(
+            self, channel_id, self._write, self._write_many, self._channel_finished
+        )
         self.channels[channel_id] = channel
         channel.send_method(spec.ChannelOpen())
         return channel
@@ -589,6 +591,6 @@ class ConnectionProtocol:
         self.state = CLOSED
         self.close_exc = exc  # always the reason the event carries
         for channel in list(self.channels.values()):
-            channel._finish(exc)
+            channel.finish(exc)
         self.channels.clear()
         self._events.append(ConnectionTerminated(exc))

@@ -389,7 +389,7 @@ class Connection:
         """IO thread, loop stopped: end the engine if ``close()`` did not (e.g. it was
         called from the IO thread, or its wait ran out), so that every future it holds
         fails now, and drop the socket."""
-        reason = self._portal._stop_reason if self._portal is not None else None
+        reason = self._portal.stop_reason if self._portal is not None else None
         if not isinstance(reason, AMQPError):
             reason = ConnectionClosedByClient(200, "the connection's IO thread stopped")
         self._async._abort(reason)
@@ -416,6 +416,30 @@ class Connection:
         dispatcher = self._dispatcher
         if dispatcher is not None:
             dispatcher.post(fn, *args)
+
+
+def portal_of(connection: Connection) -> Portal:
+    """The IO thread's portal of an open ``connection``.
+
+    For the library's thread-safe objects built on a connection (publishers, consumers,
+    pools, RPC); not for applications.
+
+    Raises:
+        InvalidStateError: the connection is not open.
+    """
+    return connection._require_portal()
+
+
+def engine_of(connection: Connection) -> AsyncConnection:
+    """The asyncio engine under ``connection``, for the library's code that runs on its
+    IO thread (e.g. ``Topology.apply``); not for applications."""
+    return connection._async
+
+
+def post_callback(connection: Connection, fn: Callable[..., Any], *args: Any) -> None:
+    """IO thread: run the user callback ``fn(*args)`` on ``connection``'s dispatcher
+    thread (for the library's thread-safe objects; not for applications)."""
+    connection._post(fn, *args)
 
 
 def _off_loop(provider: CredentialsProvider) -> CredentialsProvider:

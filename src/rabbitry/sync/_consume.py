@@ -26,12 +26,6 @@ class _Open(Protocol):
 class _Channel(Protocol):
     """What the iteration uses of its :class:`~rabbitry.sync.Channel`."""
 
-    _async: AsyncChannel
-    _portal: Portal
-
-    @property
-    def _connection(self) -> _Open: ...
-
     @property
     def is_open(self) -> bool: ...
 
@@ -54,6 +48,9 @@ class _Channel(Protocol):
 
 def consume(
     channel: _Channel,
+    engine: AsyncChannel,
+    portal: Portal,
+    connection: _Open,
     queue: str,
     *,
     prefetch: int | None,
@@ -63,7 +60,11 @@ def consume(
     arguments: Mapping[str, Any] | None,
     unpack_batches: bool,
 ) -> Iterator[Message]:
-    """The deliveries of ``channel.consume(queue, ...)``, in order; see there."""
+    """The deliveries of ``channel.consume(queue, ...)``, in order; see there.
+
+    ``engine`` is the channel's asyncio channel, ``portal`` its connection's way into the
+    IO thread and ``connection`` its connection.
+    """
     if prefetch is not None:
         channel.basic_qos(prefetch)
     inbox: queue_module.SimpleQueue[Message | BaseException] = queue_module.SimpleQueue()
@@ -75,8 +76,8 @@ def consume(
     def cancelled(tag: str) -> None:
         inbox.put(ConsumerCancelled(tag))
 
-    tag = channel._portal.call(
-        channel._async._start_consumer,
+    tag = portal.call(
+        engine._start_consumer,
         queue,
         deliver,
         no_ack=no_ack,
@@ -107,10 +108,10 @@ def consume(
         # recovering, so recovery never subscribes it again into a dead inbox.
         if not channel.is_closed:
             try:
-                channel._portal.call(channel._async._abandon_consumer, tag, wait=30.0)
+                portal.call(engine._abandon_consumer, tag, wait=30.0)
             except AMQPError:
                 pass
-        if channel.is_open and channel._connection.is_open:
+        if channel.is_open and connection.is_open:
             # Deliveries that reached us but were never handed out go back to the
             # queue now, not when the channel closes (one by one: a multiple nack
             # would also hit messages the caller still holds).

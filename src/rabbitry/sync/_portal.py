@@ -198,9 +198,10 @@ class Portal:
         self._room_waiters = 0
         self._paused: Callable[[Callable[[], None]], bool] | None = None
         self._batch: tuple[Callable[[], None], Callable[[], None]] | None = None
-        self._stopped = False
-        # Why the portal stopped (the connection's close reason), for what it fails.
-        self._stop_reason: BaseException | None = None
+        #: The loop has stopped for good: nothing submitted runs any more.
+        self.stopped = False
+        #: Why the portal stopped (the connection's close reason), for what it fails.
+        self.stop_reason: BaseException | None = None
         self._pid = os.getpid()
         #: Called on the IO thread once the loop has stopped, before the queued
         #: operations are run for the last time: the connection ends its engine there.
@@ -248,7 +249,7 @@ class Portal:
             self._loop.run_forever()
         finally:
             try:
-                self._stopped = True
+                self.stopped = True
                 self._sweep()
                 pending = asyncio.all_tasks(self._loop)
                 for task in pending:
@@ -297,12 +298,12 @@ class Portal:
                 "docs/connections.md)"
             )
         error = InvalidStateError("the connection is closed (its IO thread has stopped)")
-        error.__cause__ = self._stop_reason
+        error.__cause__ = self.stop_reason
         return error
 
     def failed(self) -> BaseException:
         """What an operation queued before the stop and never run fails with."""
-        reason = self._stop_reason
+        reason = self.stop_reason
         if isinstance(reason, AMQPError):
             return copy.copy(reason)
         return self.stopped_error()
@@ -330,7 +331,7 @@ class Portal:
                 process is a fork of the one that opened the connection.
             Timeout: no room within ``timeout``.
         """
-        if self._stopped:
+        if self.stopped:
             raise self.stopped_error()
         ops = self._ops
         if size:
@@ -352,7 +353,7 @@ class Portal:
             self._wait_for_room(timeout, 0)
         item = (fn, args, size)
         ops.append(item)
-        if self._stopped:
+        if self.stopped:
             # The IO thread may have swept the deque already: take the item back if it
             # is still there (then it never runs, and the caller learns it here).
             try:
@@ -380,7 +381,7 @@ class Portal:
             return True
 
     def _has_room(self, size: int) -> bool:
-        return self._stopped or self._reserve(size)
+        return self.stopped or self._reserve(size)
 
     def _wait_for_room(self, timeout: float | None, size: int) -> None:
         with self._room:
@@ -394,7 +395,7 @@ class Portal:
                     )
             finally:
                 self._room_waiters -= 1
-        if self._stopped:
+        if self.stopped:
             raise self.stopped_error()
 
     def _drain(self) -> None:
@@ -479,7 +480,7 @@ class Portal:
             # first step (a timeout, or the loop stopping), so ``run`` never ran.
             if not result.done():
                 result.set_exception(
-                    self.failed() if self._stopped else Timeout("the operation was cancelled")
+                    self.failed() if self.stopped else Timeout("the operation was cancelled")
                 )
 
         async def run() -> None:
@@ -502,7 +503,7 @@ class Portal:
         def start() -> None:
             if not result.set_running_or_notify_cancel():
                 return
-            if self._stopped:  # run by the final sweep: the engine is gone
+            if self.stopped:  # run by the final sweep: the engine is gone
                 result.set_exception(self.failed())
                 return
             task = self._loop.create_task(run())
@@ -528,11 +529,11 @@ class Portal:
             reason: why (the connection's close reason): operations still queued, and
                 ``call``s still waiting, fail with it.
         """
-        if self._stopped:
+        if self.stopped:
             return
-        if self._stop_reason is None:
-            self._stop_reason = reason
-        self._stopped = True
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self.stopped = True
         self._wake_room_waiters()
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
@@ -547,7 +548,7 @@ def _after_fork() -> None:
     nothing in the child writes to the parent's socket or wakes the parent's loop.
     """
     for portal in list(_PORTALS):
-        portal._stopped = True
+        portal.stopped = True
         portal._ops.clear()
 
 

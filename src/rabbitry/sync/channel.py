@@ -617,6 +617,9 @@ class Channel:
         """
         return _consume(
             self,
+            self._async,
+            self._portal,
+            self._connection,
             queue,
             prefetch=prefetch,
             timeout=timeout,

@@ -15,9 +15,17 @@ import contextvars
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..consumer import AsyncConsumer, ConsumerStats, DedupStore, SyncHandler, is_async_callable
+from ..consumer import (
+    AsyncConsumer,
+    ConsumerStats,
+    DedupStore,
+    SyncHandler,
+    is_async_callable,
+    run_handlers_on_threads,
+)
 from ..exceptions import ConfigurationError
 from ..observability import _state as _obs
+from ._connection import portal_of, post_callback
 from .channel import _wait
 
 if TYPE_CHECKING:
@@ -102,7 +110,7 @@ class Consumer:
                 "handlers, or pass a plain function"
             )
         self._connection = connection
-        self._portal = connection._require_portal()
+        self._portal = portal_of(connection)
         self._user_handler: Callable[[Any], object] = handler
         self._executor: ThreadPoolExecutor | None = None
         user_cancel = on_cancel
@@ -110,7 +118,7 @@ class Consumer:
         if user_cancel is not None:
 
             def cancel_hook(tag: str) -> None:
-                connection._post(user_cancel, tag)
+                post_callback(connection, user_cancel, tag)
 
         self._async = AsyncConsumer(
             connection._async,
@@ -128,7 +136,7 @@ class Consumer:
             on_cancel=cancel_hook,
             resubscribe=resubscribe,
         )
-        self._async._release_on_cancel = False
+        run_handlers_on_threads(self._async)
 
     def __repr__(self) -> str:
         return repr(self._async).replace("AsyncConsumer", "Consumer", 1)

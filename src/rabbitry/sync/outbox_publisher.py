@@ -13,6 +13,8 @@ import concurrent.futures
 from typing import TYPE_CHECKING
 
 from ..exceptions import InvalidStateError
+from ..outbox_publisher import release_store
+from ._connection import portal_of
 from .channel import _wait
 
 if TYPE_CHECKING:
@@ -38,7 +40,7 @@ class OutboxPublisher:
     def __init__(self, connection: Connection, publisher: AsyncOutboxPublisher) -> None:
         self._connection = connection
         self._async = publisher
-        self._portal = connection._require_portal()
+        self._portal = portal_of(connection)
 
     def __repr__(self) -> str:
         return repr(self._async).replace("AsyncOutboxPublisher", "OutboxPublisher", 1)
@@ -196,10 +198,10 @@ class OutboxPublisher:
         if self._async.is_closed:
             return
         self._check_thread()
-        if self._portal._stopped:
+        if self._portal.stopped:
             # The connection (and its IO thread) is gone: nothing is in flight any more,
             # but the outbox file must still be released.
-            self._async._release_store()
+            release_store(self._async)
             return
         self._portal.call(self._async.close, timeout=timeout, wait=_wait(timeout))
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..exceptions import InvalidStateError
+from ..pool import lending
+from ._connection import portal_of
 from .channel import Channel, _wait
 
 if TYPE_CHECKING:
@@ -32,7 +34,8 @@ class ChannelPool:
     def __init__(self, connection: Connection, pool: AsyncChannelPool) -> None:
         self._connection = connection
         self._async = pool
-        self._portal = connection._require_portal()
+        self._borrow_async, self._give_back = lending(pool)
+        self._portal = portal_of(connection)
 
     def __repr__(self) -> str:
         return repr(self._async).replace("AsyncChannelPool", "ChannelPool", 1)
@@ -98,9 +101,7 @@ class ChannelPool:
         return _Lease(self, timeout)
 
     def _borrow(self, timeout: float | None) -> Channel:
-        channel: AsyncChannel = self._portal.call(
-            self._async._acquire, timeout, wait=_wait(timeout)
-        )
+        channel: AsyncChannel = self._portal.call(self._borrow_async, timeout, wait=_wait(timeout))
         return Channel(self._connection, channel)
 
     def close(self, *, timeout: float | None = None) -> None:
@@ -135,6 +136,6 @@ class _Lease:
         channel, self._channel = self._channel, None
         if channel is not None:
             try:
-                self._pool._portal.submit(self._pool._async._release, channel._async)
+                self._pool._portal.submit(self._pool._give_back, channel._async)
             except InvalidStateError:
                 pass  # the connection's IO thread is gone, and the channel with it

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 from .._publisher_core import _Batch
 from ..exceptions import AMQPError, InvalidStateError, PublishTimeout
 from ..observability import _state as _obs
+from ..publisher import port_of
+from ._connection import portal_of
 from ._portal import ConfirmFuture
 from .channel import _wait
 
@@ -49,14 +51,19 @@ class Publisher:
     def __init__(self, connection: Connection, publisher: AsyncPublisher) -> None:
         self._connection = connection
         self._async = publisher
-        self._portal = connection._require_portal()
+        self._port = port = port_of(publisher)
+        # Fixed for the publisher's life: read once here, not on every publish.
+        self._mandatory = publisher.mandatory
+        self._timeout = publisher.timeout
+        self._confirm = publisher.confirm
+        self._portal = portal_of(connection)
         self._slots = _Window(publisher.max_in_flight)
-        self._release = _Releaser(publisher._loop, self._slots)
+        self._release = _Releaser(self._portal.loop, self._slots)
         self._unblocked = threading.Event()
         if not publisher.is_blocked:
             self._unblocked.set()
-        self._portal.submit(publisher._add_block_hook, self._on_block_change)
-        self._portal.submit(publisher._add_close_hook, self._on_closed)
+        self._portal.submit(port.add_block_hook, self._on_block_change)
+        self._portal.submit(port.add_close_hook, self._on_closed)
 
     def __repr__(self) -> str:
         return repr(self._async).replace("AsyncPublisher", "Publisher", 1)
@@ -156,28 +163,28 @@ class Publisher:
             PublishTimeout: the deadline passed before the message could be sent.
             InvalidStateError: the publisher is closed.
         """
-        engine = self._async
+        engine = self._port
         if mandatory is None:
-            mandatory = engine._mandatory
+            mandatory = self._mandatory
         traced = _obs.active
         finish = None
         if traced is not None:  # rabbitry.observability: a span, its context in headers
-            properties, finish = traced.publish(engine, exchange, routing_key, properties)
-        frames, message_id = engine._encode(
+            properties, finish = traced.publish(self._async, exchange, routing_key, properties)
+        frames, message_id = engine.encode(
             body, exchange, routing_key, properties, mandatory, persistent, expiration
         )
-        if engine._closing:
-            raise engine._closed_state()
+        if engine.closing:
+            raise engine.closed_state()
         if timeout is None:
-            timeout = engine._timeout
+            timeout = self._timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self._unblocked.is_set():
             self._wait_unblocked(deadline, timeout)
-        if not engine._confirm:
+        if not self._confirm:
             # Fire-and-forget: there is no outcome to wait for, so no future to settle
             # on the IO thread; the caller gets one that is already done.
             self._portal.submit(
-                engine._send,
+                engine.send,
                 frames,
                 None,
                 message_id,
@@ -190,18 +197,19 @@ class Publisher:
                 finish(_SENT)
             return _SENT
         if not self._slots.acquire(True, _remaining(deadline)):
-            if engine._closing:  # closed while this thread waited for room
-                raise engine._closed_state()
+            if engine.closing:  # closed while this thread waited for room
+                raise engine.closed_state()
+            window = self.max_in_flight
             raise PublishTimeout(
-                f"could not publish within {timeout} s: no room in the window of {engine._max}"
+                f"could not publish within {timeout} s: no room in the window of {window}"
             )
-        if engine._closing:  # closed while this thread waited for room
+        if engine.closing:  # closed while this thread waited for room
             self._slots.release()
-            raise engine._closed_state()
+            raise engine.closed_state()
         future: concurrent.futures.Future[None] = ConfirmFuture()
         try:
             self._portal.submit(
-                engine._send,
+                engine.send,
                 frames,
                 future,
                 message_id,
@@ -238,27 +246,27 @@ class Publisher:
             LocalProtocolError: a message is invalid; nothing was sent.
             InvalidStateError: the publisher is closed.
         """
-        engine = self._async
+        engine = self._port
         traced = _obs.active
         finish = None
         if traced is not None:  # rabbitry.observability: a span per message
             messages, finish = traced.publish_batch(
-                engine, messages, exchange, routing_key, properties
+                self._async, messages, exchange, routing_key, properties
             )
-        encoded = engine._encode_batch(
+        encoded = engine.encode_batch(
             messages, exchange, routing_key, properties, mandatory, persistent, expiration
         )
-        if engine._closing:
-            raise engine._closed_state()
+        if engine.closing:
+            raise engine.closed_state()
         total = len(encoded)
         if not total:
             return []
         if timeout is None:
-            timeout = engine._timeout
+            timeout = self._timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         done: concurrent.futures.Future[list[BaseException | None]] = concurrent.futures.Future()
         batch = _Batch(total, done)
-        confirm = engine._confirm
+        confirm = self._confirm
         release = self._release if confirm else None
         acquire, take = self._slots.acquire, self._slots.take
         start = 0
@@ -269,8 +277,8 @@ class Publisher:
                 if not self._unblocked.is_set():
                     self._wait_unblocked(deadline, timeout)
                 if confirm and not acquire(True, _remaining(deadline)):
-                    if engine._closing:
-                        raise engine._closed_state()
+                    if engine.closing:
+                        raise engine.closed_state()
                     raise PublishTimeout(
                         f"could not publish within {timeout} s: no room in the window"
                     )
@@ -284,7 +292,7 @@ class Publisher:
                 count = 1 + take(count - 1)  # whatever else is free, in one lock round
             chunk = encoded[start : start + count]
             self._portal.submit(
-                engine._send_batch,
+                engine.send_batch,
                 chunk,
                 batch,
                 start,
@@ -356,7 +364,7 @@ class Publisher:
                 f"{self._async.blocked_reason}"
             )
         if self._async.is_closed:
-            raise self._async._closed_state()
+            raise self._port.closed_state()
 
 
 class _Window:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..exceptions import AMQPError, ConfigurationError
 from ..rpc import _UNSET, AsyncRpcClient, ReplyBody, check_request, reply_for, reply_lost
+from ._connection import portal_of
 from .channel import _wait
 from .consumer import Consumer
 
@@ -35,7 +36,7 @@ class RpcClient:
     def __init__(
         self, connection: Connection, *, exchange: str = "", timeout: float | None = 30.0
     ) -> None:
-        self._portal = connection._require_portal()
+        self._portal = portal_of(connection)
         self._async = AsyncRpcClient(connection._async, exchange=exchange, timeout=timeout)
 
     def __repr__(self) -> str:

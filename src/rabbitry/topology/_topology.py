@@ -419,17 +419,17 @@ class Topology(TopologyData):
         """
         from ._apply import apply_topology
 
-        portal = _require_sync(connection, "apply", "aapply")
+        portal, engine = _require_sync(connection, "apply", "aapply")
         _require_management(self, management, "apply")
         _check_for_broker(self, connection.server_version)
         if management is not None:
             _require_management_kind(management, "ManagementClient", "apply")
             for policy in self.policies:
-                management.put_policy(policy, connection._async.params.virtual_host)
+                management.put_policy(policy, connection.params.virtual_host)
         return portal.call(
             apply_topology,
             self,
-            connection._async,
+            engine,
             timeout=timeout,
             missing_exchanges=missing_exchanges,
         )
@@ -498,18 +498,18 @@ class Topology(TopologyData):
         """
         from ._apply import check_policies, verify_topology
 
-        portal = _require_sync(connection, "verify", "averify")
+        portal, engine = _require_sync(connection, "verify", "averify")
         report = portal.call(
             verify_topology,
             self,
-            connection._async,
+            engine,
             timeout=timeout,
             missing_exchanges=missing_exchanges,
         )
         if management is None or not self.policies:
             return report
         _require_management_kind(management, "ManagementClient", "verify")
-        found = management.policies(connection._async.params.virtual_host)
+        found = management.policies(connection.params.virtual_host)
         return check_policies(self, report, found)
 
     async def adelete(
@@ -564,14 +564,14 @@ class Topology(TopologyData):
         from ..exceptions import ManagementNotFound
         from ._apply import delete_topology
 
-        portal = _require_sync(connection, "delete", "adelete")
+        portal, engine = _require_sync(connection, "delete", "adelete")
         _require_management(self, management, "delete")
-        portal.call(delete_topology, self, connection._async, timeout=timeout)
+        portal.call(delete_topology, self, engine, timeout=timeout)
         if management is not None:
             _require_management_kind(management, "ManagementClient", "delete")
             for policy in self.policies:
                 try:
-                    management.delete_policy(policy.name, connection._async.params.virtual_host)
+                    management.delete_policy(policy.name, connection.params.virtual_host)
                 except ManagementNotFound:
                     pass
 
@@ -743,12 +743,14 @@ def _require_async(connection: object, name: str, twin: str) -> None:
         )
 
 
-def _require_sync(connection: object, name: str, twin: str) -> Portal:
-    require = getattr(connection, "_require_portal", None)
-    if require is None:
+def _require_sync(connection: object, name: str, twin: str) -> tuple[Portal, AsyncConnection]:
+    """The portal and the engine of a thread-safe connection (else ``TypeError``)."""
+    from ..sync._connection import Connection as SyncConnection
+    from ..sync._connection import engine_of, portal_of
+
+    if not isinstance(connection, SyncConnection):
         raise TypeError(
             f"Topology.{name}() takes a rabbitry.Connection; use await topology.{twin}"
             "(connection) with an AsyncConnection"
         )
-    portal: Portal = require()
-    return portal
+    return portal_of(connection), engine_of(connection)
