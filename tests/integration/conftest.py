@@ -88,8 +88,13 @@ def _broker_available(url: str) -> None:
 
 @pytest.fixture
 async def conn(url: str) -> AsyncIterator[rabbitry.AsyncConnection]:
-    """An open connection, closed after the test."""
-    connection = rabbitry.AsyncConnection(url, connection_timeout=5)
+    """An open connection, closed after the test.
+
+    The handshake deadline is generous: on a loaded 2-core machine (two test workers
+    beside a broker) a broker can take more than a few seconds to answer; a fixture
+    that gives up early fails a test for a reason the test is not about.
+    """
+    connection = rabbitry.AsyncConnection(url, connection_timeout=30)
     await connection.connect()
     try:
         yield connection
@@ -138,7 +143,7 @@ class Names:
     async def cleanup(self, url: str) -> None:
         if not self.queues and not self.exchanges:
             return
-        async with rabbitry.AsyncConnection(url, connection_timeout=5) as connection:
+        async with rabbitry.AsyncConnection(url, connection_timeout=30) as connection:
             ch = await connection.channel()
             for kind, entities in (("queue", self.queues), ("exchange", self.exchanges)):
                 for name in entities:
