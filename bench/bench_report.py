@@ -9,8 +9,10 @@ appended at the end with them.
 
 The section has, for that one run: every client's msgs/s, client CPU µs per message and
 broker CPU µs per message per scenario (medians of the repeats), then rabbitry's ratios
-to the raw-socket limit and to the best peer library, the sync/async CPU ratio, the
-async API targets, and uvloop against the default loop when the run has it.
+to the raw-socket limit and to the best peer library, the publisher and consumer rows
+against the limit and against the channel-level API they are built on (CPU), the
+sync/async CPU ratio, the async API targets, and uvloop against the default loop when
+the run has it.
 """
 
 from __future__ import annotations
@@ -29,15 +31,15 @@ from run_peers import LABELS, SCEN_TITLE, SCENARIOS, fmt_rate, fmt_us, summarize
 BEGIN = "<!-- bench:generated -->"
 END = "<!-- /bench:generated -->"
 
-OURS = {
-    "rabbitry_async",
-    "rabbitry_sync",
-    "rabbitry_async_uvloop",
-    "rabbitry_consumer",
-    "rabbitry_publisher",
-    "rabbitry_publisher_sync",
-    "rabbitry_async_ref",
-    "rabbitry_sync_ref",
+# Every rabbitry row (both APIs, the high-level rows, the reference builds): never a peer.
+OURS = {c for c in LABELS if c.startswith("rabbitry_")}
+# The high-level rows, each with the channel-level row of the same API.
+HIGH_LEVEL = {
+    "rabbitry_publisher": "rabbitry_async",
+    "rabbitry_publisher_each": "rabbitry_async",
+    "rabbitry_publisher_sync": "rabbitry_sync",
+    "rabbitry_consumer": "rabbitry_async",
+    "rabbitry_consumer_sync": "rabbitry_sync",
 }
 # Peer cells that do not do what the scenario asks (no pipelining) are left out of "best".
 NOT_PIPELINED = {("amqpstorm_client", s) for s in ("s2b", "s3", "s6")} | {
@@ -147,6 +149,29 @@ def render(cells: dict, clients: list[str], scenarios: list[str], meta: dict, ra
                     f"{(LABELS.get(bp, bp) + ' ' + fmt_rate(bpc['rate'])) if bpc else '–'} | "
                     f"{ratio(me['rate'], bpc['rate']) if bpc else '–'} | {fmt_us(me['cpu'])} | "
                     f"{ratio(me['cpu'], bpc['cpu']) if bpc else '–'} |"
+                )
+        out.append("")
+
+    high = [c for c in HIGH_LEVEL if c in clients]
+    if high:
+        out.append("### rabbitry's publishers and consumers against the limit and the channel API")
+        out.append("")
+        out.append(
+            "| scenario | client | msgs/s | msgs/s ÷ limit | CPU µs/msg | channel API CPU µs/msg "
+            "| CPU ÷ channel API |"
+        )
+        out.append("|---|---|---:|---:|---:|---:|---:|")
+        for s in scenarios:
+            lim = cells.get(("raw", s))
+            for c in high:
+                me, base = cells.get((c, s)), cells.get((HIGH_LEVEL[c], s))
+                if not ok(me):
+                    continue
+                out.append(
+                    f"| {s.upper()} | {LABELS.get(c, c)} | {fmt_rate(me['rate'])} | "
+                    f"{ratio(me['rate'], lim['rate']) if ok(lim) else '–'} | {fmt_us(me['cpu'])} | "
+                    f"{fmt_us(base['cpu']) if ok(base) else '–'} | "
+                    f"{ratio(me['cpu'], base['cpu']) if ok(base) else '–'} |"
                 )
         out.append("")
 

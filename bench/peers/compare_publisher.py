@@ -19,9 +19,10 @@ from run_peers import LABELS, SCEN_TITLE
 SCENARIOS = ["s1", "s2b", "s3", "s6"]
 PUBLISHERS = {
     "rabbitry_publisher": "rabbitry_async",
+    "rabbitry_publisher_each": "rabbitry_async",
     "rabbitry_publisher_sync": "rabbitry_sync",
 }
-OURS = {"raw", "rabbitry_async", "rabbitry_sync", "rabbitry_consumer", *PUBLISHERS}
+OURS = {"raw", *(c for c in LABELS if c.startswith("rabbitry_"))}
 
 
 def load(path: str):

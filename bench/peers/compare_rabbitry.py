@@ -66,7 +66,7 @@ def main() -> int:
     for r in results:
         if r["client"] not in clients:
             clients.append(r["client"])
-    peers = [c for c in clients if c != "raw" and c not in RABBITRY]
+    peers = [c for c in clients if c != "raw" and not c.startswith("rabbitry_")]
     scens = [s for s in SCENARIOS if any(k[1] == s for k in cs)]
 
     if meta:

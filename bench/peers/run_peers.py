@@ -40,6 +40,8 @@ CLIENTS = [
     "rabbitry_consumer",
     "rabbitry_publisher",
     "rabbitry_publisher_sync",
+    "rabbitry_publisher_each",
+    "rabbitry_consumer_sync",
     "pika_blocking",
     "pika_select",
     "aio_pika_client",
@@ -59,6 +61,8 @@ LABELS = {
     "rabbitry_consumer": "rabbitry AsyncConsumer",
     "rabbitry_publisher": "rabbitry AsyncPublisher",
     "rabbitry_publisher_sync": "rabbitry Publisher (sync)",
+    "rabbitry_publisher_each": "rabbitry AsyncPublisher (future each)",
+    "rabbitry_consumer_sync": "rabbitry Consumer (sync handler)",
     "pika_blocking": "pika BlockingConnection",
     "pika_select": "pika SelectConnection",
     "aio_pika_client": "aio-pika",
@@ -393,6 +397,9 @@ def main() -> int:
     args = ap.parse_args()
     clients = [c for c in args.clients.split(",") if c]
     scenarios = [s for s in args.scenarios.split(",") if s]
+    unknown = [c for c in clients if c not in LABELS]
+    if unknown:  # before any run: a typo would otherwise fail only when the tables are written
+        ap.error(f"unknown --clients {','.join(unknown)}; known: {','.join(LABELS)}")
     if args.from_raw:
         return rerender(args, clients, scenarios)
 
