@@ -49,10 +49,9 @@ _CONNECT_KEYS = (
     "tlsKeyFile",
     "tlsVerify",
     "tlsServerName",
-    "superStream",
-    "superStreamPartitions",
-    "superStreamBindingKeys",
 )
+# A super stream's layout (reads and writes).
+_SUPER_STREAM_KEYS = ("superStream", "superStreamPartitions", "superStreamBindingKeys")
 _READ_KEYS = (
     "queue",
     "queueType",
@@ -87,7 +86,9 @@ _WRITE_KEYS = (
 )
 # Read options given to a write (and the reverse) are ignored rather than refused: the
 # same option map is often reused for both directions.
-KNOWN_OPTIONS = {key.lower(): key for key in (*_CONNECT_KEYS, *_READ_KEYS, *_WRITE_KEYS)}
+KNOWN_OPTIONS = {
+    key.lower(): key for key in (*_CONNECT_KEYS, *_SUPER_STREAM_KEYS, *_READ_KEYS, *_WRITE_KEYS)
+}
 
 
 class _Opts:
