@@ -98,7 +98,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # The thread-safe twins.
     ("sync facade", ("rabbitry.sync.*",)),
     # Topology.apply / verify / delete take either connection.
-    ("topology", ("rabbitry.topology", "rabbitry.topology._topology")),
+    (
+        "topology",
+        ("rabbitry.topology", "rabbitry.topology._topology", "rabbitry.topology._super_stream"),
+    ),
     # Objects with an asyncio and a thread-safe twin in one module, and rabbitry.run.
     (
         "twins",

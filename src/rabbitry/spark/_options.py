@@ -10,6 +10,7 @@ without sockets, and connections are opened from them per task (:meth:`ConnectOp
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import ssl
@@ -17,7 +18,8 @@ from typing import TYPE_CHECKING, Literal
 from urllib.parse import quote
 
 from ..config import default_url, parse_urls
-from ..exceptions import ConfigurationError
+from ..exceptions import ConfigurationError, TopologyValidationError
+from ..topology import SuperStream
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -48,6 +50,8 @@ _CONNECT_KEYS = (
     "tlsVerify",
     "tlsServerName",
 )
+# A super stream's layout (reads and writes).
+_SUPER_STREAM_KEYS = ("superStream", "superStreamPartitions", "superStreamBindingKeys")
 _READ_KEYS = (
     "queue",
     "queueType",
@@ -78,10 +82,13 @@ _WRITE_KEYS = (
     "batchRecords",
     "traceparent",
     "tracestate",
+    "partitionKeyColumn",
 )
 # Read options given to a write (and the reverse) are ignored rather than refused: the
 # same option map is often reused for both directions.
-KNOWN_OPTIONS = {key.lower(): key for key in (*_CONNECT_KEYS, *_READ_KEYS, *_WRITE_KEYS)}
+KNOWN_OPTIONS = {
+    key.lower(): key for key in (*_CONNECT_KEYS, *_SUPER_STREAM_KEYS, *_READ_KEYS, *_WRITE_KEYS)
+}
 
 
 class _Opts:
@@ -241,9 +248,47 @@ def _parse_connect(opts: _Opts) -> ConnectOptions:
     return result
 
 
+#: Which option a field of :class:`~rabbitry.topology.SuperStream` comes from.
+_LAYOUT_OPTIONS = {"partitions": "superStreamPartitions", "binding_keys": "superStreamBindingKeys"}
+
+
+def _parse_super_stream(opts: _Opts) -> SuperStream | None:
+    """Options ``superStream``, ``superStreamPartitions``, ``superStreamBindingKeys``."""
+    name = opts.text("superStream")
+    count = opts.opt_int("superStreamPartitions", 1, 100_000)
+    keys_text = opts.text("superStreamBindingKeys")
+    if name is None:
+        for option, value in (
+            ("superStreamPartitions", count),
+            ("superStreamBindingKeys", keys_text),
+        ):
+            if value is not None:
+                raise ConfigurationError(f"option {option}: needs option superStream")
+        return None
+    if count is None and keys_text is None:
+        raise ConfigurationError(
+            "option superStreamPartitions: required with superStream (or give its binding "
+            "keys in superStreamBindingKeys): AMQP 0-9-1 cannot list a super stream's "
+            "partitions"
+        )
+    keys = None if keys_text is None else [key.strip() for key in keys_text.split(",")]
+    try:
+        return SuperStream(name.strip(), count, binding_keys=keys)
+    except TopologyValidationError as exc:
+        option = next(
+            (o for f, o in _LAYOUT_OPTIONS.items() if exc.field.startswith(f)), "superStream"
+        )
+        raise ConfigurationError(f"option {option}: {exc.field}: {exc.rule}") from None
+
+
 @dataclasses.dataclass(frozen=True)
 class ReadOptions:
-    """Validated options of a read (batch or streaming)."""
+    """Validated options of a read (batch or streaming).
+
+    A super stream read (option ``superStream``) has ``queue`` set to the super stream's
+    name and reads the stream queues of ``super_stream``; :meth:`for_stream` gives the
+    options of one of them.
+    """
 
     connect: ConnectOptions
     queue: str
@@ -263,6 +308,32 @@ class ReadOptions:
     exclusive_wait: float = 600.0
     max_batch_wait: float = 1.0
     otel: bool = False
+    super_stream: SuperStream | None = None
+    #: ``startingOffsets`` per partition queue, where a JSON object gives them.
+    partition_offsets: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def streams(self) -> tuple[str, ...]:
+        """The stream queues read: a super stream's partitions, or ``(queue,)``."""
+        if self.super_stream is not None:
+            return self.super_stream.queues
+        return (self.queue,)
+
+    def for_stream(self, stream: str) -> ReadOptions:
+        """The options of a read of one stream queue of this read.
+
+        Args:
+            stream: one of :attr:`streams`.
+
+        Returns:
+            These options with ``queue`` set to ``stream`` and its ``startingOffsets``.
+        """
+        if stream == self.queue and self.super_stream is None:
+            return self
+        starting = dict(self.partition_offsets).get(stream, self.starting_offsets)
+        return dataclasses.replace(
+            self, queue=stream, starting_offsets=starting, super_stream=None, partition_offsets=()
+        )
 
 
 def _offset_spec(name: str, text: str, allowed: tuple[str, ...]) -> str:
@@ -288,12 +359,57 @@ def _offset_spec(name: str, text: str, allowed: tuple[str, ...]) -> str:
     return str(number)
 
 
+def _partition_offsets(text: str, layout: SuperStream | None) -> tuple[tuple[str, str], ...]:
+    """``startingOffsets`` as a JSON object: ``{"<partition queue>": offset spec}``."""
+    name = "startingOffsets"
+    if layout is None:
+        raise ConfigurationError(
+            f"option {name}: offsets per partition (a JSON object) need option superStream"
+        )
+    try:
+        given = json.loads(text)
+    except ValueError as exc:
+        raise ConfigurationError(f"option {name}: not a JSON object: {exc}") from None
+    if not isinstance(given, dict):
+        raise ConfigurationError(f"option {name}: not a JSON object: {text!r}")
+    unknown = sorted(set(given) - set(layout.queues))
+    if unknown:
+        raise ConfigurationError(
+            f"option {name}: {', '.join(map(repr, unknown))} is not a partition of super "
+            f"stream {layout.name!r} (its partitions: {', '.join(layout.queues)})"
+        )
+    result = []
+    for queue, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise ConfigurationError(
+                f"option {name}: {queue!r}: an offset or a name, got {value!r}"
+            )
+        spec = _offset_spec(f"{name} ({queue!r})", str(value), ("earliest", "latest"))
+        result.append((queue, spec))
+    return tuple(result)
+
+
 def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
     """Validate the options of a read; raises ``ConfigurationError`` naming the option."""
     opts = _Opts(options)
     connect = _parse_connect(opts)
-    queue = opts.required("queue")
+    layout = _parse_super_stream(opts)
+    if layout is None:
+        queue = opts.required("queue")
+    elif opts.text("queue") is not None:
+        raise ConfigurationError(
+            "option queue: not with superStream (the super stream's partitions are read)"
+        )
+    else:
+        queue = layout.name
+        kind = (opts.text("queueType", "stream") or "").strip().lower()
+        if kind != "stream":
+            raise ConfigurationError(
+                f"option queueType: a super stream's partitions are streams, got {kind!r}"
+            )
     queue_type = (opts.text("queueType", "classic") or "classic").strip().lower()
+    if layout is not None:
+        queue_type = "stream"
     if queue_type not in ("classic", "quorum", "stream"):
         raise ConfigurationError(
             f"option queueType: must be classic, quorum or stream, got {queue_type!r}"
@@ -307,9 +423,12 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
             "deliveries are acknowledged only after Spark commits the batch, so a smaller "
             "prefetch could never fill a batch (2 × maxMessagesPerBatch is recommended)"
         )
-    starting = _offset_spec(
-        "startingOffsets", opts.text("startingOffsets", "earliest") or "", ("earliest", "latest")
-    )
+    starting_text = opts.text("startingOffsets", "earliest") or ""
+    partition_offsets: tuple[tuple[str, str], ...] = ()
+    if starting_text.strip().startswith("{"):
+        partition_offsets = _partition_offsets(starting_text, layout)
+        starting_text = "earliest"
+    starting = _offset_spec("startingOffsets", starting_text, ("earliest", "latest"))
     ending = _offset_spec("endingOffsets", opts.text("endingOffsets", "latest") or "", ("latest",))
     if queue_type != "stream":
         for name in ("startingOffsets", "endingOffsets"):
@@ -348,6 +467,8 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
         exclusive_wait=opts.integer("exclusiveWaitMs", 600_000, 0, 86_400_000) / 1000.0,
         max_batch_wait=opts.integer("maxBatchWaitMs", 1000, 1, 3_600_000) / 1000.0,
         otel=opts.flag("otel", False),
+        super_stream=layout,
+        partition_offsets=partition_offsets,
     )
 
 
@@ -368,6 +489,10 @@ class WriteOptions:
     otel: bool = False
     traceparent: str | None = None
     tracestate: str | None = None
+    #: Option ``superStream``: rows go to its partitions (``exchange`` is its name).
+    super_stream: SuperStream | None = None
+    #: Option ``partitionKeyColumn``: the column hashed to pick a row's partition.
+    partition_key_column: str | None = None
 
 
 def trace_options() -> dict[str, str]:
@@ -438,6 +563,22 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     routing_key = opts.text("routingKey")
     if routing_key is not None and len(routing_key.encode()) > 255:
         raise ConfigurationError("option routingKey: longer than 255 bytes")
+    layout = _parse_super_stream(opts)
+    key_column = opts.text("partitionKeyColumn")
+    if key_column is not None:
+        key_column = key_column.strip()
+        if not key_column:
+            raise ConfigurationError("option partitionKeyColumn: empty")
+        if layout is None:
+            raise ConfigurationError("option partitionKeyColumn: needs option superStream")
+    if layout is not None:
+        for option, value in (("exchange", opts.text("exchange")), ("routingKey", routing_key)):
+            if value is not None:
+                raise ConfigurationError(
+                    f"option {option}: not with superStream (rows go to the super stream's "
+                    "exchange with the binding key of their partition)"
+                )
+        exchange = layout.name
     traceparent, tracestate = _trace_context(opts)
     return WriteOptions(
         connect=connect,
@@ -453,6 +594,8 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         otel=opts.flag("otel", False),
         traceparent=traceparent,
         tracestate=tracestate,
+        super_stream=layout,
+        partition_key_column=key_column,
     )
 
 

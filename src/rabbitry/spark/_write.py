@@ -21,6 +21,7 @@ from ..protocol.spec import BasicProperties
 from ._arrow import batch_fields
 from ._core import PublishFailed
 from ._rows import fields_to_message, row_fields
+from ._super import routed_batch_fields, routed_row_fields
 
 if TYPE_CHECKING:
     import concurrent.futures
@@ -158,14 +159,18 @@ def publish_rows(
     ``message_id`` defaults to ``f"{id_prefix}:{index}"`` (deterministic per task, so a
     retried task publishes the same ids). Publishing stops at the first failed publish
     seen (returned, nacked, timed out), waits for the rest, and raises. What settled is
-    added to ``counts`` either way.
+    added to ``counts`` either way. With ``superStream`` each row goes to the super
+    stream's exchange with its partition's binding key (:mod:`rabbitry.spark._super`).
 
     Raises:
         UnroutableRows: rows were returned (``mandatory``).
         PublishFailed: anything else that kept a row from being confirmed.
     """
     with _job_context(options):
-        fields = map(row_fields, rows)
+        if options.super_stream is None:
+            fields: Iterator[Fields] = map(row_fields, rows)
+        else:
+            fields = routed_row_fields(options, rows)
         return _publish_rows(options, fields, id_prefix, partition_id, attempt, counts)
 
 
@@ -183,7 +188,10 @@ def publish_batches(
     taken from a batch once instead of building a dict per row.
     """
     with _job_context(options):
-        fields = batch_fields(batches)
+        if options.super_stream is None:
+            fields = batch_fields(batches)
+        else:
+            fields = routed_batch_fields(options, batches)
         return _publish_rows(options, fields, id_prefix, partition_id, attempt, counts)
 
 

@@ -6,8 +6,8 @@ Where each piece runs (Spark's Python Data Source API, 4.x):
 * ``QueueStreamReader`` (classic/quorum, a ``SimpleDataSourceStreamReader``): the one
   long-lived streaming-source process of the query on the driver; it keeps a consumer
   open between micro-batches and acks when Spark has committed a batch.
-* ``StreamQueueReader`` (stream queues): offsets are planned on the driver, offset ranges
-  are read on executors (``read`` is stateless).
+* ``StreamQueueReader`` (stream queues, and the partitions of a super stream): offsets
+  are planned on the driver, offset ranges are read on executors (``read`` is stateless).
 * Writers: ``write`` runs on executors, one connection per task.
 
 Every reader hands Spark record batches (``pyarrow.RecordBatch``) built column by column
@@ -51,7 +51,8 @@ from ._core import (
 )
 from ._metrics import Counts, enable_otel
 from ._options import ReadOptions, WriteOptions, parse_read_options, parse_write_options
-from ._rows import READ_SCHEMA, check_write_columns
+from ._rows import READ_SCHEMA
+from ._super import check_write_schema, per_stream, share_limit
 from ._write import PublishResult, check_batch_columns, publish_batches, publish_rows
 
 try:  # Spark 4.2+: admission control and AvailableNow for Python sources
@@ -185,8 +186,8 @@ class RabbitMQDataSource(DataSource):
         Returns:
             A writer publishing each partition with confirms.
         """
-        check_write_columns(schema.fieldNames())
         options = parse_write_options(self.options)
+        check_write_schema(options, schema.fieldNames())
         check_batch_columns(options, schema.fieldNames())
         # One id for the whole job, made here on the driver and pickled into every task,
         # so a retried task publishes the same message ids as its failed attempt.
@@ -203,8 +204,8 @@ class RabbitMQDataSource(DataSource):
         Returns:
             A writer publishing each micro-batch with confirms.
         """
-        check_write_columns(schema.fieldNames())
         options = parse_write_options(self.options)
+        check_write_schema(options, schema.fieldNames())
         check_batch_columns(options, schema.fieldNames())
         return StreamWriter(options)
 
@@ -226,14 +227,16 @@ def register(spark: SparkSession) -> None:
 
 @dataclasses.dataclass
 class OffsetRange(InputPartition):
-    """Offsets ``[start, end)`` of a stream queue."""
+    """Offsets ``[start, end)`` of a stream queue: ``stream``, or else the read's queue."""
 
     start: int
     end: int
+    stream: str | None = None
 
-    def __init__(self, start: int, end: int) -> None:
+    def __init__(self, start: int, end: int, stream: str | None = None) -> None:
         self.start = start
         self.end = end
+        self.stream = stream
 
 
 @dataclasses.dataclass
@@ -276,11 +279,15 @@ class BatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         options = self.options
         if options.queue_type == "stream":
-            start, end = stream_bounds(options)
-            if options.max_messages is not None:
-                end = min(end, start + options.max_messages)
-            ranges = split_range(start, end, options.num_partitions)
-            return [OffsetRange(low, high) for low, high in ranges] or [OffsetRange(0, 0)]
+            # A super stream: each partition's range as a single stream's (maxMessages,
+            # endingOffsets and numPartitions apply to each).
+            result = []
+            for stream, (start, end) in per_stream(options, stream_bounds).items():
+                if options.max_messages is not None:
+                    end = min(end, start + options.max_messages)
+                ranges = split_range(start, end, options.num_partitions)
+                result += [OffsetRange(low, high, stream) for low, high in ranges]
+            return result or [OffsetRange(0, 0)]
         total = plan_queue_read(options).ready
         if options.max_messages is not None:
             total = min(total, options.max_messages)
@@ -298,7 +305,8 @@ class BatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[RecordBatch]:
         if isinstance(partition, OffsetRange):
-            return read_stream_range(self.options, partition.start, partition.end)
+            options = self.options.for_stream(partition.stream or self.options.queue)
+            return read_stream_range(options, partition.start, partition.end)
         if isinstance(partition, QueueShare):
             return browse_share(self.options, partition.start, partition.end)
         assert isinstance(partition, QueueQuota)
@@ -420,53 +428,85 @@ class QueueStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
 
 
 class StreamQueueReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Stream queues: offsets ``{"offset": next}``, ranges read on executors, exact replay."""
+    """Stream queues: offsets planned on the driver, ranges read on executors, exact replay.
+
+    One stream's offsets are ``{"offset": next}``. A super stream's (option
+    ``superStream``) are ``{"partitions": {"<partition queue>": next, ...}}``: each
+    partition is read as a single stream is, in its own input partitions, so its rows
+    keep their order; ``maxRecordsPerTrigger`` is shared between the partitions
+    (:func:`~rabbitry.spark._super.share_limit`).
+    """
 
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
-        self._target: int | None = None
+        self._target: dict[str, int] | None = None
+
+    def _offset(self, positions: dict[str, int]) -> Offset:
+        if self.options.super_stream is None:
+            return {"offset": positions[self.options.queue]}
+        return {"partitions": positions}
+
+    def _positions(self, offset: Offset) -> dict[str, int]:
+        """``{stream: next offset}`` of an offset of this reader."""
+        if self.options.super_stream is None:
+            return {self.options.queue: int(offset["offset"])}
+        given = offset.get("partitions")
+        streams = self.options.streams
+        if not isinstance(given, dict) or set(given) != set(streams):
+            raise ConfigurationError(
+                f"option superStream: the checkpoint's offsets are for partitions "
+                f"{sorted(given) if isinstance(given, dict) else given!r}, not for "
+                f"{list(streams)} (a checkpoint cannot be reused with other partitions)"
+            )
+        return {stream: int(given[stream]) for stream in streams}
 
     def initialOffset(self) -> Offset:
-        return {"offset": resolve_start(self.options, self.options.starting_offsets)}
+        return self._offset(per_stream(self.options, _start))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.options.max_records_per_trigger)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = stream_tail(self.options)
+        self._target = per_stream(self.options, stream_tail)
 
     def latestOffset(self, start: Offset | None = None, limit: ReadLimit | None = None) -> Offset:
         """Where the next micro-batch ends; Spark calls it.
 
         Args:
             start: where it starts (``None`` before Spark 4.2: no admission control).
-            limit: the most rows it may hold (``maxRecordsPerTrigger``).
+            limit: the most rows it may hold (``maxRecordsPerTrigger``), shared between
+                the partitions of a super stream.
 
         Returns:
-            The stream offset after its last message.
+            The stream offset after its last message (per partition).
         """
-        tail = self._target if self._target is not None else stream_tail(self.options)
+        tails = self._target if self._target is not None else per_stream(self.options, stream_tail)
         if start is None:  # Spark < 4.2: no admission control
-            return {"offset": tail}
-        begin = int(start["offset"])
-        end = max(begin, tail)
+            return self._offset(tails)
+        begin = self._positions(start)
+        available = {s: max(0, tails[s] - begin[s]) for s in begin}
         max_rows = getattr(limit, "max_rows", None)
         if isinstance(max_rows, int):
-            end = min(end, begin + max_rows)
-        return {"offset": end}
+            available = share_limit(available, max_rows)
+        return self._offset({s: begin[s] + available[s] for s in begin})
 
     def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
-        """Split a micro-batch into ``numPartitions`` offset ranges; Spark calls it.
+        """Split a micro-batch into offset ranges; Spark calls it.
 
         Args:
             start: the batch's first offset.
             end: the offset after it.
 
         Returns:
-            One range per partition.
+            ``numPartitions`` ranges per stream (each partition of a super stream).
         """
-        ranges = split_range(int(start["offset"]), int(end["offset"]), self.options.num_partitions)
-        return [OffsetRange(low, high) for low, high in ranges]
+        begin, finish = self._positions(start), self._positions(end)
+        n = self.options.num_partitions
+        return [
+            OffsetRange(low, high, stream)
+            for stream in self.options.streams
+            for low, high in split_range(begin[stream], finish[stream], n)
+        ]
 
     def read(self, partition: InputPartition) -> Iterator[RecordBatch]:
         """Read one offset range, on an executor; Spark calls it.
@@ -478,7 +518,8 @@ class StreamQueueReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             Its rows (record batches), in offset order.
         """
         assert isinstance(partition, OffsetRange)
-        return read_stream_range(self.options, partition.start, partition.end)
+        options = self.options.for_stream(partition.stream or self.options.queue)
+        return read_stream_range(options, partition.start, partition.end)
 
     def commit(self, end: Offset) -> None:
         """Nothing to do: Spark's checkpoint is the source of truth for stream offsets.
@@ -486,6 +527,10 @@ class StreamQueueReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         Args:
             end: the offset after the committed batch.
         """
+
+
+def _start(options: ReadOptions) -> int:
+    return resolve_start(options, options.starting_offsets)
 
 
 # ---------------------------------------------------------------- writes

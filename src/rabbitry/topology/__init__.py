@@ -31,6 +31,9 @@ Usage::
   (:data:`LOWER_WINS`, :data:`ARGUMENT_WINS`).
 * Topologies load from our own JSON/YAML form and from RabbitMQ definitions exports,
   and save to both.
+* :func:`super_stream` and :class:`SuperStream` declare a super stream (partitioned
+  stream) and route keys to its partitions as the stream clients do
+  (:func:`partition_for`).
 """
 
 from ._apply import ApplyResult, VerifyReport, parse_inequivalent
@@ -70,6 +73,15 @@ from ._retry import (
     parking_lot_name,
     retry_queue_name,
 )
+from ._super_stream import (
+    PARTITION_ORDER_ARGUMENT,
+    SUPER_STREAM_ARGUMENT,
+    SUPER_STREAM_SEED,
+    SuperStream,
+    murmur3_32,
+    partition_for,
+    super_stream,
+)
 from ._topology import Topology
 
 __all__ = [
@@ -88,10 +100,13 @@ __all__ = [
     "ORIGINAL_ROUTING_KEY_HEADER",
     "OVERFLOW_MODES",
     "PARKED_REASON_HEADER",
+    "PARTITION_ORDER_ARGUMENT",
     "PLUGIN_EXCHANGE_TYPES",
     "POLICY_APPLY_TO",
     "POLICY_KEYS",
     "QUEUE_TYPES",
+    "SUPER_STREAM_ARGUMENT",
+    "SUPER_STREAM_SEED",
     "UNLIMITED_DELIVERIES",
     "WORK_QUEUE_DELIVERY_LIMIT",
     "ApplyResult",
@@ -103,12 +118,16 @@ __all__ = [
     "RetryDecision",
     "RetryNames",
     "RetryPolicy",
+    "SuperStream",
     "Topology",
     "VerifyReport",
     "dlx_name",
     "format_expiration",
     "handle_failure",
+    "murmur3_32",
     "parking_lot_name",
     "parse_inequivalent",
+    "partition_for",
     "retry_queue_name",
+    "super_stream",
 ]

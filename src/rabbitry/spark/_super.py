@@ -1,0 +1,196 @@
+"""Super streams in the data source, without pyspark: routing written rows to partitions,
+and sharing a read's limit between the partitions.
+
+Writes (option ``superStream``): each row is published to the super stream's exchange
+with the binding key of its partition: the partition hash routing picks for the value of
+the column ``partitionKeyColumn`` (:func:`~rabbitry.topology.partition_for`, as the
+stream clients do), or the index given in the column ``partition``.
+
+Reads: each partition is a stream queue read as a single stream is
+(:class:`~rabbitry.spark.datasource.StreamQueueReader`); :func:`share_limit` splits a
+micro-batch's row limit between them and :func:`per_stream` runs a probe on every
+partition at once.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..exceptions import ConfigurationError
+from ..topology import partition_for
+from ._arrow import batch_fields
+from ._rows import check_write_columns, row_fields
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator, Mapping
+
+    from ..topology import SuperStream
+    from ._options import ReadOptions, WriteOptions
+
+__all__ = [
+    "PARTITION_COLUMN",
+    "check_write_schema",
+    "per_stream",
+    "routed_batch_fields",
+    "routed_row_fields",
+    "share_limit",
+]
+
+#: The write column that gives a row's partition by its index (0 .. N-1).
+PARTITION_COLUMN = "partition"
+
+Fields = tuple[Any, Any, Any, Any, Any, Any]
+T = TypeVar("T")
+
+
+def check_write_schema(options: WriteOptions, columns: Iterable[str]) -> None:
+    """Refuse a write schema the options cannot publish (driver side).
+
+    With ``superStream`` the rows need exactly one way to their partition: the column
+    named by ``partitionKeyColumn``, or a ``partition`` column. That column is not
+    published; ``exchange`` and ``routing_key`` columns are refused (the partition
+    decides both), unless ``routing_key`` is the partition key column.
+
+    Raises:
+        ConfigurationError: naming the option or column and the rule.
+    """
+    names = list(columns)
+    layout = options.super_stream
+    if layout is None:
+        check_write_columns(names)
+        return
+    lowered = {name.lower() for name in names}
+    key_column = options.partition_key_column
+    has_partition = PARTITION_COLUMN in lowered
+    if key_column is not None and key_column.lower() not in lowered:
+        raise ConfigurationError(
+            f"option partitionKeyColumn: the rows have no column {key_column!r} "
+            f"(columns: {', '.join(names)})"
+        )
+    if key_column is not None and has_partition and key_column.lower() != PARTITION_COLUMN:
+        raise ConfigurationError(
+            f"option partitionKeyColumn: the rows also have a {PARTITION_COLUMN!r} column; "
+            "give one way to the partition (drop that column or the option)"
+        )
+    if key_column is None and not has_partition:
+        raise ConfigurationError(
+            f"option superStream: give option partitionKeyColumn (rows go to the partition "
+            f"the hash of that column picks) or a {PARTITION_COLUMN!r} column (the "
+            f"partition's index, 0..{layout.partitions - 1})"
+        )
+    routing = (key_column or PARTITION_COLUMN).lower()
+    for fixed in ("exchange", "routing_key"):
+        if fixed in lowered and fixed != routing:
+            raise ConfigurationError(
+                f"option superStream: the column {fixed!r} cannot be written (rows go to the "
+                "super stream's exchange with their partition's binding key)"
+            )
+    check_write_columns([name for name in names if name.lower() != routing])
+
+
+def _target(layout: SuperStream, key_column: str | None, value: Any) -> str:
+    """The binding key of the partition of a row whose routing column holds ``value``."""
+    keys = layout.binding_keys
+    if key_column is None:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < len(keys):
+            raise ConfigurationError(
+                f"column {PARTITION_COLUMN!r}: must be a partition index in "
+                f"0..{len(keys) - 1} (super stream {layout.name!r}), got {value!r}"
+            )
+        return keys[value]
+    if value is None:
+        raise ConfigurationError(f"column {key_column!r}: a row has no partition key (null)")
+    try:
+        return keys[partition_for(value, len(keys))]
+    except TypeError as exc:
+        raise ConfigurationError(f"column {key_column!r} (partitionKeyColumn): {exc}") from None
+
+
+def _column(names: Iterable[str], wanted: str) -> str:
+    """The actual name of column ``wanted`` (Spark matches column names in any case)."""
+    lowered = wanted.lower()
+    return next(name for name in names if name.lower() == lowered)
+
+
+def routed_batch_fields(options: WriteOptions, batches: Iterable[Any]) -> Iterator[Fields]:
+    """The rows of Arrow record batches as :func:`~rabbitry.spark._arrow.batch_fields`
+    gives them, each with the super stream's exchange and its partition's binding key.
+
+    Raises:
+        ConfigurationError: a row's partition key is null or of another type, or its
+            partition index is out of range.
+    """
+    layout = options.super_stream
+    assert layout is not None
+    key_column = options.partition_key_column
+    wanted = key_column or PARTITION_COLUMN
+    for batch in batches:
+        values = batch.column(_column(batch.schema.names, wanted)).to_pylist()
+        for row, value in zip(batch_fields([batch]), values, strict=True):
+            yield (row[0], _target(layout, key_column, value), layout.name, *row[3:])
+
+
+def routed_row_fields(options: WriteOptions, rows: Iterable[Mapping[str, Any]]) -> Iterator[Fields]:
+    """:func:`routed_batch_fields` for rows given as dicts.
+
+    Raises:
+        ConfigurationError: as :func:`routed_batch_fields`.
+    """
+    layout = options.super_stream
+    assert layout is not None
+    key_column = options.partition_key_column
+    wanted = key_column or PARTITION_COLUMN
+    for row in rows:
+        fields = row_fields(row)
+        value = row[_column(row, wanted)]
+        yield (fields[0], _target(layout, key_column, value), layout.name, *fields[3:])
+
+
+def share_limit(available: Mapping[str, int], limit: int) -> dict[str, int]:
+    """How many rows each stream gives a micro-batch of at most ``limit`` rows.
+
+    Streams get equal shares, and a share a stream cannot fill goes to the others, so
+    the batch holds ``min(limit, sum(available))`` rows and no stream waits while
+    another has more than its share.
+
+    Args:
+        available: rows each stream has beyond the batch's start (>= 0).
+        limit: the most rows in the batch (>= 0).
+
+    Returns:
+        The rows taken from each stream, never more than it has.
+    """
+    taken = dict.fromkeys(available, 0)
+    left = max(0, limit)
+    hungry = sorted(name for name, count in available.items() if count > 0)
+    while hungry and left > 0:
+        share = left // len(hungry)
+        if share == 0:  # fewer rows left than streams: one more each, in name order
+            for name in hungry[:left]:
+                taken[name] += 1
+            break
+        for name in hungry:
+            give = min(share, available[name] - taken[name])
+            taken[name] += give
+            left -= give
+        hungry = [name for name in hungry if taken[name] < available[name]]
+    return taken
+
+
+def per_stream(options: ReadOptions, probe: Callable[[ReadOptions], T]) -> dict[str, T]:
+    """``probe`` run on every stream of the read at once (its partitions, or its queue).
+
+    Args:
+        options: the read.
+        probe: a function of the options of one stream (e.g. ``stream_tail``).
+
+    Returns:
+        ``{stream: probe(options.for_stream(stream))}``.
+    """
+    streams = options.streams
+    if len(streams) == 1:
+        return {streams[0]: probe(options.for_stream(streams[0]))}
+    with ThreadPoolExecutor(min(8, len(streams)), thread_name_prefix="rabbitry-probe") as pool:
+        results = pool.map(lambda stream: probe(options.for_stream(stream)), streams)
+        return dict(zip(streams, results, strict=True))
