@@ -1,9 +1,9 @@
 """What the engine hands the library's own collaborators, against the scripted broker.
 
-A channel's ``start_consumer`` / ``abandon_consumer`` (the consumers' way to subscribe)
-and the connection's ``read_flow`` (their read back-pressure). The scripted broker never
-answers basic.consume or basic.cancel by itself: each test sends the answer when it
-wants it.
+A channel's ``start_consumer`` / ``abandon_consumer`` (the consumers' way to subscribe),
+the connection's ``read_flow`` (their read back-pressure) and ``loop_hooks`` (what the
+thread-safe API's IO thread drives). The scripted broker never answers basic.consume or
+basic.cancel by itself: each test sends the answer when it wants it.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ from fake_broker import FakeBroker
 
 import rabbitry
 from rabbitry.aio.channel import AsyncChannel, Subscription
+from rabbitry.aio.connection import loop_hooks
+from rabbitry.exceptions import AMQPError, ConnectionClosedByClient
 from rabbitry.protocol import spec
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
 
-    from rabbitry.exceptions import AMQPError
     from rabbitry.protocol.message import Message
 
 pytestmark = pytest.mark.timeout(60)
@@ -157,3 +158,36 @@ async def test_read_flow_counts_pauses(conn: rabbitry.AsyncConnection) -> None:
     flow.pause()
     assert not transport.is_reading()  # the extra resume was not counted
     flow.resume()
+
+
+async def test_loop_hooks_cork_writes_until_the_batch_ends(
+    conn: rabbitry.AsyncConnection,
+) -> None:
+    channel = await conn.channel()
+    proto = conn._proto
+    assert proto is not None
+    hooks = loop_hooks(conn)
+    hooks.begin_batch()
+    await channel.basic_publish("", "q", b"one")
+    await channel.basic_publish("", "q", b"two")
+    assert proto._out  # still queued: the batch corks them
+    hooks.end_batch()
+    assert not proto._out
+
+
+async def test_loop_hooks_abort_ends_the_connection_at_once(broker: FakeBroker) -> None:
+    broker.answer_close = False  # nothing would answer a close: abort does not ask
+    conn = rabbitry.AsyncConnection(broker.url)
+    await conn.connect()
+    ended: list[AMQPError] = []
+    conn.add_close_callback(ended.append)
+    channel = await conn.channel()
+    pending = asyncio.ensure_future(channel.basic_qos(10))  # never answered
+    await _sent(broker, spec.BasicQos)
+    reason = ConnectionClosedByClient(200, "the loop stops")
+    loop_hooks(conn).abort(reason)
+    assert conn.is_closed and conn.close_exc is reason
+    assert ended == [reason]
+    with pytest.raises(AMQPError):
+        await asyncio.wait_for(pending, WAIT)
+    assert channel.is_closed

@@ -92,20 +92,11 @@ REMAINING: set[tuple[str, str]] = {
     ("publisher.py", "_wait_writable"),
     ("publisher.py", "_write_paused"),
     ("service.py", "_loop"),
-    ("sync/_connection.py", "_abort"),
-    ("sync/_connection.py", "_begin_batch"),
-    ("sync/_connection.py", "_end_batch"),
-    ("sync/_connection.py", "_pause_reading"),
-    ("sync/_connection.py", "_resume_reading"),
     ("sync/_connection.py", "_transport"),
     ("sync/_connection.py", "_writable_hooks"),
     ("sync/_connection.py", "_write_paused"),
-    ("sync/channel.py", "_closed"),
-    ("sync/channel.py", "_dispatcher"),
-    ("sync/channel.py", "_post"),
     ("sync/channel.py", "_proto"),
     ("sync/channel.py", "_publish_encoded"),
-    ("sync/channel.py", "_require_portal"),
 }
 
 

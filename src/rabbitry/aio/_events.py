@@ -3,8 +3,9 @@
 :class:`ConnectionEvents` is a base of :class:`~rabbitry.aio.connection.AsyncConnection`:
 the dispatch of the protocol's events to channels and callbacks, the heartbeat tick,
 read back-pressure, the state changes of recovery, and the ways a connection ends
-(closed by either side, close-ok overdue, recovery given up). :class:`ReadFlow` is what
-the connection hands the library's own consumers.
+(closed by either side, close-ok overdue, recovery given up). :class:`ReadFlow` and
+:class:`LoopHooks` are what the connection hands the library's own collaborators: its
+consumers, and the thread-safe API's IO thread.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import ssl
 from collections.abc import Callable
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..exceptions import (
     AMQPConnectionError,
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     from ..record import TopologyRecord
     from .channel import AsyncChannel
 
-__all__ = ["ConnectionEvents", "ReadFlow"]
+__all__ = ["ConnectionEvents", "LoopHooks", "ReadFlow"]
 
 logger = logging.getLogger("rabbitry.connection")
 
@@ -75,6 +76,28 @@ class ReadFlow:
     def __init__(self, connection: ConnectionEvents) -> None:
         self.pause: Callable[[], None] = connection._pause_reading
         self.resume: Callable[[], None] = connection._resume_reading
+
+
+class LoopHooks(NamedTuple):
+    """What code that runs a connection's event loop on a thread of its own (the
+    thread-safe API's IO thread) calls on that thread; not for applications.
+
+    Get them with :func:`rabbitry.aio.connection.loop_hooks`. They are the connection's
+    own bound methods: calling one costs what calling the connection would.
+
+    Attributes:
+        begin_batch: cork writes: what is queued until ``end_batch()`` leaves in one
+            write (around a run of several queued operations).
+        end_batch: write what was queued since ``begin_batch()``; later frames leave
+            at once.
+        abort: end the connection now with the given error, without waiting for the
+            broker, for a loop about to stop: every future the connection holds fails
+            with it, the close callbacks run and the socket is dropped.
+    """
+
+    begin_batch: Callable[[], None]
+    end_batch: Callable[[], None]
+    abort: Callable[[AMQPError], None]
 
 
 class ConnectionEvents:
