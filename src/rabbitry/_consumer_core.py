@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ._batch_consume import EnvelopeHandling
 from .aio._recovery import redeclare_queue
+from .aio.channel import Subscription
 from .batching import BATCH_FORMAT_HEADER
 from .exceptions import (
     AMQPConnectionError,
@@ -223,7 +224,7 @@ class _ConsumerCore(EnvelopeHandling):
         try:
             if self._manual and self.prefetch:
                 await channel.basic_qos(self.prefetch, timeout=timeout)
-            self.consumer_tag = await channel._start_consumer(
+            subscription = Subscription(
                 self.queue,
                 self._on_delivery,
                 no_ack=not self._manual,
@@ -231,8 +232,8 @@ class _ConsumerCore(EnvelopeHandling):
                 arguments=self.arguments,
                 on_cancel=self._on_broker_cancel,
                 on_close=self._on_channel_closed,
-                timeout=timeout,
             )
+            self.consumer_tag = await channel.start_consumer(subscription, timeout=timeout)
         except BaseException:
             if not channel.is_closed:
                 await channel.close()
@@ -278,7 +279,7 @@ class _ConsumerCore(EnvelopeHandling):
                 or self._waiting_bytes >= _INBOX_BYTES
             ):
                 self._reads_paused = True
-                self._conn._pause_reading()
+                self._conn.read_flow.pause()
         if self.batch_size is not None:
             self._batch.append(message)
             if len(self._batch) >= self.batch_size:
@@ -338,7 +339,7 @@ class _ConsumerCore(EnvelopeHandling):
             and self._waiting_bytes <= _INBOX_BYTES // 2
         ):
             self._reads_paused = False
-            self._conn._resume_reading()
+            self._conn.read_flow.resume()
 
     def _forget_waiting(self) -> None:
         """The inbox was emptied (stop, or the channel ended): read again."""
@@ -346,7 +347,7 @@ class _ConsumerCore(EnvelopeHandling):
         self._waiting_bytes = 0
         if self._reads_paused:
             self._reads_paused = False
-            self._conn._resume_reading()
+            self._conn.read_flow.resume()
 
     def _spawn(self, work: Awaitable[None]) -> None:
         self._running += 1

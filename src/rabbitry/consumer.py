@@ -367,7 +367,9 @@ class AsyncConsumer(_ConsumerCore):
         if channel is not None and not channel.is_closed and self.consumer_tag is not None:
             # Cancelled now, or (connection recovering) forgotten so that recovery does
             # not subscribe a stopped consumer again.
-            await channel._abandon_consumer(self.consumer_tag, 10.0 if timeout is None else timeout)
+            await channel.abandon_consumer(
+                self.consumer_tag, timeout=10.0 if timeout is None else timeout
+            )
         self._release_waiting()
         if self._running:
             assert self._idle is not None

@@ -48,6 +48,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from .aio.channel import Subscription
 from .aio.connection import remove_callback
 from .consumer import AsyncConsumer
 from .exceptions import (
@@ -171,14 +172,13 @@ class AsyncRpcClient:
             channel = await self._conn.channel(timeout=timeout)
             channel.add_return_callback(self._on_return)
             try:
-                await channel._start_consumer(
+                subscription = Subscription(
                     REPLY_TO,
                     self._on_reply,
                     no_ack=True,  # direct reply-to requires it
-                    on_cancel=None,
                     on_close=self._on_channel_closed,
-                    timeout=timeout,
                 )
+                await channel.start_consumer(subscription, timeout=timeout)
             except BaseException:
                 if not channel.is_closed:
                     await channel.close()

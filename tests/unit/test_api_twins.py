@@ -6,7 +6,10 @@ every method with the same parameters in the same order, kinds and defaults; a c
 on the async side is a blocking call on the sync side. This module compares every pair
 in ``PAIRS`` mechanically, so a feature added to one side only, or a parameter
 renamed/reordered/re-defaulted on one side, fails here. Members that exist on one side
-only are listed in ``SYNC_ONLY`` / ``ASYNC_ONLY``, each with its reason.
+only are listed in ``SYNC_ONLY`` / ``ASYNC_ONLY``, each with its reason. Members of the
+asyncio classes that only the library's own objects use are listed in ``LIBRARY_ONLY``:
+they are outside the twin promise, and their documentation says they are not for
+applications.
 
 Public members are the non-underscore names visible on the class (methods, properties,
 class attributes) *plus* the public instance attributes assigned in ``__init__``
@@ -60,6 +63,20 @@ SYNC_ONLY: dict[type, dict[str, str]] = {
 ASYNC_ONLY: dict[type, dict[str, str]] = {
     AsyncConnection: {},
     AsyncChannel: {},
+}
+# Members of the asyncio classes for the library's own objects that run on the event
+# loop (its consumers, the channels of a connection), documented as not for applications.
+# The sync twin runs those objects on its IO thread, inside the asyncio classes, so it
+# has no use for them. Each needs a reason; a stale entry fails like the lists above.
+LIBRARY_ONLY: dict[type, dict[str, str]] = {
+    AsyncConnection: {
+        "read_flow": "the read back-pressure handle of the consumers on the loop",
+        "consumer_cancelled": "a channel tells its connection that one of its consumers ended",
+    },
+    AsyncChannel: {
+        "start_consumer": "AsyncConsumer, the RPC client and Channel.consume subscribe with it",
+        "abandon_consumer": "the same consumers end their subscription with it",
+    },
 }
 
 # Every twin pair of the public API (docs/architecture.md lists the same pairs).
@@ -157,7 +174,7 @@ def _member_differences(async_cls: type, sync_cls: type) -> list[str]:
     async_members = public_members(async_cls)
     sync_members = public_members(sync_cls)
     sync_only = SYNC_ONLY.get(sync_cls, {})
-    async_only = ASYNC_ONLY.get(async_cls, {})
+    async_only = ASYNC_ONLY.get(async_cls, {}) | LIBRARY_ONLY.get(async_cls, {})
 
     for name in sorted(async_members - sync_members - set(async_only)):
         problems.append(f"{async_cls.__name__}.{name} has no twin on {sync_cls.__name__}")
@@ -166,7 +183,9 @@ def _member_differences(async_cls: type, sync_cls: type) -> list[str]:
     for name in sorted(set(sync_only) - (sync_members - async_members)):
         problems.append(f"stale SYNC_ONLY entry {sync_cls.__name__}.{name}: not one-sided")
     for name in sorted(set(async_only) - (async_members - sync_members)):
-        problems.append(f"stale ASYNC_ONLY entry {async_cls.__name__}.{name}: not one-sided")
+        problems.append(
+            f"stale ASYNC_ONLY/LIBRARY_ONLY entry {async_cls.__name__}.{name}: not one-sided"
+        )
 
     for name in sorted(async_members & sync_members):
         a = _static(async_cls, name)
@@ -249,6 +268,15 @@ def test_allow_lists_are_minimal() -> None:
     # Growing these lists should be a deliberate, reviewed decision.
     assert sum(len(v) for v in SYNC_ONLY.values()) <= 2
     assert sum(len(v) for v in ASYNC_ONLY.values()) == 0
+    assert sum(len(v) for v in LIBRARY_ONLY.values()) <= 4
+
+
+def test_library_only_members_say_they_are_not_for_applications() -> None:
+    # What the twin rule leaves out must not become user API by accident.
+    for cls, members in LIBRARY_ONLY.items():
+        for name in members:
+            doc = " ".join((inspect.getdoc(_static(cls, name)) or "").split())
+            assert "not for applications" in doc, f"{cls.__name__}.{name}"
 
 
 # ------------------------------------------------------------- consumer twins

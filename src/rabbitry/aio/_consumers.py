@@ -1,7 +1,9 @@
 """AsyncChannel's consumers: their records, delivery dispatch and recovery hooks.
 
 :class:`ConsumerMethods` is a base of :class:`~rabbitry.aio.channel.AsyncChannel`;
-the public consume methods stay on the channel and call into it.
+the public consume methods stay on the channel and call into it. A consumer starts from
+a :class:`Subscription` (:meth:`ConsumerMethods.start_consumer`), which the library's
+own consumers use too.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..exceptions import AMQPError
@@ -22,7 +25,7 @@ if TYPE_CHECKING:
     from ..protocol.frames import Method
     from ..record import TopologyRecord
 
-__all__ = ["CancelCallback", "ConsumerCallback", "ConsumerMethods"]
+__all__ = ["CancelCallback", "ConsumerCallback", "ConsumerMethods", "Subscription"]
 
 logger = logging.getLogger("rabbitry.channel")
 
@@ -35,6 +38,53 @@ _END = object()
 #: the connection stops reading the socket (until the queue is half empty).
 _CONSUMER_QUEUE_MESSAGES = 1024
 _CONSUMER_QUEUE_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """A consumer to start with :meth:`ConsumerMethods.start_consumer`: the basic.consume
+    it sends and where its deliveries and its end go.
+
+    Args:
+        queue: the queue to consume from.
+        callback: called with each delivered :class:`~rabbitry.Message`, in order (a
+            plain function or a coroutine function, as for ``basic_consume``).
+        consumer_tag: our tag for it ("" lets the broker choose).
+        no_local: not supported by RabbitMQ; sent as given.
+        no_ack: automatic acknowledgement (at-most-once).
+        exclusive: no other consumer may use the queue.
+        arguments: consumer arguments, e.g. ``{"x-priority": 10}``.
+        on_cancel: called with the tag when the broker cancels the consumer, or when
+            recovery cannot restore it.
+        on_close: called with the reason when the channel ends under the consumer, or
+            when recovery cannot restore it and there is no ``on_cancel``.
+    """
+
+    queue: str
+    callback: ConsumerCallback
+    consumer_tag: str = ""
+    no_local: bool = False
+    no_ack: bool = False
+    exclusive: bool = False
+    arguments: Mapping[str, Any] | None = None
+    on_cancel: CancelCallback | None = None
+    on_close: Callable[[AMQPError], None] | None = None
+
+    def method(self) -> spec.BasicConsume:
+        """A new basic.consume with these arguments.
+
+        Returns:
+            The method, a new object on each call: recovery keeps one of its own, in
+            which it fills in the tag the broker chose.
+        """
+        return spec.BasicConsume(
+            queue=self.queue,
+            consumer_tag=self.consumer_tag,
+            no_local=self.no_local,
+            no_ack=self.no_ack,
+            exclusive=self.exclusive,
+            arguments=self.arguments,
+        )
 
 
 class _Consumer:
@@ -69,6 +119,14 @@ class _Consumer:
         self.task: asyncio.Task[None] | None = None
 
 
+class _ReadFlow(Protocol):
+    """The connection's back-pressure on its socket reads (``aio._events.ReadFlow``)."""
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
 class _Connection(Protocol):
     """What a channel uses of its :class:`~rabbitry.aio.connection.AsyncConnection`.
 
@@ -88,11 +146,10 @@ class _Connection(Protocol):
 
     def _kick(self) -> None: ...
 
-    def _pause_reading(self) -> None: ...
+    @property
+    def read_flow(self) -> _ReadFlow: ...
 
-    def _resume_reading(self) -> None: ...
-
-    def _forget_if_auto_deleted(self, queue: str) -> None: ...
+    def consumer_cancelled(self, queue: str) -> None: ...
 
     def _records_channel_topology(self) -> bool: ...
 
@@ -132,34 +189,34 @@ class ConsumerMethods:
 
         def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None: ...
 
-    async def _start_consumer(
-        self,
-        queue: str,
-        callback: ConsumerCallback,
-        *,
-        consumer_tag: str = "",
-        no_local: bool = False,
-        no_ack: bool = False,
-        exclusive: bool = False,
-        arguments: Mapping[str, Any] | None = None,
-        on_cancel: CancelCallback | None,
-        on_close: Callable[[AMQPError], None] | None,
-        timeout: float | None,
+    async def start_consumer(
+        self, subscription: Subscription, *, timeout: float | None = None
     ) -> str:
+        """Start the consumer that ``subscription`` describes; returns its consumer tag.
+
+        What ``basic_consume`` and ``consume`` do, for the library's own consumers too
+        (:class:`rabbitry.AsyncConsumer`, the RPC client, the thread-safe
+        ``Channel.consume``), which also hear when the channel ends under the consumer
+        (``on_close``); not for applications, which use ``basic_consume`` or ``consume``.
+
+        Args:
+            subscription: the queue, the basic.consume options and the callbacks.
+            timeout: seconds to wait for consume-ok (``None``: no limit).
+
+        Returns:
+            The consumer tag (the broker's choice when ``consumer_tag`` is empty).
+        """
         check_consume(
-            queue, arguments, no_ack=no_ack, qos=self._qos, record=self._conn.topology_record
+            subscription.queue,
+            subscription.arguments,
+            no_ack=subscription.no_ack,
+            qos=self._qos,
+            record=self._conn.topology_record,
         )
-        consumer = _Consumer(callback, on_cancel)
-        consumer.on_close = on_close
+        consumer = _Consumer(subscription.callback, subscription.on_cancel)
+        consumer.on_close = subscription.on_close
         # What recovery needs to subscribe again (the tag is filled in on consume-ok).
-        consumer.spec = spec.BasicConsume(
-            queue=queue,
-            consumer_tag=consumer_tag,
-            no_local=no_local,
-            no_ack=no_ack,
-            exclusive=exclusive,
-            arguments=arguments,
-        )
+        consumer.spec = subscription.method()
 
         def register(reply: spec.BasicConsumeOk) -> None:
             assert consumer.spec is not None
@@ -169,38 +226,38 @@ class ConsumerMethods:
                 consumer.queue = asyncio.Queue()
                 consumer.task = self._loop.create_task(self._run_async_consumer(consumer))
 
-        method = spec.BasicConsume(
-            queue=queue,
-            consumer_tag=consumer_tag,
-            no_local=no_local,
-            no_ack=no_ack,
-            exclusive=exclusive,
-            arguments=arguments,
-        )
-        reply: spec.BasicConsumeOk = await self._rpc(method, timeout, register)
+        reply: spec.BasicConsumeOk = await self._rpc(subscription.method(), timeout, register)
         return reply.consumer_tag
 
-    async def _abandon_consumer(self, tag: str, timeout: float = 10.0) -> None:
-        """The consumer's owner is gone (an iterator ended, timed out or was dropped).
+    async def abandon_consumer(self, consumer_tag: str, *, timeout: float = 10.0) -> None:
+        """End a consumer whose owner is gone (an iterator ended, timed out or was
+        dropped; a consumer object stopped), for the library's own consumers; not for
+        applications, which use ``basic_cancel``.
 
-        Cancel it now if the channel is open; otherwise forget it at once, so recovery
-        never subscribes it again into an inbox nobody reads.
+        It is cancelled now if the channel is open; otherwise (the channel closed, or the
+        connection recovering) it is forgotten at once, so that recovery never subscribes
+        it again into an inbox nobody reads. A channel that ends while the cancel waits
+        for its answer does the same, without an error. An unknown tag is ignored.
+
+        Args:
+            consumer_tag: the consumer's tag.
+            timeout: seconds to wait for cancel-ok.
         """
-        if tag not in self._consumers:
+        if consumer_tag not in self._consumers:
             return
         if self._suspended or not self.is_open:
-            consumer = self._drop_consumer(tag)
+            consumer = self._drop_consumer(consumer_tag)
             if consumer is not None and consumer.spec is not None:
-                self._conn._forget_if_auto_deleted(consumer.spec.queue)
+                self._conn.consumer_cancelled(consumer.spec.queue)
             return
         try:
-            await self.basic_cancel(tag, timeout=timeout)
+            await self.basic_cancel(consumer_tag, timeout=timeout)
         except AMQPError:
             # The channel ended or recovery began while cancelling: the broker's
             # consumer is gone with it, and ours must not come back.
-            consumer = self._drop_consumer(tag)
+            consumer = self._drop_consumer(consumer_tag)
             if consumer is not None and consumer.spec is not None:
-                self._conn._forget_if_auto_deleted(consumer.spec.queue)
+                self._conn.consumer_cancelled(consumer.spec.queue)
 
     def _on_delivery(self, message: Message) -> None:
         message.channel = self
@@ -229,7 +286,7 @@ class ConsumerMethods:
                 # TCP back-pressure, as the sync dispatcher does: the broker keeps the
                 # rest (no basic_qos means no other bound on what it sends).
                 consumer.paused = True
-                self._conn._pause_reading()
+                self._conn.read_flow.pause()
             return
         try:
             consumer.callback(message)
@@ -263,7 +320,7 @@ class ConsumerMethods:
     def _release_consumer_pause(self, consumer: _Consumer) -> None:
         if consumer.paused:
             consumer.paused = False
-            self._conn._resume_reading()
+            self._conn.read_flow.resume()
 
     def _drop_consumer(self, tag: str) -> _Consumer | None:
         consumer = self._consumers.pop(tag, None)

@@ -3,7 +3,9 @@
 :class:`ConnectionEvents` is a base of :class:`~rabbitry.aio.connection.AsyncConnection`:
 the dispatch of the protocol's events to channels and callbacks, the heartbeat tick,
 read back-pressure, the state changes of recovery, and the ways a connection ends
-(closed by either side, close-ok overdue, recovery given up).
+(closed by either side, close-ok overdue, recovery given up). :class:`ReadFlow` and
+:class:`LoopHooks` are what the connection hands the library's own collaborators: its
+consumers, and the thread-safe API's IO thread.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..exceptions import (
     AMQPConnectionError,
@@ -41,7 +44,7 @@ if TYPE_CHECKING:
     from ..record import TopologyRecord
     from .channel import AsyncChannel
 
-__all__ = ["ConnectionEvents"]
+__all__ = ["ConnectionEvents", "LoopHooks", "ReadFlow"]
 
 logger = logging.getLogger("rabbitry.connection")
 
@@ -50,6 +53,51 @@ _CLOSE_TIMEOUT = 10.0
 
 BlockedCallback = Callable[[str | None], Any]
 CloseCallback = Callable[[AMQPError], Any]
+
+
+class ReadFlow:
+    """Back-pressure on a connection's socket reads, for the library's consumers; not
+    for applications.
+
+    A consumer whose queue of deliveries is full (a channel's coroutine consumer,
+    :class:`rabbitry.AsyncConsumer`, the thread-safe API's callback dispatcher) calls
+    ``pause()``, and ``resume()`` once that queue has drained enough: on the loop thread,
+    one ``resume()`` for each ``pause()``. Pauses are counted, and the socket is read
+    again when the last one is released. Deliveries already read in the same chunk wait
+    too, so a full queue grows by at most the message that filled it; a pause still held
+    when the connection reconnects keeps the new socket unread.
+
+    Get it from the connection's ``read_flow``. Its members are the connection's own
+    bound methods: calling one costs what calling the connection would.
+    """
+
+    __slots__ = ("pause", "resume")
+
+    def __init__(self, connection: ConnectionEvents) -> None:
+        self.pause: Callable[[], None] = connection._pause_reading
+        self.resume: Callable[[], None] = connection._resume_reading
+
+
+class LoopHooks(NamedTuple):
+    """What code that runs a connection's event loop on a thread of its own (the
+    thread-safe API's IO thread) calls on that thread; not for applications.
+
+    Get them with :func:`rabbitry.aio.connection.loop_hooks`. They are the connection's
+    own bound methods: calling one costs what calling the connection would.
+
+    Attributes:
+        begin_batch: cork writes: what is queued until ``end_batch()`` leaves in one
+            write (around a run of several queued operations).
+        end_batch: write what was queued since ``begin_batch()``; later frames leave
+            at once.
+        abort: end the connection now with the given error, without waiting for the
+            broker, for a loop about to stop: every future the connection holds fails
+            with it, the close callbacks run and the socket is dropped.
+    """
+
+    begin_batch: Callable[[], None]
+    end_batch: Callable[[], None]
+    abort: Callable[[AMQPError], None]
 
 
 class ConnectionEvents:
@@ -116,6 +164,12 @@ class ConnectionEvents:
             if isinstance(exc, ssl.SSLError) and self._opened is not None:
                 if not self._opened.done() or self._opened.exception() is not None:
                     self._handshake_tls_error = exc
+
+    @cached_property
+    def read_flow(self) -> ReadFlow:
+        """The back-pressure on this connection's socket reads, for the library's
+        consumers (see :class:`ReadFlow`); not for applications."""
+        return ReadFlow(self)
 
     def _pause_reading(self) -> None:
         """Stop reading the socket: a consumer's queue is full (loop thread).
@@ -309,10 +363,18 @@ class ConnectionEvents:
             except Exception:
                 logger.exception("state callback %r failed", callback)
 
-    def _forget_if_auto_deleted(self, queue: str) -> None:
-        """A consumer of ``queue`` was cancelled: if it was the last one on this
-        connection and the record holds ``queue`` as auto-delete, the broker has deleted
-        the queue, so recovery must not declare it again."""
+    def consumer_cancelled(self, queue: str) -> None:
+        """Tell the connection that a consumer of ``queue`` was cancelled, or forgotten
+        while the channel was closed or suspended (a channel calls it; not for
+        applications).
+
+        If it was the last consumer of ``queue`` on this connection and the topology
+        record holds ``queue`` as auto-delete, the broker has deleted the queue: the
+        record forgets it, so recovery does not declare it again.
+
+        Args:
+            queue: the queue the consumer consumed from.
+        """
         recorded = self.topology_record.queue(queue)
         if recorded is None or not recorded.auto_delete:
             return

@@ -27,10 +27,11 @@ from ._consumers import _CONSUMER_QUEUE_BYTES as _CONSUMER_QUEUE_BYTES
 from ._consumers import _CONSUMER_QUEUE_MESSAGES as _CONSUMER_QUEUE_MESSAGES
 from ._consumers import CancelCallback, ConsumerMethods, _Connection, _Consumer
 from ._consumers import ConsumerCallback as ConsumerCallback
+from ._consumers import Subscription as Subscription
 from ._lifecycle import ChannelLifecycle, _settle
 from ._lifecycle import Settleable as Settleable
 
-__all__ = ["AsyncChannel", "ConsumerCallback"]
+__all__ = ["AsyncChannel", "ConsumerCallback", "Subscription"]
 
 logger = logging.getLogger("rabbitry.channel")
 
@@ -484,7 +485,7 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
             on_cancel: called with the tag if the broker cancels the consumer.
             timeout: seconds to wait for consume-ok.
         """
-        return await self._start_consumer(
+        subscription = Subscription(
             queue,
             callback,
             consumer_tag=consumer_tag,
@@ -493,9 +494,8 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
             exclusive=exclusive,
             arguments=arguments,
             on_cancel=on_cancel,
-            on_close=None,
-            timeout=timeout,
         )
+        return await self.start_consumer(subscription, timeout=timeout)
 
     async def basic_cancel(
         self, consumer_tag: str, *, timeout: float | None = None
@@ -505,7 +505,7 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
         def unregister(reply: spec.BasicCancelOk) -> None:
             consumer = self._drop_consumer(reply.consumer_tag)
             if consumer is not None and consumer.spec is not None:
-                self._conn._forget_if_auto_deleted(consumer.spec.queue)
+                self._conn.consumer_cancelled(consumer.spec.queue)
 
         result: spec.BasicCancelOk = await self._rpc(
             spec.BasicCancel(consumer_tag=consumer_tag), timeout, unregister
@@ -554,7 +554,7 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
         def cancelled(tag: str) -> None:
             inbox.put_nowait(ConsumerCancelled(tag))
 
-        tag = await self._start_consumer(
+        subscription = Subscription(
             queue,
             deliver,
             no_ack=no_ack,
@@ -562,8 +562,8 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
             arguments=arguments,
             on_cancel=cancelled,
             on_close=inbox.put_nowait,
-            timeout=None,
         )
+        tag = await self.start_consumer(subscription)
         try:
             while True:
                 try:
@@ -583,7 +583,7 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
                 finally:
                     records.close()  # an envelope left part-way goes back at once
         finally:
-            await self._abandon_consumer(tag)
+            await self.abandon_consumer(tag)
             # Deliveries that reached us but were never handed out go back to the queue
             # now (one by one: a multiple nack would hit messages the caller holds).
             while not no_ack and not inbox.empty() and self.is_open:

@@ -47,7 +47,7 @@ from ..protocol.connection import ConnectionProtocol, ConnectionState
 from ..record import TopologyRecord
 from ..recovery import DEFAULT_RECOVERY, RecoveryPolicy, State
 from ._connect_errors import refine, wait_opened
-from ._events import _CLOSE_TIMEOUT, BlockedCallback, CloseCallback, ConnectionEvents
+from ._events import _CLOSE_TIMEOUT, BlockedCallback, CloseCallback, ConnectionEvents, LoopHooks
 from ._recovery import Recovery
 from .channel import AsyncChannel
 
@@ -500,11 +500,7 @@ class AsyncConnection(ConnectionEvents):
             raise Timeout(f"connection still open after {timeout} s") from None
 
     def _abort(self, exc: AMQPError) -> None:
-        """End the connection now without waiting for the broker (loop thread).
-
-        For a loop about to stop under the connection (the sync facade's IO thread):
-        every future the engine holds fails with ``exc`` and the close callbacks run.
-        """
+        """End the connection now, not waiting for the broker (``LoopHooks.abort``)."""
         self._closing = True
         task = self._recovery_task
         if task is not None and not task.done():
@@ -771,6 +767,11 @@ def remove_callback(connection: AsyncConnection, callback: Callable[..., Any]) -
     ):
         if callback in callbacks:
             callbacks.remove(callback)
+
+
+def loop_hooks(connection: AsyncConnection) -> LoopHooks:
+    """The hooks of ``connection`` for the thread-safe API's IO thread; not for applications."""
+    return LoopHooks(connection._begin_batch, connection._end_batch, connection._abort)
 
 
 def _after_fork() -> None:

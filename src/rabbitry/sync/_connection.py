@@ -16,6 +16,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Self
 
 from .._connection import AsyncConnection
+from ..aio.connection import loop_hooks
 from ..exceptions import AMQPError, ConnectionClosedByClient, InvalidStateError, Timeout
 from ..recovery import DEFAULT_RECOVERY
 from ._portal import Dispatcher, Portal, _wait
@@ -283,7 +284,8 @@ class Connection:
             return False
 
         portal.set_write_gate(write_gate)
-        portal.set_batch_hooks(engine._begin_batch, engine._end_batch)
+        hooks = loop_hooks(engine)
+        portal.set_batch_hooks(hooks.begin_batch, hooks.end_batch)
         portal.on_stop = self._end_engine
         self._portal = portal
         try:
@@ -292,12 +294,13 @@ class Connection:
             portal.stop()
             self._portal = None
             raise
+        reading = engine.read_flow
         self._dispatcher = Dispatcher(
             portal,
             f"rabbitry-callbacks-{self._id}",
             self.callback_queue_size,
-            engine._pause_reading,
-            engine._resume_reading,
+            reading.pause,
+            reading.resume,
         )
         portal.dispatcher = self._dispatcher
         _CONNECTED.add(self)
@@ -367,7 +370,7 @@ class Connection:
         """
         portal = self._require_portal()
         channel = portal.call(self._async.channel, channel_id, timeout=timeout, wait=_wait(timeout))
-        return Channel(self, channel)
+        return Channel(self, channel, portal)
 
     def update_secret(
         self, new_secret: bytes | str, reason: str = "", *, timeout: float | None = None
@@ -392,7 +395,7 @@ class Connection:
         reason = self._portal.stop_reason if self._portal is not None else None
         if not isinstance(reason, AMQPError):
             reason = ConnectionClosedByClient(200, "the connection's IO thread stopped")
-        self._async._abort(reason)
+        loop_hooks(self._async).abort(reason)
 
     def _require_portal(self) -> Portal:
         if self._portal is None:
@@ -413,9 +416,9 @@ class Connection:
 
     def _post(self, fn: Callable[..., Any], *args: Any) -> None:
         """IO thread: hand a user callback to the dispatcher thread."""
-        dispatcher = self._dispatcher
-        if dispatcher is not None:
-            dispatcher.post(fn, *args)
+        portal = self._portal
+        if portal is not None:
+            portal.post_callback(fn, *args)
 
 
 def portal_of(connection: Connection) -> Portal:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import queue as queue_module
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..aio.channel import Subscription
 from ..batching import BATCH_FORMAT_HEADER, iter_delivery
 from ..exceptions import AMQPError, ConsumerCancelled
 from ..protocol.message import Message
@@ -76,8 +77,7 @@ def consume(
     def cancelled(tag: str) -> None:
         inbox.put(ConsumerCancelled(tag))
 
-    tag = portal.call(
-        engine._start_consumer,
+    subscription = Subscription(
         queue,
         deliver,
         no_ack=no_ack,
@@ -85,8 +85,8 @@ def consume(
         arguments=arguments,
         on_cancel=cancelled,
         on_close=inbox.put,
-        timeout=None,
     )
+    tag = portal.call(engine.start_consumer, subscription)
     try:
         while True:
             try:
@@ -108,7 +108,7 @@ def consume(
         # recovering, so recovery never subscribes it again into a dead inbox.
         if not channel.is_closed:
             try:
-                portal.call(engine._abandon_consumer, tag, wait=30.0)
+                portal.call(engine.abandon_consumer, tag, wait=30.0)
             except AMQPError:
                 pass
         if channel.is_open and connection.is_open:

@@ -206,7 +206,8 @@ class Portal:
         #: Called on the IO thread once the loop has stopped, before the queued
         #: operations are run for the last time: the connection ends its engine there.
         self.on_stop: Callable[[], None] | None = None
-        #: The connection's callback dispatcher, told about blocking calls it makes.
+        #: The connection's callback dispatcher (set once it is connected): it runs the
+        #: user callbacks, and is told about the blocking calls they make.
         self.dispatcher: Dispatcher | None = None
         _PORTALS.add(self)
         started = threading.Event()
@@ -235,6 +236,20 @@ class Portal:
         ``resume`` once writing is possible again.
         """
         self._paused = gate
+
+    def post_callback(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run the user callback ``fn(*args)`` on the dispatcher thread (IO thread only).
+
+        Dropped while there is no :attr:`dispatcher` (before the connection has
+        connected).
+
+        Args:
+            fn: the callback.
+            args: its arguments.
+        """
+        dispatcher = self.dispatcher
+        if dispatcher is not None:
+            dispatcher.post(fn, *args)
 
     def set_batch_hooks(self, begin: Callable[[], None], end: Callable[[], None]) -> None:
         """Call ``begin()`` before a drain runs several queued operations and ``end()``

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..aio.channel import AsyncChannel
     from ..protocol import spec
     from ..protocol.message import Message
-    from ._portal import Dispatcher, Portal
+    from ._portal import Portal
 
 __all__ = ["Channel"]
 
@@ -36,23 +36,17 @@ class _Connection(Protocol):
     """What a channel uses of its :class:`~rabbitry.sync.Connection`, which creates its
     channels and imports this module."""
 
-    _dispatcher: Dispatcher | None
-
     @property
     def is_open(self) -> bool: ...
-
-    def _require_portal(self) -> Portal: ...
-
-    def _post(self, fn: Callable[..., Any], *args: Any) -> None: ...
 
 
 class Channel:
     """An open channel for threaded code. Get one with ``connection.channel()``."""
 
-    def __init__(self, connection: _Connection, channel: AsyncChannel) -> None:
+    def __init__(self, connection: _Connection, channel: AsyncChannel, portal: Portal) -> None:
         self._connection = connection
         self._async = channel
-        self._portal = connection._require_portal()
+        self._portal = portal
         self.channel_id = channel.channel_id
 
     def __repr__(self) -> str:
@@ -117,7 +111,7 @@ class Channel:
         Args:
             callback: called with each returned (unroutable mandatory) :class:`Message`.
         """
-        post = self._connection._post
+        post = self._portal.post_callback
 
         def on_return(message: Message) -> None:
             message.channel = self
@@ -479,7 +473,7 @@ class Channel:
             InvalidStateError: the channel is closed.
         """
         channel = self._async
-        if channel._closed.done():  # channel.is_closed, without the property call
+        if channel.close_exc is not None:  # channel.is_closed, without the property call
             raise InvalidStateError(
                 f"cannot publish: channel {self.channel_id} is closed"
             ) from channel.close_exc
@@ -532,8 +526,8 @@ class Channel:
         Returns:
             The consumer tag.
         """
-        post = self._connection._post
-        dispatcher = self._connection._dispatcher
+        portal = self._portal
+        post, dispatcher = portal.post_callback, portal.dispatcher
         assert dispatcher is not None
         post_delivery, engine = dispatcher.post_delivery, self._async
 

@@ -102,7 +102,7 @@ class ChannelPool:
 
     def _borrow(self, timeout: float | None) -> Channel:
         channel: AsyncChannel = self._portal.call(self._borrow_async, timeout, wait=_wait(timeout))
-        return Channel(self._connection, channel)
+        return Channel(self._connection, channel, self._portal)
 
     def close(self, *, timeout: float | None = None) -> None:
         """Close the idle channels and refuse new borrowers (see the async twin).

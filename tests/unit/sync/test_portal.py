@@ -490,6 +490,26 @@ def test_callbacks_run_on_the_dispatcher_thread_in_order(
     assert dispatcher.thread.daemon
 
 
+def test_post_callback_runs_on_the_portals_dispatcher(portal: Portal, reading: Reading) -> None:
+    ran: list[tuple[str, threading.Thread]] = []
+    done = threading.Event()
+
+    def record(text: str) -> None:
+        ran.append((text, threading.current_thread()))
+        done.set()
+
+    # No dispatcher yet (the connection has not connected): the callback is dropped.
+    on_io_thread(portal, lambda: portal.post_callback(record, "before"))
+    dispatcher = Dispatcher(portal, "rabbitry-callbacks-post", 4, reading.pause, reading.resume)
+    portal.dispatcher = dispatcher
+    try:
+        on_io_thread(portal, lambda: portal.post_callback(record, "after"))
+        assert done.wait(WAIT)
+        assert ran == [("after", dispatcher.thread)]
+    finally:
+        dispatcher.stop()
+
+
 def test_full_queue_pauses_reading_once_and_resumes_after_drain(
     portal: Portal, dispatcher: Dispatcher, reading: Reading
 ) -> None:
