@@ -597,7 +597,7 @@ class AsyncConnection(ConnectionEvents):
         if not self._corked and self._transport is not None:
             self._corked = True  # a new pass: until a flush or the next read, cork
             self._flush()
-        elif len(proto._out) >= _FLUSH_FRAMES:
+        elif len(proto.send_queue) >= _FLUSH_FRAMES:
             self._flush()
         elif self._flush_handle is None and not self._in_batch and self._loop is not None:
             self._flush_handle = self._loop.call_soon(self._flush_corked)
@@ -610,7 +610,7 @@ class AsyncConnection(ConnectionEvents):
         """Write what was queued since :meth:`_begin_batch`; later frames leave at once."""
         self._in_batch = self._corked = False
         proto = self._proto
-        if proto is not None and proto._out:
+        if proto is not None and proto.send_queue:
             self._flush()
 
     def _flush_corked(self) -> None:
@@ -671,7 +671,7 @@ class AsyncConnection(ConnectionEvents):
             if self._held_events:
                 self._release_held()  # what was read before goes first
             proto.receive_data(data)
-            if proto._out:
+            if proto.send_queue:
                 # The protocol's own answers (a close-ok, a flow-ok) leave before the
                 # events are handled: a connection that ends there is aborted unflushed.
                 self._flush()
@@ -680,7 +680,7 @@ class AsyncConnection(ConnectionEvents):
                 self._handle_events(events)
         finally:
             self._in_batch = self._corked = False
-        if proto._out:
+        if proto.send_queue:
             self._flush()
         if proto.state is ConnectionState.CLOSING and self._close_deadline is None:
             self._arm_close_deadline()
