@@ -77,8 +77,6 @@ class _Connection(Protocol):
     """
 
     _loop: asyncio.AbstractEventLoop | None
-    # AsyncChannel values (typed loosely: that module imports this one).
-    _channels: dict[int, Any]
     _write_paused: bool
     topology_record: TopologyRecord
 
@@ -93,8 +91,6 @@ class _Connection(Protocol):
     def _resume_reading(self) -> None: ...
 
     def _forget_if_auto_deleted(self, queue: str) -> None: ...
-
-    def _records_channel_topology(self) -> bool: ...
 
 
 class ConsumerMethods:

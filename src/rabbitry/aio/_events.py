@@ -39,6 +39,7 @@ from ..recovery import RecoveryPolicy, State, is_recoverable
 if TYPE_CHECKING:
     from ..config import ConnectionParameters
     from ..record import TopologyRecord
+    from ._lifecycle import ChannelHooks
     from .channel import AsyncChannel
 
 __all__ = ["ConnectionEvents"]
@@ -64,7 +65,8 @@ class ConnectionEvents:
     _transport: asyncio.Transport | None
     _lost: asyncio.Future[None] | None
     _handshake_tls_error: ssl.SSLError | None
-    _channels: dict[int, AsyncChannel]
+    # The hooks of every open channel (and of the suspended ones), by channel number.
+    _channels: dict[int, ChannelHooks[AsyncChannel]]
     _opened: asyncio.Future[None] | None
     _terminated: asyncio.Future[AMQPError] | None
     _flush_handle: asyncio.Handle | None
@@ -180,8 +182,8 @@ class ConnectionEvents:
         Publishes kept for a resend after recovery stay kept (the close may still turn
         out recoverable); the channels themselves end when the connection does.
         """
-        for channel in list(self._channels.values()):
-            channel._fail_pending(exc, keep_resendable=True)
+        for hooks in list(self._channels.values()):
+            hooks.channel._fail_pending(exc, keep_resendable=True)
         waiter = self._update_secret_waiter
         self._update_secret_waiter = None
         if waiter is not None and not waiter.done():
@@ -227,9 +229,9 @@ class ConnectionEvents:
             kind = type(event)
             if kind is Delivery:
                 assert isinstance(event, Delivery)
-                channel = channels.get(event.channel)
-                if channel is not None:
-                    channel._on_delivery(event.message)
+                hooks = channels.get(event.channel)
+                if hooks is not None:
+                    hooks.on_delivery(event.message)
                 else:
                     logger.error(
                         "delivery %s on channel %s, which has no channel object: it stays "
@@ -246,9 +248,9 @@ class ConnectionEvents:
                     return
             elif kind is PublishConfirmed:
                 assert isinstance(event, PublishConfirmed)
-                channel = channels.get(event.channel)
-                if channel is not None:
-                    channel._on_confirm(event.delivery_tag, event.multiple, event.ack)
+                hooks = channels.get(event.channel)
+                if hooks is not None:
+                    hooks.on_confirm(event.delivery_tag, event.multiple, event.ack)
             elif kind is RpcReply:
                 assert isinstance(event, RpcReply)
                 if event.channel == 0:
@@ -257,34 +259,34 @@ class ConnectionEvents:
                     if waiter is not None and not waiter.done():
                         waiter.set_result(None)
                 else:
-                    channel = channels.get(event.channel)
-                    if channel is not None:
-                        channel._on_rpc_reply(event.method, event.message)
+                    hooks = channels.get(event.channel)
+                    if hooks is not None:
+                        hooks.on_rpc_reply(event.method, event.message)
             elif kind is Returned:
                 assert isinstance(event, Returned)
-                channel = channels.get(event.channel)
-                if channel is not None:
-                    channel._on_return(event.message)
+                hooks = channels.get(event.channel)
+                if hooks is not None:
+                    hooks.on_return(event.message)
             elif kind is ConsumerCancelledByBroker:
                 assert isinstance(event, ConsumerCancelledByBroker)
-                channel = channels.get(event.channel)
-                if channel is not None:
-                    channel._on_consumer_cancelled(event.consumer_tag)
+                hooks = channels.get(event.channel)
+                if hooks is not None:
+                    hooks.on_consumer_cancelled(event.consumer_tag)
             elif kind is FlowChanged:
                 assert isinstance(event, FlowChanged)
-                channel = channels.get(event.channel)
-                if channel is not None:
-                    channel._on_flow(event.active)
+                hooks = channels.get(event.channel)
+                if hooks is not None:
+                    hooks.on_flow(event.active)
             elif kind is ChannelClosedEvent:
                 assert isinstance(event, ChannelClosedEvent)
                 if dropped is not None and event.exc is dropped:
-                    channel = channels.get(event.channel)
-                    if channel is not None:
-                        channel._suspend(event.exc)
+                    hooks = channels.get(event.channel)
+                    if hooks is not None:
+                        hooks.suspend(event.exc)
                     continue
-                channel = channels.pop(event.channel, None)
-                if channel is not None:
-                    channel._on_closed(event.exc)
+                hooks = channels.pop(event.channel, None)
+                if hooks is not None:
+                    hooks.on_closed(event.exc)
             elif kind is ConnectionOpened:
                 self._on_opened()
             elif kind is ConnectionBlocked:
@@ -316,12 +318,15 @@ class ConnectionEvents:
         recorded = self.topology_record.queue(queue)
         if recorded is None or not recorded.auto_delete:
             return
-        for channel in self._channels.values():
-            for consumer in channel._consumers.values():
-                if consumer.spec is not None and consumer.spec.queue == queue:
-                    return
+        for hooks in self._channels.values():
+            if any(method.queue == queue for method in hooks.consumer_specs()):
+                return
         logger.debug("auto-delete queue %r lost its last consumer: forgotten", queue)
         self.topology_record.forget_queue(queue)
+
+    def _forget_channel(self, channel_id: int) -> None:
+        """A channel ended on its own (e.g. closed while the connection was down)."""
+        self._channels.pop(channel_id, None)
 
     def _recovery_done(self) -> None:
         """Recovery reconnected and replayed: the connection is OPEN again."""
@@ -359,8 +364,8 @@ class ConnectionEvents:
 
     def _finish_closed(self, exc: AMQPError) -> None:
         self.close_exc = exc
-        for channel in list(self._channels.values()):
-            channel._on_closed(exc)
+        for hooks in list(self._channels.values()):
+            hooks.on_closed(exc)
         self._channels.clear()
         if self._terminated is not None and not self._terminated.done():
             self._terminated.set_result(exc)
@@ -409,8 +414,8 @@ class ConnectionEvents:
                 transport.abort()
             else:
                 transport.close()
-        for channel in list(self._channels.values()):
-            channel._on_closed(exc)
+        for hooks in list(self._channels.values()):
+            hooks.on_closed(exc)
         self._channels.clear()
         self._resume_writing()
         waiter = self._update_secret_waiter

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from ..protocol.connection import ConnectionProtocol
     from ..protocol.events import Event
     from ..record import RecordedBinding, RecordedExchange, RecordedQueue, TopologyRecord
+    from ._lifecycle import ChannelHooks
     from .channel import AsyncChannel
 
 __all__ = ["Recovery", "declare_binding", "declare_exchange", "declare_queue", "redeclare_queue"]
@@ -61,7 +62,7 @@ class _Connection(Protocol):
 
     params: ConnectionParameters
     _candidates: list[ConnectionParameters]
-    _channels: dict[int, AsyncChannel]
+    _channels: dict[int, ChannelHooks[AsyncChannel]]
     _closing: bool
     _proto: ConnectionProtocol | None
     close_exc: AMQPError | None
@@ -229,18 +230,20 @@ class Recovery:
         proto = conn._proto
         assert proto is not None
         live = [conn._channels[i] for i in sorted(conn._channels)]
-        for channel in live:
-            if not channel.is_closed:
-                await channel._resume(proto.open_channel(channel.channel_id))
+        for hooks in live:
+            if not hooks.channel.is_closed:
+                await hooks.resume(proto.open_channel(hooks.channel.channel_id))
         renamed = await self._replay_topology()
-        for channel in live:
-            if not channel.is_closed:
-                await self._resubscribe(channel, renamed)
-        for channel in live:  # last: their queues and consumers exist again
-            if not channel.is_closed:
-                channel._republish()
+        for hooks in live:
+            if not hooks.channel.is_closed:
+                await self._resubscribe(hooks, renamed)
+        for hooks in live:  # last: their queues and consumers exist again
+            if not hooks.channel.is_closed:
+                hooks.republish()
 
-    async def _resubscribe(self, channel: AsyncChannel, renamed: dict[str, str]) -> None:
+    async def _resubscribe(
+        self, hooks: ChannelHooks[AsyncChannel], renamed: dict[str, str]
+    ) -> None:
         """Subscribe a channel's consumers again; report each that cannot be.
 
         A consumer's queue is checked first on a scratch channel (a missing queue would
@@ -248,7 +251,7 @@ class Recovery:
         broker still refuses the consume, that channel is closed with the cause and each
         of its consumers is reported and ended.
         """
-        specs = channel._consumer_specs()
+        specs = hooks.consumer_specs()
         if not specs:
             return
         scratch: AsyncChannel | None = None
@@ -264,18 +267,18 @@ class Recovery:
                     await scratch.queue_declare(queue, passive=True, timeout=_STEP_TIMEOUT)
                 except ChannelClosedByBroker as exc:
                     self._report("consumer", f"{tag} on queue {queue}", exc)
-                    channel._lose_consumer(tag, exc)
+                    hooks.lose_consumer(tag, exc)
                     continue
                 try:
-                    await channel._resubscribe_one(method, renamed)
+                    await hooks.resubscribe_one(method, renamed)
                 except ChannelClosedByBroker as exc:
                     self._report("consumer", f"{tag} on queue {queue}", exc)
-                    channel._lose_consumer(tag, exc)
-                    for other in channel._consumer_specs():
+                    hooks.lose_consumer(tag, exc)
+                    for other in hooks.consumer_specs():
                         self._report("consumer", other.consumer_tag, exc)
-                        channel._lose_consumer(other.consumer_tag, exc)
-                    self._report("channel", str(channel.channel_id), exc)
-                    channel._mark_lost(exc)
+                        hooks.lose_consumer(other.consumer_tag, exc)
+                    self._report("channel", str(hooks.channel.channel_id), exc)
+                    hooks.mark_lost(exc)
                     return
         finally:
             if scratch is not None and scratch.is_open:

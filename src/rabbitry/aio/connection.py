@@ -42,17 +42,17 @@ from ..exceptions import (
     VirtualHostNotFound,
 )
 from ..observability import _state as _obs
-from ..protocol import spec
 from ..protocol.connection import ConnectionProtocol, ConnectionState
 from ..record import TopologyRecord
 from ..recovery import DEFAULT_RECOVERY, RecoveryPolicy, State
 from ._connect_errors import refine, wait_opened
 from ._events import _CLOSE_TIMEOUT, BlockedCallback, CloseCallback, ConnectionEvents
 from ._recovery import Recovery
-from .channel import AsyncChannel
+from .channel import AsyncChannel, create_channel
 
 if TYPE_CHECKING:
     from ..protocol.events import Event
+    from ._lifecycle import ChannelHooks
 
 __all__ = ["AsyncConnection"]
 
@@ -157,7 +157,7 @@ class AsyncConnection(ConnectionEvents):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._proto: ConnectionProtocol | None = None
         self._transport: asyncio.Transport | None = None
-        self._channels: dict[int, AsyncChannel] = {}
+        self._channels: dict[int, ChannelHooks[AsyncChannel]] = {}
         self._opened: asyncio.Future[None] | None = None
         self._terminated: asyncio.Future[AMQPError] | None = None
         self._lost: asyncio.Future[None] | None = None
@@ -545,12 +545,14 @@ class AsyncConnection(ConnectionEvents):
         """
         proto = self._require_open()
         channel_proto = proto.open_channel(channel_id)
-        channel = AsyncChannel(self, channel_proto)
-        channel._records = record and channel._records
-        channel._internal = internal
-        self._channels[channel_proto.channel_id] = channel
-        await channel._await_rpc(spec.ChannelOpen.NAME, timeout)
-        return channel
+        policy = self.recovery
+        records = record and policy is not None and policy.record_channel_topology
+        hooks = create_channel(
+            self, channel_proto, records=records, internal=internal, forget=self._forget_channel
+        )
+        self._channels[channel_proto.channel_id] = hooks
+        await hooks.wait_open(timeout)
+        return hooks.channel
 
     async def update_secret(
         self, new_secret: bytes | str, reason: str = "", *, timeout: float | None = None
@@ -566,10 +568,6 @@ class AsyncConnection(ConnectionEvents):
                 await waiter
         except TimeoutError:
             raise Timeout(f"connection.update-secret got no answer within {timeout} s") from None
-
-    def _records_channel_topology(self) -> bool:
-        """Whether channels record their declarations for recovery (the policy says)."""
-        return self.recovery is not None and self.recovery.record_channel_topology
 
     def _require_open(self) -> ConnectionProtocol:
         proto = self._proto
