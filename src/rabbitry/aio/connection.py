@@ -47,7 +47,6 @@ from ..record import TopologyRecord
 from ..recovery import DEFAULT_RECOVERY, RecoveryPolicy, State
 from ._connect_errors import refine, wait_opened
 from ._events import _CLOSE_TIMEOUT, BlockedCallback, CloseCallback, ConnectionEvents
-from ._recovery import Recovery
 from .channel import AsyncChannel, create_channel
 
 if TYPE_CHECKING:
@@ -357,13 +356,6 @@ class AsyncConnection(ConnectionEvents):
             )
         return result
 
-    def _reset_attempt(self) -> None:
-        if self._transport is not None:
-            self._transport.abort()
-        self._transport = None
-        self._proto = None
-        self._cancel_timers()
-
     async def _connect_one(self, params: ConnectionParameters) -> None:
         loop = asyncio.get_running_loop()
         self._handshake_tls_error = None
@@ -657,6 +649,30 @@ class AsyncConnection(ConnectionEvents):
 
     # ------------------------------------------------------------------ socket events
 
+    def _on_connection_made(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._held_events = []  # deliveries of an earlier socket: the broker requeued them
+        if self._read_pauses and self._proto is not None:
+            # A consumer queue is still full from before a reconnect.
+            self._proto.rx_paused = True
+            transport.pause_reading()
+        self._flush()  # the protocol header
+
+    def _on_connection_lost(self, exc: Exception | None) -> None:
+        proto = self._proto
+        self._transport = None
+        self._resume_writing()
+        if proto is not None:
+            proto.receive_eof()
+            self._handle_events(proto.events_received())
+        if self._lost is not None and not self._lost.done():
+            self._lost.set_result(None)
+        if exc is not None:
+            logger.debug("socket closed: %r", exc)
+            if isinstance(exc, ssl.SSLError) and self._opened is not None:
+                if not self._opened.done() or self._opened.exception() is not None:
+                    self._handshake_tls_error = exc
+
     def _on_data(self, data: bytes) -> None:
         proto = self._proto
         if proto is None:
@@ -729,32 +745,6 @@ class AsyncConnection(ConnectionEvents):
         if self.recovery.during_recovery == "fail":
             raise ConnectionRecovering(f"cannot {what}: the connection is recovering")
         await self.wait_recovered(timeout)
-
-    def _on_dropped(self, exc: AMQPError) -> None:
-        """The connection died for a recoverable reason; its channels are suspended."""
-        self._held_events = []  # unacked deliveries: the broker requeues them
-        self._cancel_timers()
-        transport = self._transport
-        self._transport = None
-        if transport is not None:
-            transport.abort()
-        self._resume_writing()
-        waiter = self._update_secret_waiter
-        self._update_secret_waiter = None
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
-        if self._opened is not None and not self._opened.done():
-            self._opened.set_exception(exc)  # an attempt during recovery failed
-        self.close_exc = exc
-        if self._state is State.RECOVERING:
-            return  # the recovery loop sees the failure and tries again
-        logger.warning("connection to %s lost (%r); recovering", self.params.address, exc)
-        assert self._recovered is not None and self._loop is not None
-        self._recovered.clear()
-        self._set_state(State.RECOVERING, exc)
-        assert self.recovery is not None
-        recovery = Recovery(self, self.recovery)
-        self._recovery_task = self._loop.create_task(recovery.run(exc))
 
 
 def remove_callback(connection: AsyncConnection, callback: Callable[..., Any]) -> None:
