@@ -63,7 +63,6 @@ REMAINING: set[tuple[str, str]] = {
     ("publisher.py", "_wait_writable"),
     ("publisher.py", "_write_paused"),
     ("rpc.py", "_start_consumer"),
-    ("service.py", "_loop"),
     ("sync/_connection.py", "_abort"),
     ("sync/_connection.py", "_begin_batch"),
     ("sync/_connection.py", "_end_batch"),

@@ -761,6 +761,14 @@ def remove_callback(connection: AsyncConnection, callback: Callable[..., Any]) -
             callbacks.remove(callback)
 
 
+def open_connections(loop: asyncio.AbstractEventLoop) -> list[AsyncConnection]:
+    """The connections of this process opened on ``loop`` and not closed yet.
+
+    For :func:`rabbitry.service.run`, which closes those its main function left open.
+    """
+    return [conn for conn in list(_CONNECTIONS) if conn._loop is loop and not conn.is_closed]
+
+
 def _after_fork() -> None:
     """In a forked child: the sockets and the loop belong to the parent.
 
