@@ -133,7 +133,7 @@ async def _serve(
     signals: tuple[signal.Signals, ...],
     close_timeout: float,
 ) -> Any:
-    from .aio.connection import _CONNECTIONS
+    from .aio.connection import _CONNECTIONS, open_connections
 
     loop = asyncio.get_running_loop()
     before = set(_CONNECTIONS)
@@ -161,11 +161,7 @@ async def _serve(
     finally:
         # Signals stay caught until every connection has closed: a second SIGTERM
         # must not kill the process halfway through a clean close.
-        left = [
-            conn
-            for conn in list(_CONNECTIONS)
-            if conn not in before and conn._loop is loop and not conn.is_closed
-        ]
+        left = [conn for conn in open_connections(loop) if conn not in before]
         for conn, outcome in zip(
             left,
             await asyncio.gather(

@@ -170,9 +170,9 @@ async def test_loop_hooks_cork_writes_until_the_batch_ends(
     hooks.begin_batch()
     await channel.basic_publish("", "q", b"one")
     await channel.basic_publish("", "q", b"two")
-    assert proto._out  # still queued: the batch corks them
+    assert proto.send_queue  # still queued: the batch corks them
     hooks.end_batch()
-    assert not proto._out
+    assert not proto.send_queue
 
 
 async def test_loop_hooks_abort_ends_the_connection_at_once(broker: FakeBroker) -> None:

@@ -215,7 +215,7 @@ async def test_acquire_timeout_during_confirm_select_closes_the_channel(
             pass
     # The pool forgot the channel, so it must close it: otherwise its size bound is a lie.
     assert pool.open_channels == 0
-    await wait_until(lambda: not [ch for ch in conn._channels.values() if ch.is_open])
+    await wait_until(lambda: not [h for h in conn._channels.values() if h.channel.is_open])
 
 
 async def test_a_cancelled_confirm_wait_leaves_the_loop_idle_until_the_ack(

@@ -705,7 +705,7 @@ async def test_close_while_the_channel_reopens_closes_the_new_channel(
     broker.send(second, spec.ConfirmSelectOk())
     with pytest.raises(rabbitry.AMQPError):
         await sending
-    await wait_until(lambda: not [ch for ch in conn._channels.values() if ch.is_open])
+    await wait_until(lambda: not [h for h in conn._channels.values() if h.channel.is_open])
 
 
 def test_async_and_sync_classes_are_twins() -> None:

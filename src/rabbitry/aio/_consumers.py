@@ -135,8 +135,6 @@ class _Connection(Protocol):
     """
 
     _loop: asyncio.AbstractEventLoop | None
-    # AsyncChannel values (typed loosely: that module imports this one).
-    _channels: dict[int, Any]
     _write_paused: bool
     topology_record: TopologyRecord
 
@@ -150,8 +148,6 @@ class _Connection(Protocol):
     def read_flow(self) -> _ReadFlow: ...
 
     def consumer_cancelled(self, queue: str) -> None: ...
-
-    def _records_channel_topology(self) -> bool: ...
 
 
 class ConsumerMethods:

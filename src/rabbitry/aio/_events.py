@@ -5,15 +5,15 @@ the dispatch of the protocol's events to channels and callbacks, the heartbeat t
 read back-pressure, the state changes of recovery, and the ways a connection ends
 (closed by either side, close-ok overdue, recovery given up). :class:`ReadFlow` and
 :class:`LoopHooks` are what the connection hands the library's own collaborators: its
-consumers, and the thread-safe API's IO thread.
+consumers, and the thread-safe API's IO thread; :class:`RecoveryPort` is how the
+recovery started when the connection drops drives it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -38,13 +38,16 @@ from ..protocol.events import (
     RpcReply,
 )
 from ..recovery import RecoveryPolicy, State, is_recoverable
+from ._recovery import Recovery
 
 if TYPE_CHECKING:
     from ..config import ConnectionParameters
+    from ..protocol.channel import ChannelProtocol
     from ..record import TopologyRecord
+    from ._lifecycle import ChannelHooks
     from .channel import AsyncChannel
 
-__all__ = ["ConnectionEvents", "LoopHooks", "ReadFlow"]
+__all__ = ["ConnectionEvents", "LoopHooks", "ReadFlow", "RecoveryPort"]
 
 logger = logging.getLogger("rabbitry.connection")
 
@@ -104,15 +107,15 @@ class ConnectionEvents:
     """Event dispatch, recovery state and endings of :class:`AsyncConnection`."""
 
     params: ConnectionParameters
+    _candidates: list[ConnectionParameters]
     recovery: RecoveryPolicy | None
     close_exc: AMQPError | None
     topology_record: TopologyRecord
     _loop: asyncio.AbstractEventLoop | None
     _proto: ConnectionProtocol | None
     _transport: asyncio.Transport | None
-    _lost: asyncio.Future[None] | None
-    _handshake_tls_error: ssl.SSLError | None
-    _channels: dict[int, AsyncChannel]
+    # The hooks of every open channel (and of the suspended ones), by channel number.
+    _channels: dict[int, ChannelHooks[AsyncChannel]]
     _opened: asyncio.Future[None] | None
     _terminated: asyncio.Future[AMQPError] | None
     _flush_handle: asyncio.Handle | None
@@ -137,33 +140,16 @@ class ConnectionEvents:
 
         def _resume_writing(self) -> None: ...
 
-        def _reset_attempt(self) -> None: ...
+        async def _connect_one(self, params: ConnectionParameters) -> None: ...
 
-        def _on_dropped(self, exc: AMQPError) -> None: ...
-
-    def _on_connection_made(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
-        self._held_events = []  # deliveries of an earlier socket: the broker requeued them
-        if self._read_pauses and self._proto is not None:
-            # A consumer queue is still full from before a reconnect.
-            self._proto.rx_paused = True
-            transport.pause_reading()
-        self._flush()  # the protocol header
-
-    def _on_connection_lost(self, exc: Exception | None) -> None:
-        proto = self._proto
-        self._transport = None
-        self._resume_writing()
-        if proto is not None:
-            proto.receive_eof()
-            self._handle_events(proto.events_received())
-        if self._lost is not None and not self._lost.done():
-            self._lost.set_result(None)
-        if exc is not None:
-            logger.debug("socket closed: %r", exc)
-            if isinstance(exc, ssl.SSLError) and self._opened is not None:
-                if not self._opened.done() or self._opened.exception() is not None:
-                    self._handshake_tls_error = exc
+        async def _open_channel(
+            self,
+            channel_id: int | None,
+            timeout: float | None,
+            *,
+            record: bool = True,
+            internal: bool = False,
+        ) -> AsyncChannel: ...
 
     @cached_property
     def read_flow(self) -> ReadFlow:
@@ -234,8 +220,8 @@ class ConnectionEvents:
         Publishes kept for a resend after recovery stay kept (the close may still turn
         out recoverable); the channels themselves end when the connection does.
         """
-        for channel in list(self._channels.values()):
-            channel._fail_pending(exc, keep_resendable=True)
+        for hooks in list(self._channels.values()):
+            hooks.channel._fail_pending(exc, keep_resendable=True)
         waiter = self._update_secret_waiter
         self._update_secret_waiter = None
         if waiter is not None and not waiter.done():
@@ -281,9 +267,9 @@ class ConnectionEvents:
             kind = type(event)
             if kind is Delivery:
                 assert isinstance(event, Delivery)
-                channel = channels.get(event.channel)
-                if channel is not None:
-                    channel._on_delivery(event.message)
+                hooks = channels.get(event.channel)
+                if hooks is not None:
+                    hooks.on_delivery(event.message)
                 else:
                     logger.error(
                         "delivery %s on channel %s, which has no channel object: it stays "
@@ -300,9 +286,9 @@ class ConnectionEvents:
                     return
             elif kind is PublishConfirmed:
                 assert isinstance(event, PublishConfirmed)
-                channel = channels.get(event.channel)
-                if channel is not None:
-                    channel._on_confirm(event.delivery_tag, event.multiple, event.ack)
+                hooks = channels.get(event.channel)
+                if hooks is not None:
+                    hooks.on_confirm(event.delivery_tag, event.multiple, event.ack)
             elif kind is RpcReply:
                 assert isinstance(event, RpcReply)
                 if event.channel == 0:
@@ -311,34 +297,34 @@ class ConnectionEvents:
                     if waiter is not None and not waiter.done():
                         waiter.set_result(None)
                 else:
-                    channel = channels.get(event.channel)
-                    if channel is not None:
-                        channel._on_rpc_reply(event.method, event.message)
+                    hooks = channels.get(event.channel)
+                    if hooks is not None:
+                        hooks.on_rpc_reply(event.method, event.message)
             elif kind is Returned:
                 assert isinstance(event, Returned)
-                channel = channels.get(event.channel)
-                if channel is not None:
-                    channel._on_return(event.message)
+                hooks = channels.get(event.channel)
+                if hooks is not None:
+                    hooks.on_return(event.message)
             elif kind is ConsumerCancelledByBroker:
                 assert isinstance(event, ConsumerCancelledByBroker)
-                channel = channels.get(event.channel)
-                if channel is not None:
-                    channel._on_consumer_cancelled(event.consumer_tag)
+                hooks = channels.get(event.channel)
+                if hooks is not None:
+                    hooks.on_consumer_cancelled(event.consumer_tag)
             elif kind is FlowChanged:
                 assert isinstance(event, FlowChanged)
-                channel = channels.get(event.channel)
-                if channel is not None:
-                    channel._on_flow(event.active)
+                hooks = channels.get(event.channel)
+                if hooks is not None:
+                    hooks.on_flow(event.active)
             elif kind is ChannelClosedEvent:
                 assert isinstance(event, ChannelClosedEvent)
                 if dropped is not None and event.exc is dropped:
-                    channel = channels.get(event.channel)
-                    if channel is not None:
-                        channel._suspend(event.exc)
+                    hooks = channels.get(event.channel)
+                    if hooks is not None:
+                        hooks.suspend(event.exc)
                     continue
-                channel = channels.pop(event.channel, None)
-                if channel is not None:
-                    channel._on_closed(event.exc)
+                hooks = channels.pop(event.channel, None)
+                if hooks is not None:
+                    hooks.on_closed(event.exc)
             elif kind is ConnectionOpened:
                 self._on_opened()
             elif kind is ConnectionBlocked:
@@ -378,38 +364,50 @@ class ConnectionEvents:
         recorded = self.topology_record.queue(queue)
         if recorded is None or not recorded.auto_delete:
             return
-        for channel in self._channels.values():
-            for consumer in channel._consumers.values():
-                if consumer.spec is not None and consumer.spec.queue == queue:
-                    return
+        for hooks in self._channels.values():
+            if any(method.queue == queue for method in hooks.consumer_specs()):
+                return
         logger.debug("auto-delete queue %r lost its last consumer: forgotten", queue)
         self.topology_record.forget_queue(queue)
 
-    def _recovery_done(self) -> None:
-        """Recovery reconnected and replayed: the connection is OPEN again."""
-        assert self._recovered is not None
-        self._set_state(State.OPEN, None)
-        self._recovered.set()
+    def _forget_channel(self, channel_id: int) -> None:
+        """A channel ended on its own (e.g. closed while the connection was down)."""
+        self._channels.pop(channel_id, None)
 
-    def _notify_recovery_error(self, kind: str, name: str, exc: AMQPError) -> None:
-        for callback in list(self._recovery_error_callbacks):
-            try:
-                callback(kind, name, exc)
-            except Exception:
-                logger.exception("recovery error callback %r failed", callback)
+    def _on_dropped(self, exc: AMQPError) -> None:
+        """The connection died for a recoverable reason; its channels are suspended."""
+        self._held_events = []  # unacked deliveries: the broker requeues them
+        self._cancel_timers()
+        transport = self._transport
+        self._transport = None
+        if transport is not None:
+            transport.abort()
+        self._resume_writing()
+        waiter = self._update_secret_waiter
+        self._update_secret_waiter = None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+        if self._opened is not None and not self._opened.done():
+            self._opened.set_exception(exc)  # an attempt during recovery failed
+        self.close_exc = exc
+        if self._state is State.RECOVERING:
+            return  # the recovery loop sees the failure and tries again
+        logger.warning("connection to %s lost (%r); recovering", self.params.address, exc)
+        assert self._recovered is not None and self._loop is not None
+        self._recovered.clear()
+        self._set_state(State.RECOVERING, exc)
+        assert self.recovery is not None
+        port = RecoveryPort(self, self._connect_one, self._open_channel)
+        recovery = Recovery(port, self.recovery)
+        self._recovery_task = self._loop.create_task(recovery.run(exc))
 
-    def _notify_renamed(self, old: str, new: str) -> None:
-        for callback in list(self._rename_callbacks):
-            try:
-                callback(old, new)
-            except Exception:
-                logger.exception("rename callback %r failed", callback)
-
-    def _give_up(self, exc: AMQPError) -> None:
-        """Recovery failed for good: end the connection with ``exc``."""
-        logger.error("giving up recovering the connection to %s: %r", self.params.address, exc)
-        self._notify_recovery_error("connection", self.params.address, exc)
-        self._finish_closed(exc)
+    def _reset_attempt(self) -> None:
+        """Forget the current connection attempt: its socket, protocol and timers."""
+        if self._transport is not None:
+            self._transport.abort()
+        self._transport = None
+        self._proto = None
+        self._cancel_timers()
 
     async def _stop_recovery(self, exc: AMQPError) -> None:
         task = self._recovery_task
@@ -421,8 +419,8 @@ class ConnectionEvents:
 
     def _finish_closed(self, exc: AMQPError) -> None:
         self.close_exc = exc
-        for channel in list(self._channels.values()):
-            channel._on_closed(exc)
+        for hooks in list(self._channels.values()):
+            hooks.on_closed(exc)
         self._channels.clear()
         if self._terminated is not None and not self._terminated.done():
             self._terminated.set_result(exc)
@@ -471,8 +469,8 @@ class ConnectionEvents:
                 transport.abort()
             else:
                 transport.close()
-        for channel in list(self._channels.values()):
-            channel._on_closed(exc)
+        for hooks in list(self._channels.values()):
+            hooks.on_closed(exc)
         self._channels.clear()
         self._resume_writing()
         waiter = self._update_secret_waiter
@@ -501,3 +499,172 @@ class ConnectionEvents:
                 callback(exc)
             except Exception:
                 logger.exception("close callback %r failed", callback)
+
+
+class RecoveryPort:
+    """The connection as its :class:`~rabbitry.aio._recovery.Recovery` drives it.
+
+    For the library's own use. The connection creates one per outage, when it drops for
+    a reason worth retrying (``ConnectionEvents._on_dropped``), and hands it to the
+    recovery it starts: the recovery reconnects, re-opens the channels, reports what it
+    could not restore and ends the outage only through these members.
+
+    Args:
+        connection: the connection that dropped.
+        connect: its attempt to connect to one address (raises what failed).
+        open_channel: its way to open a channel, as ``AsyncConnection._open_channel``.
+    """
+
+    def __init__(
+        self,
+        connection: ConnectionEvents,
+        connect: Callable[[ConnectionParameters], Awaitable[None]],
+        open_channel: Callable[..., Awaitable[AsyncChannel]],
+    ) -> None:
+        self._conn = connection
+        self._connect = connect
+        self._open_channel = open_channel
+
+    @property
+    def closing(self) -> bool:
+        """``close()`` was called: recovery stops."""
+        return self._conn._closing
+
+    @property
+    def params(self) -> ConnectionParameters:
+        """The address connected last: the one that failed, until a reconnect works."""
+        return self._conn.params
+
+    @property
+    def is_open(self) -> bool:
+        """The connection of the current attempt is open."""
+        proto = self._conn._proto
+        return proto is not None and proto.is_open
+
+    @property
+    def close_exc(self) -> AMQPError | None:
+        """Why the connection (or the last attempt) ended."""
+        return self._conn.close_exc
+
+    @property
+    def topology_record(self) -> TopologyRecord:
+        """What the channels and ``Topology.apply`` declared: recovery declares it again."""
+        return self._conn.topology_record
+
+    def candidates(self) -> list[ConnectionParameters]:
+        """The configured addresses, in their configured order (a new list)."""
+        return list(self._conn._candidates)
+
+    async def connect(self, params: ConnectionParameters) -> None:
+        """Connect to ``params``, which becomes :attr:`params`.
+
+        Args:
+            params: the address to connect to.
+
+        Raises:
+            AMQPError: the connection failed (``OSError`` and ``TimeoutError`` too);
+                the attempt is forgotten before the error propagates.
+        """
+        try:
+            await self._connect(params)
+        except (AMQPError, OSError, TimeoutError):
+            self._conn._reset_attempt()
+            raise
+        self._conn.params = params
+
+    def end_attempt(self, reason: AMQPError | None = None) -> None:
+        """Forget the current attempt: its socket, its protocol object and its timers.
+
+        Args:
+            reason: if given and the attempt's connection is still open, it is aborted
+                with ``reason`` first, and what that causes is handled (its channels
+                are suspended again).
+        """
+        conn = self._conn
+        proto = conn._proto
+        if reason is not None and proto is not None and proto.state is ConnectionState.OPEN:
+            proto.abort(reason)
+            conn._handle_events(proto.events_received())
+        conn._reset_attempt()
+
+    def channels(self) -> list[ChannelHooks[AsyncChannel]]:
+        """The hooks of the connection's channels (open or suspended), by channel number."""
+        channels = self._conn._channels
+        return [channels[number] for number in sorted(channels)]
+
+    def reopen(self, channel_id: int) -> ChannelProtocol:
+        """Open channel ``channel_id`` on the new connection (channel.open is queued).
+
+        Args:
+            channel_id: the number the channel had.
+
+        Returns:
+            The channel's new protocol object (for ``ChannelHooks.resume``).
+        """
+        proto = self._conn._proto
+        assert proto is not None
+        return proto.open_channel(channel_id)
+
+    async def open_channel(self, timeout: float) -> AsyncChannel:
+        """Open a channel for recovery's own requests.
+
+        It records nothing for recovery, and is closed, not suspended, if the
+        connection drops again.
+
+        Args:
+            timeout: seconds to wait for channel.open-ok.
+
+        Returns:
+            The open channel.
+        """
+        channel: AsyncChannel = await self._open_channel(None, timeout, record=False, internal=True)
+        return channel
+
+    def report(self, kind: str, name: str, exc: AMQPError) -> None:
+        """Tell the ``on_recovery_error`` callbacks that something was not restored.
+
+        Args:
+            kind: what it is: ``"exchange"``, ``"queue"``, ``"binding"``,
+                ``"consumer"``, ``"channel"`` or ``"connection"``.
+            name: which one.
+            exc: why.
+        """
+        for callback in list(self._conn._recovery_error_callbacks):
+            try:
+                callback(kind, name, exc)
+            except Exception:
+                logger.exception("recovery error callback %r failed", callback)
+
+    def renamed(self, old: str, new: str) -> None:
+        """Tell the ``on_queue_renamed`` callbacks that a server-named queue was renamed.
+
+        Args:
+            old: its name before the connection dropped.
+            new: the name the broker gave it now.
+        """
+        for callback in list(self._conn._rename_callbacks):
+            try:
+                callback(old, new)
+            except Exception:
+                logger.exception("rename callback %r failed", callback)
+
+    def recovered(self) -> None:
+        """Recovery reconnected and replayed: the connection is OPEN again."""
+        conn = self._conn
+        assert conn._recovered is not None
+        conn._set_state(State.OPEN, None)
+        conn._recovered.set()
+
+    def give_up(self, exc: AMQPError) -> None:
+        """Recovery failed for good: end the connection with ``exc``.
+
+        Logged at ERROR and reported to the ``on_recovery_error`` callbacks as
+        ``("connection", address, exc)``.
+
+        Args:
+            exc: why recovery gave up.
+        """
+        address = self._conn.params.address
+        logger.error("giving up recovering the connection to %s: %r", address, exc)
+        self.report("connection", address, exc)
+        self._conn._finish_closed(exc)

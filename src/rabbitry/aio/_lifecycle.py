@@ -1,8 +1,9 @@
-"""AsyncChannel's confirm settling, failure of pending work, suspension and close.
+"""AsyncChannel's events, confirm settling, failure of pending work, suspension and close.
 
 :class:`ChannelLifecycle` is a base of :class:`~rabbitry.aio.channel.AsyncChannel`:
-what happens to a channel's waiters when the broker confirms, when the connection
-drops and recovery suspends and resumes the channel, and when the channel ends.
+what happens to a channel's waiters when the broker answers, returns or confirms, when
+the connection drops and recovery suspends and resumes the channel, and when the channel
+ends. :class:`ChannelHooks` is how the connection and its recovery drive a channel.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import copy
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from ..exceptions import (
     AMQPError,
@@ -27,15 +29,18 @@ from ..protocol.channel import ChannelProtocol, ChannelState
 
 if TYPE_CHECKING:
     import asyncio
-    from collections.abc import Callable, Mapping
+    from collections.abc import Awaitable, Callable, Mapping
 
+    from ..message import Message
     from ..protocol.frames import Method
     from ..protocol.publish import ConfirmTracker
     from ._consumers import _Connection, _Consumer
 
-__all__ = ["ChannelLifecycle", "Settleable"]
+__all__ = ["ChannelHooks", "ChannelLifecycle", "Settleable"]
 
 logger = logging.getLogger("rabbitry.channel")
+
+C = TypeVar("C")
 
 
 class Settleable(Protocol):
@@ -48,8 +53,56 @@ class Settleable(Protocol):
     def set_exception(self, exception: BaseException, /) -> None: ...
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChannelHooks(Generic[C]):
+    """How the connection drives one channel: for the library's own use.
+
+    Each :class:`~rabbitry.aio.channel.AsyncChannel` builds one from its own methods
+    when it is created (:func:`~rabbitry.aio.channel.create_channel`), and its connection
+    keeps it, by channel number, as long as the channel is open. The connection's event
+    dispatch calls the ``on_*`` members once per event of the channel: they are the
+    channel's bound methods, so the delivery and confirm paths gain no call. The
+    connection and its recovery call the rest.
+    """
+
+    #: The channel these hooks drive.
+    channel: C
+    #: A delivery for one of the channel's consumers.
+    on_delivery: Callable[[Message], None]
+    #: basic.ack / basic.nack from the broker: ``(delivery_tag, multiple, ack)``.
+    on_confirm: Callable[[int, bool, bool], None]
+    #: The reply to the channel's oldest request, with its content if it has one.
+    on_rpc_reply: Callable[[Method, Message | None], None]
+    #: basic.return of an unroutable mandatory publish.
+    on_return: Callable[[Message], None]
+    #: basic.cancel from the broker, with the consumer tag.
+    on_consumer_cancelled: Callable[[str], None]
+    #: channel.flow from the broker: whether publishing may go on.
+    on_flow: Callable[[bool], None]
+    #: The connection dropped and will be recovered: keep the channel, fail its
+    #: pending requests (recovery's own channels close instead).
+    suspend: Callable[[AMQPError], None]
+    #: The channel ended with this reason (idempotent).
+    on_closed: Callable[[AMQPError], None]
+    #: Wait for channel.open-ok, right after the connection created the channel.
+    wait_open: Callable[[float | None], Awaitable[Any]]
+    #: Recovery: adopt the channel re-opened on the new connection, replay QoS and modes.
+    resume: Callable[[ChannelProtocol], Awaitable[None]]
+    #: Recovery: the basic.consume of every live consumer, in subscription order.
+    consumer_specs: Callable[[], list[spec.BasicConsume]]
+    #: Recovery: subscribe one consumer again, following renamed queues (``old: new``).
+    resubscribe_one: Callable[[spec.BasicConsume, Mapping[str, str]], Awaitable[None]]
+    #: Recovery: this consumer could not be restored; end it through its cancel path.
+    lose_consumer: Callable[[str, AMQPError], None]
+    #: Recovery: the channel could not be restored; close it for good with the cause.
+    mark_lost: Callable[[AMQPError], None]
+    #: Recovery: send the kept unconfirmed publishes again; returns how many.
+    republish: Callable[[], int]
+
+
 class ChannelLifecycle:
-    """Confirms, suspension, recovery and close of :class:`~rabbitry.aio.channel.AsyncChannel`."""
+    """Events, confirms, suspension, recovery and close of
+    :class:`~rabbitry.aio.channel.AsyncChannel`."""
 
     channel_id: int
     epoch: int
@@ -59,6 +112,7 @@ class ChannelLifecycle:
     _proto: ChannelProtocol
     _loop: asyncio.AbstractEventLoop
     _rpcs: deque[tuple[asyncio.Future[Any], Callable[[Any], None] | None]]
+    _return_callbacks: list[Callable[[Message], Any]]
     _consumers: dict[str, _Consumer]
     _confirms: ConfirmTracker[Settleable]
     _heads: dict[int, tuple[bytes, bytes]]
@@ -70,6 +124,7 @@ class ChannelLifecycle:
     _max_tag: int
     _lost_reason: AMQPError | None
     _internal: bool
+    _forget: Callable[[int], object]
     _resend: list[Settleable]
 
     if TYPE_CHECKING:
@@ -79,6 +134,39 @@ class ChannelLifecycle:
         async def _await_rpc(self, name: str, timeout: float | None) -> Any: ...
 
         def _drop_consumer(self, tag: str) -> _Consumer | None: ...
+
+    def _on_rpc_reply(self, method: Method, message: Message | None) -> None:
+        if not self._rpcs:
+            logger.warning("channel %s: reply %s with no request", self.channel_id, method.NAME)
+            return
+        future, hook = self._rpcs.popleft()
+        if hook is not None:
+            try:
+                hook(method)
+            except Exception:
+                logger.exception("channel %s: handling %s failed", self.channel_id, method.NAME)
+        if not future.done():
+            future.set_result(message if message is not None else method)
+
+    def _on_return(self, message: Message) -> None:
+        if not self._return_callbacks:
+            logger.warning(
+                "channel %s: message returned (%s %s) and no return callback: exchange=%r "
+                "routing_key=%r",
+                self.channel_id,
+                message.reply_code,
+                message.reply_text,
+                message.exchange,
+                message.routing_key,
+            )
+        for callback in list(self._return_callbacks):
+            try:
+                callback(message)
+            except Exception:
+                logger.exception("return callback %r failed", callback)
+
+    def _on_flow(self, active: bool) -> None:
+        logger.info("channel %s: broker flow %s", self.channel_id, "on" if active else "off")
 
     def _on_confirm(self, tag: int, multiple: bool, ack: bool) -> None:
         confirms = self._confirms
@@ -263,7 +351,7 @@ class ChannelLifecycle:
         self._suspended = False
         self.close_exc = exc
         self._closed.set_result(exc)
-        self._conn._channels.pop(self.channel_id, None)
+        self._forget(self.channel_id)
         self._fail_pending(exc)
         for tag in list(self._consumers):
             consumer = self._drop_consumer(tag)

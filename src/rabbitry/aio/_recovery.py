@@ -1,7 +1,9 @@
 """Automatic recovery of one :class:`~rabbitry.AsyncConnection`: reconnect, then replay.
 
-The connection hands a :class:`Recovery` its lost state when it dies for a reason worth
-retrying (:func:`rabbitry.recovery.is_recoverable`). :meth:`Recovery.run` then
+The connection starts a :class:`Recovery` when it dies for a reason worth retrying
+(:func:`rabbitry.recovery.is_recoverable`) and hands it a port to drive it through
+(:class:`~rabbitry.aio._events.RecoveryPort`); each channel is driven through its
+:class:`~rabbitry.aio._lifecycle.ChannelHooks`. :meth:`Recovery.run` then
 
 1. reconnects across the configured addresses with the policy's backoff, giving up at
    once on an error that no retry can heal (:func:`rabbitry.recovery.is_permanent`) or
@@ -34,7 +36,6 @@ from ..exceptions import (
     NotFound,
     ResourceLocked,
 )
-from ..protocol.connection import ConnectionState
 from ..recovery import RecoveryPolicy, is_permanent
 
 if TYPE_CHECKING:
@@ -42,9 +43,9 @@ if TYPE_CHECKING:
 
     from ..config import ConnectionParameters
     from ..protocol import spec
-    from ..protocol.connection import ConnectionProtocol
-    from ..protocol.events import Event
+    from ..protocol.channel import ChannelProtocol
     from ..record import RecordedBinding, RecordedExchange, RecordedQueue, TopologyRecord
+    from ._lifecycle import ChannelHooks
     from .channel import AsyncChannel
 
 __all__ = ["Recovery", "declare_binding", "declare_exchange", "declare_queue", "redeclare_queue"]
@@ -52,43 +53,48 @@ __all__ = ["Recovery", "declare_binding", "declare_exchange", "declare_queue", "
 logger = logging.getLogger("rabbitry.connection")
 
 
-class _Connection(Protocol):
-    """What recovery uses of its :class:`~rabbitry.aio.connection.AsyncConnection`.
+class _Port(Protocol):
+    """What recovery uses of its connection: the members of the
+    :class:`~rabbitry.aio._events.RecoveryPort` the connection hands it.
 
     The connection creates its recovery and imports this module; recovery knows it only
     through these members.
     """
 
-    params: ConnectionParameters
-    _candidates: list[ConnectionParameters]
-    _channels: dict[int, AsyncChannel]
-    _closing: bool
-    _proto: ConnectionProtocol | None
-    close_exc: AMQPError | None
-    topology_record: TopologyRecord
+    @property
+    def closing(self) -> bool: ...
 
-    async def _connect_one(self, params: ConnectionParameters) -> None: ...
+    @property
+    def params(self) -> ConnectionParameters: ...
 
-    async def _open_channel(
-        self,
-        channel_id: int | None,
-        timeout: float | None,
-        *,
-        record: bool = True,
-        internal: bool = False,
-    ) -> AsyncChannel: ...
+    @property
+    def is_open(self) -> bool: ...
 
-    def _reset_attempt(self) -> None: ...
+    @property
+    def close_exc(self) -> AMQPError | None: ...
 
-    def _handle_events(self, events: list[Event]) -> None: ...
+    @property
+    def topology_record(self) -> TopologyRecord: ...
 
-    def _give_up(self, exc: AMQPError) -> None: ...
+    def candidates(self) -> list[ConnectionParameters]: ...
 
-    def _recovery_done(self) -> None: ...
+    async def connect(self, params: ConnectionParameters) -> None: ...
 
-    def _notify_recovery_error(self, kind: str, name: str, exc: AMQPError) -> None: ...
+    def end_attempt(self, reason: AMQPError | None = None) -> None: ...
 
-    def _notify_renamed(self, old: str, new: str) -> None: ...
+    def channels(self) -> list[ChannelHooks[AsyncChannel]]: ...
+
+    def reopen(self, channel_id: int) -> ChannelProtocol: ...
+
+    async def open_channel(self, timeout: float) -> AsyncChannel: ...
+
+    def report(self, kind: str, name: str, exc: AMQPError) -> None: ...
+
+    def renamed(self, old: str, new: str) -> None: ...
+
+    def recovered(self) -> None: ...
+
+    def give_up(self, exc: AMQPError) -> None: ...
 
 
 #: Seconds each re-declaration, re-subscription and re-opened channel may take.
@@ -106,8 +112,8 @@ class _Aborted(Exception):
 class Recovery:
     """The reconnect loop and the replay of one connection (one instance per outage)."""
 
-    def __init__(self, connection: _Connection, policy: RecoveryPolicy) -> None:
-        self._conn = connection
+    def __init__(self, port: _Port, policy: RecoveryPolicy) -> None:
+        self._port = port
         self._policy = policy
         #: What could not be restored in the last replay: ``(kind, name, cause)``.
         self.losses: list[tuple[str, str, AMQPError]] = []
@@ -123,34 +129,33 @@ class Recovery:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            logger.exception("recovery of the connection to %s failed", self._conn.params.address)
+            logger.exception("recovery of the connection to %s failed", self._port.params.address)
             cause = ConnectionLost(f"recovery failed: {exc!r}")
             cause.__cause__ = exc
-            self._conn._reset_attempt()
-            self._conn._give_up(cause)
+            self._port.end_attempt()
+            self._port.give_up(cause)
 
     async def _run(self, last: BaseException | None) -> None:
-        conn = self._conn
+        port = self._port
         policy = self._policy
         attempt = 0
-        while not conn._closing:
+        while not port.closing:
             await asyncio.sleep(policy.delay(attempt))
             attempt += 1
-            candidates = list(conn._candidates)
+            candidates = port.candidates()
             if policy.shuffle_hosts:
                 random.shuffle(candidates)
             # The address that just failed goes last: it is the least likely to answer
             # (a killed node refuses at once, but a frozen one holds a connect until its
             # connection_timeout), so a cluster client fails over to a live node first.
-            lost = next((i for i, p in enumerate(candidates) if p is conn.params), None)
+            lost = next((i for i, p in enumerate(candidates) if p is port.params), None)
             if lost is not None and len(candidates) > 1:
                 candidates.append(candidates.pop(lost))
             connected = False
             for params in candidates:
                 try:
-                    await conn._connect_one(params)
+                    await port.connect(params)
                 except (AMQPError, OSError, TimeoutError) as exc:
-                    conn._reset_attempt()
                     if isinstance(exc, AMQPError) and is_permanent(exc):
                         logger.error(
                             "recovery: %s refused the connection for a reason no retry "
@@ -158,59 +163,53 @@ class Recovery:
                             params.address,
                             exc,
                         )
-                        conn._give_up(exc)
+                        port.give_up(exc)
                         return
                     last = exc
                     logger.info(
                         "recovery attempt %d to %s failed: %r", attempt, params.address, exc
                     )
                     continue
-                conn.params = params
                 connected = True
                 break
             if connected:
                 self.losses = []
-                proto = conn._proto
                 try:
                     await self._replay()
                 except _Aborted as abort:
-                    conn._give_up(abort.cause)
+                    port.give_up(abort.cause)
                     return
                 except (AMQPError, OSError, TimeoutError) as exc:
                     last = exc
                     logger.info("recovery attempt %d failed during replay: %r", attempt, exc)
-                    proto = conn._proto
-                    if proto is not None and proto.state is ConnectionState.OPEN:
-                        proto.abort(ConnectionLost("recovery replay failed"))
-                        conn._handle_events(proto.events_received())
-                    conn._reset_attempt()
+                    port.end_attempt(ConnectionLost("recovery replay failed"))
                     continue
-                if conn._proto is not proto or proto is None or not proto.is_open:
+                if not port.is_open:
                     # The new connection dropped at the end of the replay, where no step
                     # was waiting to fail (e.g. while a scratch channel closed): its
                     # channels are suspended again, so this attempt did not recover.
-                    last = conn.close_exc
+                    last = port.close_exc
                     logger.info(
                         "recovery attempt %d: the connection dropped as the replay ended: %r",
                         attempt,
                         last,
                     )
-                    conn._reset_attempt()
+                    port.end_attempt()
                     continue
                 if self.losses:
                     logger.info(
                         "connection to %s recovered; %d item(s) could not be restored "
                         "(reported above)",
-                        conn.params.address,
+                        port.params.address,
                         len(self.losses),
                     )
                 else:
-                    logger.info("connection to %s recovered", conn.params.address)
-                conn._recovery_done()
+                    logger.info("connection to %s recovered", port.params.address)
+                port.recovered()
                 return
             if policy.max_attempts is not None and attempt >= policy.max_attempts:
                 cause = last if isinstance(last, AMQPError) else ConnectionLost(str(last))
-                conn._give_up(cause)
+                port.give_up(cause)
                 return
 
     # ------------------------------------------------------------------ reporting
@@ -219,28 +218,28 @@ class Recovery:
         """Something could not be restored: ERROR log and the recovery-error event."""
         self.losses.append((kind, name, exc))
         logger.error("recovery: could not restore %s %r: %r", kind, name, exc)
-        self._conn._notify_recovery_error(kind, name, exc)
+        self._port.report(kind, name, exc)
 
     # ------------------------------------------------------------------ replay
 
     async def _replay(self) -> None:
         """Re-open channels (numbers, QoS, modes), then the topology, then consumers."""
-        conn = self._conn
-        proto = conn._proto
-        assert proto is not None
-        live = [conn._channels[i] for i in sorted(conn._channels)]
-        for channel in live:
-            if not channel.is_closed:
-                await channel._resume(proto.open_channel(channel.channel_id))
+        port = self._port
+        live = port.channels()
+        for hooks in live:
+            if not hooks.channel.is_closed:
+                await hooks.resume(port.reopen(hooks.channel.channel_id))
         renamed = await self._replay_topology()
-        for channel in live:
-            if not channel.is_closed:
-                await self._resubscribe(channel, renamed)
-        for channel in live:  # last: their queues and consumers exist again
-            if not channel.is_closed:
-                channel._republish()
+        for hooks in live:
+            if not hooks.channel.is_closed:
+                await self._resubscribe(hooks, renamed)
+        for hooks in live:  # last: their queues and consumers exist again
+            if not hooks.channel.is_closed:
+                hooks.republish()
 
-    async def _resubscribe(self, channel: AsyncChannel, renamed: dict[str, str]) -> None:
+    async def _resubscribe(
+        self, hooks: ChannelHooks[AsyncChannel], renamed: dict[str, str]
+    ) -> None:
         """Subscribe a channel's consumers again; report each that cannot be.
 
         A consumer's queue is checked first on a scratch channel (a missing queue would
@@ -248,7 +247,7 @@ class Recovery:
         broker still refuses the consume, that channel is closed with the cause and each
         of its consumers is reported and ended.
         """
-        specs = channel._consumer_specs()
+        specs = hooks.consumer_specs()
         if not specs:
             return
         scratch: AsyncChannel | None = None
@@ -257,37 +256,35 @@ class Recovery:
                 tag = method.consumer_tag
                 queue = renamed.get(method.queue, method.queue)
                 if scratch is None or scratch.is_closed:
-                    scratch = await self._conn._open_channel(
-                        None, _STEP_TIMEOUT, record=False, internal=True
-                    )
+                    scratch = await self._port.open_channel(_STEP_TIMEOUT)
                 try:
                     await scratch.queue_declare(queue, passive=True, timeout=_STEP_TIMEOUT)
                 except ChannelClosedByBroker as exc:
                     self._report("consumer", f"{tag} on queue {queue}", exc)
-                    channel._lose_consumer(tag, exc)
+                    hooks.lose_consumer(tag, exc)
                     continue
                 try:
-                    await channel._resubscribe_one(method, renamed)
+                    await hooks.resubscribe_one(method, renamed)
                 except ChannelClosedByBroker as exc:
                     self._report("consumer", f"{tag} on queue {queue}", exc)
-                    channel._lose_consumer(tag, exc)
-                    for other in channel._consumer_specs():
+                    hooks.lose_consumer(tag, exc)
+                    for other in hooks.consumer_specs():
                         self._report("consumer", other.consumer_tag, exc)
-                        channel._lose_consumer(other.consumer_tag, exc)
-                    self._report("channel", str(channel.channel_id), exc)
-                    channel._mark_lost(exc)
+                        hooks.lose_consumer(other.consumer_tag, exc)
+                    self._report("channel", str(hooks.channel.channel_id), exc)
+                    hooks.mark_lost(exc)
                     return
         finally:
             if scratch is not None and scratch.is_open:
                 await scratch.close(timeout=10.0)
 
     async def _replay_topology(self) -> dict[str, str]:
-        conn = self._conn
-        record = conn.topology_record
+        port = self._port
+        record = port.topology_record
         renamed: dict[str, str] = {}
         if not len(record):
             return renamed
-        channel = await conn._open_channel(None, _STEP_TIMEOUT, record=False, internal=True)
+        channel = await port.open_channel(_STEP_TIMEOUT)
         try:
             for exchange in record.exchanges:
                 if not exchange.name or exchange.name.startswith("amq."):
@@ -313,7 +310,7 @@ class Recovery:
                     old, new = queue.name, replies[0].queue
                     record.rename_queue(old, new)
                     renamed[old] = new
-                    conn._notify_renamed(old, new)
+                    port.renamed(old, new)
             for binding in record.bindings:
                 label = f"{binding.source}->{binding.destination}:{binding.routing_key}"
                 channel = await self._declare_entity(
@@ -341,13 +338,13 @@ class Recovery:
         ``restore`` handles a 404 (an end of a binding deleted while recovery runs, e.g.
         by another client): it declares the recorded ends again before the next try.
         """
-        conn = self._conn
+        port = self._port
         for attempt in range(5):
             try:
                 await declare(channel)
                 return channel
             except ChannelClosedByBroker as exc:
-                channel = await conn._open_channel(None, _STEP_TIMEOUT, record=False, internal=True)
+                channel = await port.open_channel(_STEP_TIMEOUT)
                 if isinstance(exc, ResourceLocked) and attempt < 4:
                     # The dead connection's exclusive queue may not be gone yet.
                     await asyncio.sleep(0.2 * (attempt + 1))
@@ -359,9 +356,7 @@ class Recovery:
                         await restore(channel)
                     except ChannelClosedByBroker as again:
                         logger.info("recovery: restoring %r failed: %r", name, again)
-                        channel = await conn._open_channel(
-                            None, _STEP_TIMEOUT, record=False, internal=True
-                        )
+                        channel = await port.open_channel(_STEP_TIMEOUT)
                     continue
                 self._report(kind, name, exc)
                 if self._policy.on_entity_error == "abort":
@@ -371,7 +366,7 @@ class Recovery:
 
     async def _redeclare_ends(self, channel: AsyncChannel, binding: RecordedBinding) -> None:
         """Declare a binding's recorded source exchange and destination again."""
-        record = self._conn.topology_record
+        record = self._port.topology_record
         ends = [(binding.source, "exchange"), (binding.destination, binding.destination_type)]
         for name, kind in ends:
             if kind == "exchange":

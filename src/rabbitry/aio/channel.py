@@ -28,7 +28,7 @@ from ._consumers import _CONSUMER_QUEUE_MESSAGES as _CONSUMER_QUEUE_MESSAGES
 from ._consumers import CancelCallback, ConsumerMethods, _Connection, _Consumer
 from ._consumers import ConsumerCallback as ConsumerCallback
 from ._consumers import Subscription as Subscription
-from ._lifecycle import ChannelLifecycle, _settle
+from ._lifecycle import ChannelHooks, ChannelLifecycle, _settle
 from ._lifecycle import Settleable as Settleable
 
 __all__ = ["AsyncChannel", "ConsumerCallback", "Subscription"]
@@ -49,9 +49,24 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
 
     Usable as ``async with`` (closes on exit). Callbacks run on the event loop; their
     exceptions are logged, never raised into the connection.
+
+    Args:
+        connection: the connection creating the channel (applications do not).
+        protocol: the channel's protocol state.
+        records: record what the channel declares, binds and deletes for recovery.
+        internal: a channel of recovery itself (closed, not suspended, on a drop).
+        forget: told the channel number when the channel ends.
     """
 
-    def __init__(self, connection: _Connection, protocol: ChannelProtocol) -> None:
+    def __init__(
+        self,
+        connection: _Connection,
+        protocol: ChannelProtocol,
+        *,
+        records: bool,
+        internal: bool,
+        forget: Callable[[int], object],
+    ) -> None:
         self._conn = connection
         self._proto = protocol
         self.channel_id = protocol.channel_id
@@ -87,16 +102,32 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
         self.stale_settlements = 0
         # Set by recovery when it could not restore this channel; calls name it.
         self._lost_reason: AMQPError | None = None
-        # Record what this channel declares, binds and deletes for recovery to replay
-        # (off for the channels recovery and the topology layer use themselves).
-        self._records = connection._records_channel_topology()
-        # A channel of recovery itself: closed, not suspended, when the connection drops.
-        self._internal = False
+        self._records = records
+        self._internal = internal
+        self._forget = forget
         #: Unconfirmed publishes to send again after recovery, and how many were.
         self._resend: list[Settleable] = []
         self.republished = 0
         self._qos: tuple[int, int, bool] | None = None
         self._register_rpc(None)  # channel.open, already queued by the protocol
+        self._hooks: ChannelHooks[AsyncChannel] = ChannelHooks(
+            channel=self,
+            on_delivery=self._on_delivery,
+            on_confirm=self._on_confirm,
+            on_rpc_reply=self._on_rpc_reply,
+            on_return=self._on_return,
+            on_consumer_cancelled=self._on_consumer_cancelled,
+            on_flow=self._on_flow,
+            suspend=self._suspend,
+            on_closed=self._on_closed,
+            wait_open=lambda timeout: self._await_rpc(spec.ChannelOpen.NAME, timeout),
+            resume=self._resume,
+            consumer_specs=self._consumer_specs,
+            resubscribe_one=self._resubscribe_one,
+            lose_consumer=self._lose_consumer,
+            mark_lost=self._mark_lost,
+            republish=self._republish,
+        )
 
     def __repr__(self) -> str:
         return f"<AsyncChannel {self.channel_id} {self._proto.state.value}>"
@@ -717,37 +748,22 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
         except TimeoutError:
             raise Timeout(f"channel.close got no answer within {timeout} s") from None
 
-    # ------------------------------------------------------------------ events (loop)
 
-    def _on_rpc_reply(self, method: Method, message: Message | None) -> None:
-        if not self._rpcs:
-            logger.warning("channel %s: reply %s with no request", self.channel_id, method.NAME)
-            return
-        future, hook = self._rpcs.popleft()
-        if hook is not None:
-            try:
-                hook(method)
-            except Exception:
-                logger.exception("channel %s: handling %s failed", self.channel_id, method.NAME)
-        if not future.done():
-            future.set_result(message if message is not None else method)
+def create_channel(
+    connection: _Connection,
+    protocol: ChannelProtocol,
+    *,
+    records: bool,
+    internal: bool,
+    forget: Callable[[int], object],
+) -> ChannelHooks[AsyncChannel]:
+    """Create the :class:`AsyncChannel` of a channel its connection just opened.
 
-    def _on_return(self, message: Message) -> None:
-        if not self._return_callbacks:
-            logger.warning(
-                "channel %s: message returned (%s %s) and no return callback: exchange=%r "
-                "routing_key=%r",
-                self.channel_id,
-                message.reply_code,
-                message.reply_text,
-                message.exchange,
-                message.routing_key,
-            )
-        for callback in list(self._return_callbacks):
-            try:
-                callback(message)
-            except Exception:
-                logger.exception("return callback %r failed", callback)
+    For the connection only (the arguments are :class:`AsyncChannel`'s).
 
-    def _on_flow(self, active: bool) -> None:
-        logger.info("channel %s: broker flow %s", self.channel_id, "on" if active else "off")
+    Returns:
+        The channel's hooks, which the connection keeps while the channel is open
+        (``hooks.channel`` is the channel).
+    """
+    channel = AsyncChannel(connection, protocol, records=records, internal=internal, forget=forget)
+    return channel._hooks

@@ -42,17 +42,16 @@ from ..exceptions import (
     VirtualHostNotFound,
 )
 from ..observability import _state as _obs
-from ..protocol import spec
 from ..protocol.connection import ConnectionProtocol, ConnectionState
 from ..record import TopologyRecord
 from ..recovery import DEFAULT_RECOVERY, RecoveryPolicy, State
 from ._connect_errors import refine, wait_opened
 from ._events import _CLOSE_TIMEOUT, BlockedCallback, CloseCallback, ConnectionEvents, LoopHooks
-from ._recovery import Recovery
-from .channel import AsyncChannel
+from .channel import AsyncChannel, create_channel
 
 if TYPE_CHECKING:
     from ..protocol.events import Event
+    from ._lifecycle import ChannelHooks
 
 __all__ = ["AsyncConnection"]
 
@@ -157,7 +156,7 @@ class AsyncConnection(ConnectionEvents):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._proto: ConnectionProtocol | None = None
         self._transport: asyncio.Transport | None = None
-        self._channels: dict[int, AsyncChannel] = {}
+        self._channels: dict[int, ChannelHooks[AsyncChannel]] = {}
         self._opened: asyncio.Future[None] | None = None
         self._terminated: asyncio.Future[AMQPError] | None = None
         self._lost: asyncio.Future[None] | None = None
@@ -357,13 +356,6 @@ class AsyncConnection(ConnectionEvents):
             )
         return result
 
-    def _reset_attempt(self) -> None:
-        if self._transport is not None:
-            self._transport.abort()
-        self._transport = None
-        self._proto = None
-        self._cancel_timers()
-
     async def _connect_one(self, params: ConnectionParameters) -> None:
         loop = asyncio.get_running_loop()
         self._handshake_tls_error = None
@@ -541,12 +533,14 @@ class AsyncConnection(ConnectionEvents):
         """
         proto = self._require_open()
         channel_proto = proto.open_channel(channel_id)
-        channel = AsyncChannel(self, channel_proto)
-        channel._records = record and channel._records
-        channel._internal = internal
-        self._channels[channel_proto.channel_id] = channel
-        await channel._await_rpc(spec.ChannelOpen.NAME, timeout)
-        return channel
+        policy = self.recovery
+        records = record and policy is not None and policy.record_channel_topology
+        hooks = create_channel(
+            self, channel_proto, records=records, internal=internal, forget=self._forget_channel
+        )
+        self._channels[channel_proto.channel_id] = hooks
+        await hooks.wait_open(timeout)
+        return hooks.channel
 
     async def update_secret(
         self, new_secret: bytes | str, reason: str = "", *, timeout: float | None = None
@@ -562,10 +556,6 @@ class AsyncConnection(ConnectionEvents):
                 await waiter
         except TimeoutError:
             raise Timeout(f"connection.update-secret got no answer within {timeout} s") from None
-
-    def _records_channel_topology(self) -> bool:
-        """Whether channels record their declarations for recovery (the policy says)."""
-        return self.recovery is not None and self.recovery.record_channel_topology
 
     def _require_open(self) -> ConnectionProtocol:
         proto = self._proto
@@ -593,7 +583,7 @@ class AsyncConnection(ConnectionEvents):
         if not self._corked and self._transport is not None:
             self._corked = True  # a new pass: until a flush or the next read, cork
             self._flush()
-        elif len(proto._out) >= _FLUSH_FRAMES:
+        elif len(proto.send_queue) >= _FLUSH_FRAMES:
             self._flush()
         elif self._flush_handle is None and not self._in_batch and self._loop is not None:
             self._flush_handle = self._loop.call_soon(self._flush_corked)
@@ -606,7 +596,7 @@ class AsyncConnection(ConnectionEvents):
         """Write what was queued since :meth:`_begin_batch`; later frames leave at once."""
         self._in_batch = self._corked = False
         proto = self._proto
-        if proto is not None and proto._out:
+        if proto is not None and proto.send_queue:
             self._flush()
 
     def _flush_corked(self) -> None:
@@ -655,6 +645,30 @@ class AsyncConnection(ConnectionEvents):
 
     # ------------------------------------------------------------------ socket events
 
+    def _on_connection_made(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._held_events = []  # deliveries of an earlier socket: the broker requeued them
+        if self._read_pauses and self._proto is not None:
+            # A consumer queue is still full from before a reconnect.
+            self._proto.rx_paused = True
+            transport.pause_reading()
+        self._flush()  # the protocol header
+
+    def _on_connection_lost(self, exc: Exception | None) -> None:
+        proto = self._proto
+        self._transport = None
+        self._resume_writing()
+        if proto is not None:
+            proto.receive_eof()
+            self._handle_events(proto.events_received())
+        if self._lost is not None and not self._lost.done():
+            self._lost.set_result(None)
+        if exc is not None:
+            logger.debug("socket closed: %r", exc)
+            if isinstance(exc, ssl.SSLError) and self._opened is not None:
+                if not self._opened.done() or self._opened.exception() is not None:
+                    self._handshake_tls_error = exc
+
     def _on_data(self, data: bytes) -> None:
         proto = self._proto
         if proto is None:
@@ -667,7 +681,7 @@ class AsyncConnection(ConnectionEvents):
             if self._held_events:
                 self._release_held()  # what was read before goes first
             proto.receive_data(data)
-            if proto._out:
+            if proto.send_queue:
                 # The protocol's own answers (a close-ok, a flow-ok) leave before the
                 # events are handled: a connection that ends there is aborted unflushed.
                 self._flush()
@@ -676,7 +690,7 @@ class AsyncConnection(ConnectionEvents):
                 self._handle_events(events)
         finally:
             self._in_batch = self._corked = False
-        if proto._out:
+        if proto.send_queue:
             self._flush()
         if proto.state is ConnectionState.CLOSING and self._close_deadline is None:
             self._arm_close_deadline()
@@ -728,32 +742,6 @@ class AsyncConnection(ConnectionEvents):
             raise ConnectionRecovering(f"cannot {what}: the connection is recovering")
         await self.wait_recovered(timeout)
 
-    def _on_dropped(self, exc: AMQPError) -> None:
-        """The connection died for a recoverable reason; its channels are suspended."""
-        self._held_events = []  # unacked deliveries: the broker requeues them
-        self._cancel_timers()
-        transport = self._transport
-        self._transport = None
-        if transport is not None:
-            transport.abort()
-        self._resume_writing()
-        waiter = self._update_secret_waiter
-        self._update_secret_waiter = None
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
-        if self._opened is not None and not self._opened.done():
-            self._opened.set_exception(exc)  # an attempt during recovery failed
-        self.close_exc = exc
-        if self._state is State.RECOVERING:
-            return  # the recovery loop sees the failure and tries again
-        logger.warning("connection to %s lost (%r); recovering", self.params.address, exc)
-        assert self._recovered is not None and self._loop is not None
-        self._recovered.clear()
-        self._set_state(State.RECOVERING, exc)
-        assert self.recovery is not None
-        recovery = Recovery(self, self.recovery)
-        self._recovery_task = self._loop.create_task(recovery.run(exc))
-
 
 def remove_callback(connection: AsyncConnection, callback: Callable[..., Any]) -> None:
     """Stop calling ``callback``, registered with ``add_blocked_callback``,
@@ -772,6 +760,14 @@ def remove_callback(connection: AsyncConnection, callback: Callable[..., Any]) -
 def loop_hooks(connection: AsyncConnection) -> LoopHooks:
     """The hooks of ``connection`` for the thread-safe API's IO thread; not for applications."""
     return LoopHooks(connection._begin_batch, connection._end_batch, connection._abort)
+
+
+def open_connections(loop: asyncio.AbstractEventLoop) -> list[AsyncConnection]:
+    """The connections of this process opened on ``loop`` and not closed yet.
+
+    For :func:`rabbitry.service.run`, which closes those its main function left open.
+    """
+    return [conn for conn in list(_CONNECTIONS) if conn._loop is loop and not conn.is_closed]
 
 
 def _after_fork() -> None:

@@ -75,8 +75,8 @@ class _Connection(Protocol):
 
     frame_max: int
     max_message_size: int
-    _out: list[bytes]
-    _events: list[Event]
+    send_queue: list[bytes]
+    event_queue: list[Event]
 
 
 class ChannelState(enum.Enum):
@@ -177,7 +177,7 @@ class ChannelProtocol:
         self._check_usable("basic.ack")
         floor = self._ack_floor
         if not multiple and delivery_tag == floor + 1:
-            out = self._conn._out
+            out = self._conn.send_queue
             previous = self._ack_frame
             if previous is not None and out and out[-1] is previous:
                 frame = out[-1] = ack_frame(self.channel_id, delivery_tag, True)
@@ -404,16 +404,16 @@ class ChannelProtocol:
         if cls in self._rpc_responses:
             if cls is spec.ChannelOpenOk:
                 self.state = OPEN
-            self._conn._events.append(RpcReply(self.channel_id, method))
+            self._conn.event_queue.append(RpcReply(self.channel_id, method))
             self._rpc_done()
         elif cls is spec.BasicAck:
             assert isinstance(method, spec.BasicAck)
-            self._conn._events.append(
+            self._conn.event_queue.append(
                 PublishConfirmed(self.channel_id, method.delivery_tag, method.multiple, True)
             )
         elif cls is spec.BasicNack:
             assert isinstance(method, spec.BasicNack)
-            self._conn._events.append(
+            self._conn.event_queue.append(
                 PublishConfirmed(self.channel_id, method.delivery_tag, method.multiple, False)
             )
         elif cls is spec.ChannelClose:
@@ -432,14 +432,14 @@ class ChannelProtocol:
                         self.channel_id, spec.BasicCancelOk(consumer_tag=method.consumer_tag)
                     )
                 )
-            self._conn._events.append(
+            self._conn.event_queue.append(
                 ConsumerCancelledByBroker(self.channel_id, method.consumer_tag)
             )
         elif cls is spec.ChannelFlow:
             assert isinstance(method, spec.ChannelFlow)
             self.flow_active = method.active
             self._write(method_frame(self.channel_id, spec.ChannelFlowOk(active=method.active)))
-            self._conn._events.append(FlowChanged(self.channel_id, method.active))
+            self._conn.event_queue.append(FlowChanged(self.channel_id, method.active))
         else:
             expected = (
                 " or ".join(r.NAME for r in self._rpc_responses)
@@ -519,7 +519,7 @@ class ChannelProtocol:
         self._content_received = 0
         self._content_size = 0
         index = method.INDEX
-        events = self._conn._events
+        events = self._conn.event_queue
         if index == _DELIVER:
             assert isinstance(method, spec.BasicDeliver)
             message = Message(
@@ -574,4 +574,4 @@ class ChannelProtocol:
         self._rpc_outstanding = False
         self._rpc_responses = ()
         self._finished(self.channel_id)
-        self._conn._events.append(ChannelClosedEvent(self.channel_id, exc))
+        self._conn.event_queue.append(ChannelClosedEvent(self.channel_id, exc))

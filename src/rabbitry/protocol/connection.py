@@ -202,8 +202,13 @@ class ConnectionProtocol:
         self.greeting = b""
         self._greeting_judged = False
         self._reader = FrameReader(FRAME_MIN_SIZE)
-        self._out: list[bytes] = [PROTOCOL_HEADER]
-        self._events: list[Event] = []
+        #: Frames queued for the socket, oldest first, until :meth:`data_to_send` or
+        #: :meth:`buffers_to_send` takes them (a new list then). The channels append to it
+        #: and may replace its last frame (ack coalescing); an engine only reads its length.
+        self.send_queue: list[bytes] = [PROTOCOL_HEADER]
+        #: Events not yet taken by :meth:`events_received` (a new list then); the
+        #: channels append theirs to it.
+        self.event_queue: list[Event] = []
         self.channels: dict[int, ChannelProtocol] = {}
         self._next_channel = 1
         self._connection_rpc = False
@@ -227,10 +232,10 @@ class ConnectionProtocol:
 
     def data_to_send(self) -> bytes:
         """Everything queued for the socket since the last call (may be empty)."""
-        out = self._out
+        out = self.send_queue
         if not out:
             return b""
-        self._out = []
+        self.send_queue = []
         self._tx_since_tick = True
         return out[0] if len(out) == 1 else b"".join(out)
 
@@ -241,17 +246,17 @@ class ConnectionProtocol:
         writes them one by one (or with a zero-copy ``writelines``) sends the body
         without copying it here.
         """
-        out = self._out
+        out = self.send_queue
         if out:
-            self._out = []
+            self.send_queue = []
             self._tx_since_tick = True
         return out  # type: ignore[return-value]
 
     def events_received(self) -> list[Event]:
         """Events since the last call, oldest first."""
-        events = self._events
+        events = self.event_queue
         if events:
-            self._events = []
+            self.event_queue = []
         return events
 
     @property
@@ -343,8 +348,8 @@ class ConnectionProtocol:
                 )
             )
             return
-        if now - self._last_tx >= self.heartbeat / 2 and not self._out:
-            self._out.append(HEARTBEAT_FRAME)
+        if now - self._last_tx >= self.heartbeat / 2 and not self.send_queue:
+            self.send_queue.append(HEARTBEAT_FRAME)
 
     def abort(self, exc: AMQPError) -> None:
         """The engine gives up on the connection (e.g. close-ok never came)."""
@@ -417,10 +422,10 @@ class ConnectionProtocol:
             raise exc from self.close_exc
 
     def _write(self, frame: bytes) -> None:
-        self._out.append(frame)
+        self.send_queue.append(frame)
 
     def _write_many(self, frames: list[bytes]) -> None:
-        self._out.extend(frames)
+        self.send_queue.extend(frames)
 
     def _free_channel_id(self) -> int:
         limit = self.channel_max
@@ -466,13 +471,13 @@ class ConnectionProtocol:
             if cls is spec.ConnectionBlocked:
                 assert isinstance(method, spec.ConnectionBlocked)
                 self.blocked_reason = method.reason
-                self._events.append(ConnectionBlocked(method.reason))
+                self.event_queue.append(ConnectionBlocked(method.reason))
             elif cls is spec.ConnectionUnblocked:
                 self.blocked_reason = None
-                self._events.append(ConnectionUnblocked())
+                self.event_queue.append(ConnectionUnblocked())
             elif cls is spec.ConnectionUpdateSecretOk and self._connection_rpc:
                 self._connection_rpc = False
-                self._events.append(RpcReply(0, method))
+                self.event_queue.append(RpcReply(0, method))
             else:
                 raise RemoteProtocolError(f"unexpected {method.NAME} on channel 0", 503)
         elif state is AWAIT_START and cls is spec.ConnectionStart:
@@ -487,7 +492,7 @@ class ConnectionProtocol:
             self._on_tune(method)
         elif state is AWAIT_OPEN_OK and cls is spec.ConnectionOpenOk:
             self.state = OPEN
-            self._events.append(
+            self.event_queue.append(
                 ConnectionOpened(
                     self.server_properties, self.channel_max, self.frame_max, self.heartbeat
                 )
@@ -593,4 +598,4 @@ class ConnectionProtocol:
         for channel in list(self.channels.values()):
             channel.finish(exc)
         self.channels.clear()
-        self._events.append(ConnectionTerminated(exc))
+        self.event_queue.append(ConnectionTerminated(exc))
