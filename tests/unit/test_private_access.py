@@ -67,7 +67,6 @@ REMAINING: set[tuple[str, str]] = {
     ("aio/_recovery.py", "_notify_recovery_error"),
     ("aio/_recovery.py", "_notify_renamed"),
     ("aio/_recovery.py", "_open_channel"),
-    ("aio/_recovery.py", "_proto"),
     ("aio/_recovery.py", "_recovery_done"),
     ("aio/_recovery.py", "_republish"),
     ("aio/_recovery.py", "_reset_attempt"),

@@ -63,7 +63,6 @@ class _Connection(Protocol):
     _candidates: list[ConnectionParameters]
     _channels: dict[int, AsyncChannel]
     _closing: bool
-    _proto: ConnectionProtocol | None
     close_exc: AMQPError | None
     topology_record: TopologyRecord
 
@@ -106,9 +105,16 @@ class _Aborted(Exception):
 class Recovery:
     """The reconnect loop and the replay of one connection (one instance per outage)."""
 
-    def __init__(self, connection: _Connection, policy: RecoveryPolicy) -> None:
+    def __init__(
+        self,
+        connection: _Connection,
+        policy: RecoveryPolicy,
+        protocol: Callable[[], ConnectionProtocol | None],
+    ) -> None:
         self._conn = connection
         self._policy = policy
+        # The connection's protocol object of the current attempt (None between them).
+        self._protocol = protocol
         #: What could not be restored in the last replay: ``(kind, name, cause)``.
         self.losses: list[tuple[str, str, AMQPError]] = []
 
@@ -170,7 +176,7 @@ class Recovery:
                 break
             if connected:
                 self.losses = []
-                proto = conn._proto
+                proto = self._protocol()
                 try:
                     await self._replay()
                 except _Aborted as abort:
@@ -179,13 +185,13 @@ class Recovery:
                 except (AMQPError, OSError, TimeoutError) as exc:
                     last = exc
                     logger.info("recovery attempt %d failed during replay: %r", attempt, exc)
-                    proto = conn._proto
+                    proto = self._protocol()
                     if proto is not None and proto.state is ConnectionState.OPEN:
                         proto.abort(ConnectionLost("recovery replay failed"))
                         conn._handle_events(proto.events_received())
                     conn._reset_attempt()
                     continue
-                if conn._proto is not proto or proto is None or not proto.is_open:
+                if self._protocol() is not proto or proto is None or not proto.is_open:
                     # The new connection dropped at the end of the replay, where no step
                     # was waiting to fail (e.g. while a scratch channel closed): its
                     # channels are suspended again, so this attempt did not recover.
@@ -226,7 +232,7 @@ class Recovery:
     async def _replay(self) -> None:
         """Re-open channels (numbers, QoS, modes), then the topology, then consumers."""
         conn = self._conn
-        proto = conn._proto
+        proto = self._protocol()
         assert proto is not None
         live = [conn._channels[i] for i in sorted(conn._channels)]
         for channel in live:

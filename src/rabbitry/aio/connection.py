@@ -755,7 +755,7 @@ class AsyncConnection(ConnectionEvents):
         self._recovered.clear()
         self._set_state(State.RECOVERING, exc)
         assert self.recovery is not None
-        recovery = Recovery(self, self.recovery)
+        recovery = Recovery(self, self.recovery, lambda: self._proto)
         self._recovery_task = self._loop.create_task(recovery.run(exc))
 
 
