@@ -63,6 +63,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rabbitry.streams",
             "rabbitry.batching",
             "rabbitry.observability._state",
+            # What the engine's channels offer the code that publishes on them.
+            "rabbitry.publishing.*",
         ),
     ),
     # The asyncio engine: connection I/O, channels, recovery.

@@ -623,7 +623,7 @@ class AsyncOutboxPublisher:
             send(ready.popleft())
             while ready and pub.reserve_more():
                 send(ready.popleft())
-            self._conn._kick()
+            pub.kick()
 
     def _send_one(self, entry: _Entry) -> None:
         """Send one row; its window slot is reserved by the caller."""

@@ -33,9 +33,9 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
+from .aio.channel import pipe_of
 from .exceptions import AMQPError, ConfigurationError, InvalidStateError, PoolTimeout, Timeout
 from .observability import _state as _obs
-from .protocol.channel import ChannelState
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -46,8 +46,6 @@ if TYPE_CHECKING:
 __all__ = ["AsyncChannelPool"]
 
 logger = logging.getLogger("rabbitry.pool")
-
-_OPEN = ChannelState.OPEN
 
 
 class AsyncChannelPool:
@@ -203,7 +201,7 @@ class AsyncChannelPool:
                         raise
                     if got is None:  # the right to open a replacement
                         return await self._open()
-                    if got._proto.state is _OPEN:
+                    if got.is_open:
                         self._lent.add(got)
                         return got
                     self._discard()  # closed on the way; wait again
@@ -216,7 +214,7 @@ class AsyncChannelPool:
         idle = self._idle
         while idle:
             channel = idle.popleft()
-            if channel._proto.state is _OPEN:
+            if channel.is_open:
                 self._lent.add(channel)
                 return channel
             self._owned -= 1
@@ -253,12 +251,12 @@ class AsyncChannelPool:
             logger.warning("channel %s returned to a pool that did not lend it", channel.channel_id)
             return
         self._lent.discard(channel)
-        if channel._proto.state is not _OPEN:
+        if not channel.is_open:
             self._discard()
         elif self._closed:
             self._owned -= 1
             self._close_soon(channel)
-        elif channel._confirms:
+        elif pipe_of(channel).confirms:
             task = asyncio.get_running_loop().create_task(self._settle_then_return(channel))
             self._settling.add(task)
             task.add_done_callback(self._settling.discard)
@@ -287,13 +285,10 @@ class AsyncChannelPool:
     async def _settle_then_return(self, channel: AsyncChannel) -> None:
         abandoned = False
         try:
-            # Wait for the channel's signal that its confirm table is empty (every
-            # publish acked, nacked or failed with the channel), not for the futures in
-            # it: one may be done already (e.g. cancelled by its owner) while its entry
-            # stays until the broker confirms it, and waiting on it would spin.
+            # Until its confirm table is empty (every publish acked, nacked or failed
+            # with the channel) or the channel ends.
             async with asyncio.timeout(self._confirm_timeout):
-                while channel._confirms and channel._proto.state is _OPEN:
-                    await channel._confirms_settled()
+                await pipe_of(channel).wait_settled()
         except TimeoutError:
             abandoned = True
             self._abandon(channel)
@@ -306,7 +301,8 @@ class AsyncChannelPool:
 
     def _abandon(self, channel: AsyncChannel) -> None:
         """No confirm came in time: fail what is unconfirmed, close the channel."""
-        unconfirmed = len(channel._confirms)
+        pipe = pipe_of(channel)
+        unconfirmed = len(pipe.confirms)
         reason = Timeout(
             f"no publisher confirm within {self._confirm_timeout} s after the channel was "
             "returned to the pool (confirm_timeout); the channel was closed"
@@ -318,8 +314,8 @@ class AsyncChannelPool:
             unconfirmed,
             self._confirm_timeout,
         )
-        channel._fail_pending(reason)
-        if channel._proto.state is _OPEN and self._conn.is_open:
+        pipe.fail_pending(reason)
+        if channel.is_open and self._conn.is_open:
             task = asyncio.get_running_loop().create_task(
                 channel.close(timeout=self._confirm_timeout)
             )
@@ -349,14 +345,14 @@ class AsyncChannelPool:
         idle, self._idle = self._idle, deque()
         for channel in idle:
             self._owned -= 1
-            if channel._proto.state is _OPEN and self._conn.is_open:
+            if channel.is_open and self._conn.is_open:
                 try:
                     await channel.close(timeout=timeout)
                 except AMQPError:
                     pass
 
     def _close_soon(self, channel: AsyncChannel) -> None:
-        if channel._proto.state is not _OPEN or not self._conn.is_open:
+        if not channel.is_open or not self._conn.is_open:
             return
         task = asyncio.get_running_loop().create_task(channel.close())
         task.add_done_callback(_retrieve)

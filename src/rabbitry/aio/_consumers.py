@@ -79,14 +79,7 @@ class _Connection(Protocol):
     _loop: asyncio.AbstractEventLoop | None
     # AsyncChannel values (typed loosely: that module imports this one).
     _channels: dict[int, Any]
-    _write_paused: bool
     topology_record: TopologyRecord
-
-    async def _await_recovery(self, timeout: float | None, what: str) -> None: ...
-
-    async def _wait_writable(self) -> None: ...
-
-    def _kick(self) -> None: ...
 
     def _pause_reading(self) -> None: ...
 

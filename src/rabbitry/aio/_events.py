@@ -35,6 +35,7 @@ from ..protocol.events import (
     RpcReply,
 )
 from ..recovery import RecoveryPolicy, State, is_recoverable
+from .channel import pipe_of
 
 if TYPE_CHECKING:
     from ..config import ConnectionParameters
@@ -181,7 +182,7 @@ class ConnectionEvents:
         out recoverable); the channels themselves end when the connection does.
         """
         for channel in list(self._channels.values()):
-            channel._fail_pending(exc, keep_resendable=True)
+            pipe_of(channel).fail_pending(exc, keep_resendable=True)
         waiter = self._update_secret_waiter
         self._update_secret_waiter = None
         if waiter is not None and not waiter.done():

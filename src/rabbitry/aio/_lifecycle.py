@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ..exceptions import (
     AMQPError,
@@ -24,6 +24,7 @@ from ..exceptions import (
 from ..protocol import spec
 from ..protocol._refusal import PublishSummary, is_publish_refusal, refused_index, summarize
 from ..protocol.channel import ChannelProtocol, ChannelState
+from ..publishing.pipe import Settleable
 
 if TYPE_CHECKING:
     import asyncio
@@ -31,21 +32,12 @@ if TYPE_CHECKING:
 
     from ..protocol.frames import Method
     from ..protocol.publish import ConfirmTracker
+    from ..publishing.pipe import PublishPipe
     from ._consumers import _Connection, _Consumer
 
 __all__ = ["ChannelLifecycle", "Settleable"]
 
 logger = logging.getLogger("rabbitry.channel")
-
-
-class Settleable(Protocol):
-    """What confirms settle: an asyncio or a concurrent.futures future."""
-
-    def done(self) -> bool: ...
-
-    def set_result(self, result: None, /) -> None: ...
-
-    def set_exception(self, exception: BaseException, /) -> None: ...
 
 
 class ChannelLifecycle:
@@ -71,6 +63,7 @@ class ChannelLifecycle:
     _lost_reason: AMQPError | None
     _internal: bool
     _resend: list[Settleable]
+    _pipe: PublishPipe
 
     if TYPE_CHECKING:
 
@@ -120,8 +113,8 @@ class ChannelLifecycle:
         heads, self._heads = self._heads, {}
         refused = self._refused_seq(exc, confirms, heads)
         if not keep_resendable and self._resend:
-            resend, self._resend = self._resend, []
-            confirms.update((-i - 1, waiter) for i, waiter in enumerate(resend))
+            confirms.update((-i - 1, waiter) for i, waiter in enumerate(self._resend))
+            self._resend.clear()  # in place: the pipe shares the list
         for seq, waiter in confirms.items():
             if waiter.done():
                 continue
@@ -202,7 +195,7 @@ class ChannelLifecycle:
         """Recovery: adopt the re-opened channel; replay QoS and confirm/tx modes."""
         confirm = self._proto.confirm_mode
         transactional = self._proto.transactional
-        self._proto = protocol
+        self._proto = self._pipe.protocol = protocol
         self._register_rpc(None)  # channel.open, queued by the protocol
         await self._await_rpc("channel.open", 30.0)
         # Still suspended: the application's calls wait until the modes are back (a
@@ -236,7 +229,8 @@ class ChannelLifecycle:
         (at-least-once: the consumer's dedup store or idempotency handles them).
         Returns how many were sent.
         """
-        resend, self._resend = self._resend, []
+        resend = self._resend.copy()
+        self._resend.clear()  # in place: the pipe shares the list
         sent = 0
         for record in resend:
             if record.done():
@@ -247,7 +241,7 @@ class ChannelLifecycle:
             sent += 1
         if sent:
             self.republished += sent
-            self._conn._kick()
+            self._pipe.kick()
         return sent
 
     def _mark_lost(self, exc: AMQPError) -> None:

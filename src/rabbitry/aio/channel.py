@@ -22,6 +22,7 @@ from ..protocol import spec
 from ..protocol.channel import ChannelProtocol, ChannelState
 from ..protocol.frames import Method
 from ..protocol.publish import ConfirmTracker
+from ..publishing.pipe import PublishPipe, WritePath
 from ..record import RecordedBinding, RecordedExchange, RecordedQueue
 from ._consumers import _CONSUMER_QUEUE_BYTES as _CONSUMER_QUEUE_BYTES
 from ._consumers import _CONSUMER_QUEUE_MESSAGES as _CONSUMER_QUEUE_MESSAGES
@@ -50,7 +51,9 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
     exceptions are logged, never raised into the connection.
     """
 
-    def __init__(self, connection: _Connection, protocol: ChannelProtocol) -> None:
+    def __init__(
+        self, connection: _Connection, protocol: ChannelProtocol, writes: WritePath
+    ) -> None:
         self._conn = connection
         self._proto = protocol
         self.channel_id = protocol.channel_id
@@ -91,9 +94,20 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
         self._records = connection._records_channel_topology()
         # A channel of recovery itself: closed, not suspended, when the connection drops.
         self._internal = False
-        #: Unconfirmed publishes to send again after recovery, and how many were.
+        #: Unconfirmed publishes to send again after recovery, and how many were. The
+        #: pipe shares the list: it is changed in place.
         self._resend: list[Settleable] = []
         self.republished = 0
+        # What publishing code uses of this channel (see pipe_of).
+        self._pipe = PublishPipe(
+            protocol,
+            self._confirms,
+            writes,
+            self._resend,
+            self._keep_head,
+            self._confirms_settled,
+            self._fail_pending,
+        )
         self._qos: tuple[int, int, bool] | None = None
         self._register_rpc(None)  # channel.open, already queued by the protocol
 
@@ -158,7 +172,7 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
 
     async def _await_rpc(self, name: str, timeout: float | None) -> Any:
         future = self._rpcs[-1][0]
-        self._conn._kick()
+        self._pipe.kick()
         if timeout is None:
             return await future
         try:
@@ -174,14 +188,14 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
         hook: Callable[[Any], None] | None = None,
     ) -> Any:
         if self._suspended:
-            await self._conn._await_recovery(timeout, method.NAME)
+            await self._pipe.await_recovery(timeout, method.NAME)
         self._proto.send_method(method)
         self._register_rpc(hook)
         return await self._await_rpc(method.NAME, timeout)
 
     def _send(self, method: Method) -> None:
         self._proto.send_method(method)
-        self._conn._kick()
+        self._pipe.kick()
 
     # -- exchange
 
@@ -406,15 +420,15 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
             LocalProtocolError: a field, a property or the body is invalid; nothing sent.
             InvalidStateError: the channel is closed.
         """
-        conn = self._conn
+        pipe = self._pipe
         if self._suspended:
-            await conn._await_recovery(None, "basic.publish")
-        if conn._write_paused:
-            await conn._wait_writable()
+            await pipe.await_recovery(None, "basic.publish")
+        if pipe.writes.paused:
+            await pipe.writes.wait_writable()
         proto = self._proto
         frames = proto.encode_publish(exchange, routing_key, body, properties, mandatory)  # type: ignore[arg-type]
         seq = proto.send_publish(frames)
-        conn._kick()
+        pipe.kick()
         if not seq:
             return None
         future: asyncio.Future[None] = self._loop.create_future()
@@ -428,27 +442,6 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
         if not seq % _HEADS_PRUNE:
             unconfirmed = self._confirms.tags()
             self._heads = {s: h for s, h in heads.items() if s in unconfirmed}
-
-    def _publish_encoded(self, frames: list[bytes], waiter: Settleable | None) -> None:
-        """Queue pre-encoded publish frames (the sync facade's hot path; loop thread).
-
-        ``waiter`` (a concurrent future) is settled by the confirm in confirm mode,
-        resolved with ``None`` at once otherwise, and failed if the channel is closed.
-        """
-        try:
-            seq = self._proto.send_publish(frames)
-        except AMQPError as exc:
-            if waiter is not None:
-                waiter.set_exception(exc)
-            return
-        self._conn._kick()
-        if waiter is None:
-            return
-        if seq:
-            self._confirms.add(seq, waiter)
-            self._keep_head(seq, frames)
-        else:
-            waiter.set_result(None)
 
     async def basic_consume(
         self,
@@ -620,7 +613,7 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
             self._drop_stale("basic.ack", delivery_tag)
             return
         self._proto.send_ack(delivery_tag - offset if delivery_tag else 0, multiple)
-        self._conn._kick()
+        self._pipe.kick()
 
     def basic_nack(
         self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
@@ -710,7 +703,7 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
             self._on_closed(ChannelClosedByClient(reply_code, reply_text))
             return
         self._proto.close(reply_code, reply_text)
-        self._conn._kick()
+        self._pipe.kick()
         try:
             async with asyncio.timeout(timeout):
                 await asyncio.shield(self._closed)
@@ -751,3 +744,10 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
 
     def _on_flow(self, active: bool) -> None:
         logger.info("channel %s: broker flow %s", self.channel_id, "on" if active else "off")
+
+
+def pipe_of(channel: AsyncChannel) -> PublishPipe:
+    """What publishing code uses of ``channel`` (its protocol object, confirm table and
+    write path), for the library's publishers, pool and thread-safe channel; not for
+    applications."""
+    return channel._pipe

@@ -16,6 +16,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Self
 
 from .._connection import AsyncConnection
+from ..aio.connection import writes_of
 from ..exceptions import AMQPError, ConnectionClosedByClient, InvalidStateError, Timeout
 from ..recovery import DEFAULT_RECOVERY
 from ._portal import Dispatcher, Portal, _wait
@@ -275,14 +276,7 @@ class Connection:
             raise InvalidStateError("connect() was already called on this connection")
         portal = Portal(f"rabbitry-io-{self._id}")
         engine = self._async
-
-        def write_gate(resume: Callable[[], None]) -> bool:
-            if engine._write_paused and engine._transport is not None:
-                engine._writable_hooks.append(resume)
-                return True
-            return False
-
-        portal.set_write_gate(write_gate)
+        portal.set_write_gate(writes_of(engine).defer)
         portal.set_batch_hooks(engine._begin_batch, engine._end_batch)
         portal.on_stop = self._end_engine
         self._portal = portal
