@@ -50,6 +50,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rabbitry.broker",
             "rabbitry.record",
             "rabbitry._failure_log",
+            "rabbitry._waiters",
         ),
     ),
     # Sans-IO: bytes in, events out. Knows nothing of sockets, asyncio or threads.
