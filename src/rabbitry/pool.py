@@ -33,6 +33,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
+from ._waiters import Waiters
 from .aio.channel import pipe_of
 from .exceptions import AMQPError, ConfigurationError, InvalidStateError, PoolTimeout, Timeout
 from .observability import _state as _obs
@@ -91,7 +92,8 @@ class AsyncChannelPool:
         self._size = size
         self._confirm = confirm
         self._idle: deque[AsyncChannel] = deque()
-        self._waiters: deque[asyncio.Future[AsyncChannel | None]] = deque()
+        # Served oldest first: a channel, or None for the right to open one.
+        self._waiters: Waiters[AsyncChannel | None] = Waiters(self._give_back)
         self._lent: set[AsyncChannel] = set()
         self._settling: set[asyncio.Task[None]] = set()
         self._owned = 0
@@ -141,7 +143,7 @@ class AsyncChannelPool:
     @property
     def waiting(self) -> int:
         """Callers queued for a channel."""
-        return sum(1 for waiter in self._waiters if not waiter.done())
+        return len(self._waiters)
 
     @property
     def is_closed(self) -> bool:
@@ -183,22 +185,7 @@ class AsyncChannelPool:
                         if self._owned < self._size:
                             self._owned += 1
                             return await self._open()
-                    waiter: asyncio.Future[AsyncChannel | None] = (
-                        asyncio.get_running_loop().create_future()
-                    )
-                    self._waiters.append(waiter)
-                    try:
-                        got = await waiter
-                    except BaseException:
-                        if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                            self._give_back(waiter.result())
-                        else:
-                            waiter.cancel()
-                            try:
-                                self._waiters.remove(waiter)
-                            except ValueError:
-                                pass
-                        raise
+                    got = await self._waiters.wait()
                     if got is None:  # the right to open a replacement
                         return await self._open()
                     if got.is_open:
@@ -238,7 +225,7 @@ class AsyncChannelPool:
         return channel
 
     def _give_back(self, got: AsyncChannel | None) -> None:
-        """A waiter was served but gave up at the same moment: pass it on."""
+        """A waiter was served but gave up at the same moment, and nobody else waits."""
         if got is None:
             self._discard()
         else:
@@ -264,23 +251,13 @@ class AsyncChannelPool:
             self._hand_on(channel)
 
     def _hand_on(self, channel: AsyncChannel) -> None:
-        waiters = self._waiters
-        while waiters:
-            waiter = waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(channel)
-                return
-        self._idle.append(channel)
+        if not self._waiters.hand(channel):
+            self._idle.append(channel)
 
     def _discard(self) -> None:
         """A place became free: let the oldest waiter open a new channel."""
-        waiters = self._waiters
-        while waiters:
-            waiter = waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)  # the place passes to the waiter
-                return
-        self._owned -= 1
+        if not self._waiters.hand(None):  # the place passes to the waiter
+            self._owned -= 1
 
     async def _settle_then_return(self, channel: AsyncChannel) -> None:
         abandoned = False
@@ -336,10 +313,7 @@ class AsyncChannelPool:
         if self._closed:
             return
         self._closed = True
-        waiters, self._waiters = self._waiters, deque()
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_exception(InvalidStateError("the channel pool is closed"))
+        self._waiters.fail_all(InvalidStateError("the channel pool is closed"))
         if self._settling:
             await asyncio.wait(set(self._settling), timeout=timeout)
         idle, self._idle = self._idle, deque()
