@@ -32,6 +32,7 @@ from .recovery import State
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ._waiters import Waiters
     from .aio.channel import AsyncChannel, Settleable
     from .aio.connection import AsyncConnection
     from .protocol.message import Message
@@ -212,7 +213,7 @@ class _PublisherCore:
     _cid_bytes: bytes
     _max_size: int
     _in_flight: int
-    _room_waiters: deque[asyncio.Future[None]]
+    _room_waiters: Waiters[None]
     _outstanding: int
     _backlog: deque[
         tuple[
@@ -224,7 +225,7 @@ class _PublisherCore:
             Callable[[], None] | None,
         ]
     ]
-    _idle_waiters: list[asyncio.Future[None]]
+    _idle_waiters: Waiters[None]
     _returnable: dict[str, list[_Pending]]
     _blocked_reason: str | None
     _unblocked: asyncio.Event
@@ -255,22 +256,8 @@ class _PublisherCore:
                         self._in_flight += 1
                         reserved = True
                     else:
-                        waiter: asyncio.Future[None] = self._loop.create_future()
-                        self._room_waiters.append(waiter)
-                        try:
-                            await waiter
-                        except BaseException:
-                            # The slot may have been handed over as we were cancelled.
-                            if waiter.done() and not waiter.cancelled():
-                                if waiter.exception() is None:
-                                    self._release_slot()
-                            else:
-                                waiter.cancel()
-                                try:
-                                    self._room_waiters.remove(waiter)
-                                except ValueError:
-                                    pass
-                            raise
+                        # A slot handed over as we are cancelled goes to the next waiter.
+                        await self._room_waiters.wait()
                         reserved = True
                 if self._writes.paused:
                     await self._writes.wait_writable()
@@ -318,19 +305,8 @@ class _PublisherCore:
 
     def _release_slot(self) -> None:
         """A confirm freed a window slot: hand it to the oldest waiter, or free it."""
-        waiters = self._room_waiters
-        while waiters:
-            waiter = waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-        self._in_flight -= 1
-
-    def _wake_room_waiters(self, exc: BaseException) -> None:
-        waiters, self._room_waiters = self._room_waiters, deque()
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_exception(copy.copy(exc))
+        if not (self._room_waiters and self._room_waiters.hand(None)):
+            self._in_flight -= 1
 
     async def _ensure_channel(self) -> None:
         pipe = self._pipe
@@ -625,10 +601,7 @@ class _PublisherCore:
     def _check_idle(self) -> None:
         if self._outstanding or self._backlog or self._retrying:
             return
-        waiters, self._idle_waiters = self._idle_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        self._idle_waiters.wake_all(None)
 
     def _on_return(self, message: Message) -> None:
         message_id = message.properties.message_id
@@ -700,12 +673,9 @@ class _PublisherCore:
         # publisher is closed with it, and whatever is handed over later fails at once.
         self._closing = self._port.closing = True
         self._closed_by = exc
-        for waiter in self._room_waiters:
-            if not waiter.done():
-                error = InvalidStateError("the connection is closed")
-                error.__cause__ = exc
-                waiter.set_exception(error)
-        self._room_waiters.clear()
+        error = InvalidStateError("the connection is closed")
+        error.__cause__ = exc
+        self._room_waiters.fail_all(error)
         self._run_close_hooks()
 
     def _detach(self) -> None:
@@ -715,7 +685,7 @@ class _PublisherCore:
         remove_callback(self._conn, self._on_blocked)
         remove_callback(self._conn, self._on_connection_closed)
         self._unblocked.set()
-        self._wake_room_waiters(InvalidStateError("the publisher is closed"))
+        self._room_waiters.fail_all(InvalidStateError("the publisher is closed"))
         self._fail_backlog(InvalidStateError("the publisher is closed"), closing=True)
         self._run_close_hooks()
 

@@ -46,6 +46,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._publisher_core import PublisherPort, _Batch, _Encoded, _Pending, _PublisherCore
+from ._waiters import Waiters
 from .aio.connection import writes_of
 from .exceptions import (
     AMQPError,
@@ -243,9 +244,10 @@ class AsyncPublisher(_PublisherCore):
         self._templates: dict[tuple[Any, Any], bytes] = {}
         self._id_prefix = secrets.token_hex(8) + "-"
         self._ids = itertools.count(1)
-        # Window: slots reserved by the async API, and the FIFO of those waiting.
+        # Window: slots reserved by the async API, and the FIFO of those waiting (a slot
+        # handed to a waiter cancelled meanwhile and taken by nobody else is freed).
         self._in_flight = 0
-        self._room_waiters: deque[asyncio.Future[None]] = deque()
+        self._room_waiters: Waiters[None] = Waiters(lambda _slot: self._release_slot())
         # Records sent and unsettled (both APIs), and frames waiting for a channel.
         self._outstanding = 0
         self._backlog: deque[
@@ -258,7 +260,7 @@ class AsyncPublisher(_PublisherCore):
                 Callable[[], None] | None,
             ]
         ] = deque()
-        self._idle_waiters: list[asyncio.Future[None]] = []
+        self._idle_waiters: Waiters[None] = Waiters()  # told when nothing is in flight
         self._returnable: dict[str, list[_Pending]] = {}
         self._blocked_reason = connection.blocked_reason
         self._unblocked = asyncio.Event()
@@ -541,18 +543,13 @@ class AsyncPublisher(_PublisherCore):
             return
         if not self.in_flight:
             return
-        waiter: asyncio.Future[None] = self._loop.create_future()
-        self._idle_waiters.append(waiter)
         try:
             async with asyncio.timeout(timeout):
-                await waiter
+                await self._idle_waiters.wait()
         except TimeoutError:
             raise PublishTimeout(
                 f"{self.in_flight} messages still unconfirmed after {timeout} s"
             ) from None
-        finally:
-            if waiter in self._idle_waiters:
-                self._idle_waiters.remove(waiter)
 
     def unconfirmed(self) -> list[UnconfirmedMessage]:
         """The outbox: messages sent (or waiting for a channel) and not settled, oldest first.
