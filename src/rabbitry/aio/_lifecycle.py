@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import asyncio
     from collections.abc import Callable, Mapping
 
+    from .._waiters import Waiters
     from ..protocol.frames import Method
     from ..protocol.publish import ConfirmTracker
     from ..publishing.pipe import PublishPipe
@@ -54,7 +55,7 @@ class ChannelLifecycle:
     _consumers: dict[str, _Consumer]
     _confirms: ConfirmTracker[Settleable]
     _heads: dict[int, tuple[bytes, bytes]]
-    _settled_waiters: list[asyncio.Future[None]]
+    _settled_waiters: Waiters[None]
     _closed: asyncio.Future[AMQPError]
     _qos: tuple[int, int, bool] | None
     _suspended: bool
@@ -79,23 +80,9 @@ class ChannelLifecycle:
         if self._settled_waiters and not confirms:
             self._notify_settled()
 
-    def _confirms_settled(self) -> asyncio.Future[None]:
-        """A future resolved once the confirm table is empty (every publish settled).
-
-        The table also empties when the channel ends (its publishes fail).
-        """
-        future: asyncio.Future[None] = self._loop.create_future()
-        if self._confirms:
-            self._settled_waiters.append(future)
-        else:
-            future.set_result(None)
-        return future
-
     def _notify_settled(self) -> None:
-        waiters, self._settled_waiters = self._settled_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        """The confirm table is empty (every publish settled, or failed with the channel)."""
+        self._settled_waiters.wake_all(None)
 
     def _fail_pending(self, exc: AMQPError, *, keep_resendable: bool = False) -> None:
         """Fail waiting requests and unconfirmed publishes with ``exc``.

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 
+from .._waiters import Waiters
 from ..batching import iter_delivery
 from ..exceptions import AMQPError, ChannelClosedByClient, ConsumerCancelled, Timeout
 from ..message import Message
@@ -70,8 +71,8 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
         # does not keep its frames: what tells which publish a refusal names (see
         # _fail_pending). Pruned every _HEADS_PRUNE publishes, not per confirm.
         self._heads: dict[int, tuple[bytes, bytes]] = {}
-        # Told when the confirm table becomes empty (see _confirms_settled).
-        self._settled_waiters: list[asyncio.Future[None]] = []
+        # Told when the confirm table becomes empty (the pipe's wait_settled waits here).
+        self._settled_waiters: Waiters[None] = Waiters()
         self._return_callbacks: list[ReturnCallback] = []
         self._closed: asyncio.Future[AMQPError] = loop.create_future()
         self.close_exc: AMQPError | None = None
@@ -105,7 +106,7 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
             writes,
             self._resend,
             self._keep_head,
-            self._confirms_settled,
+            self._settled_waiters,
             self._fail_pending,
         )
         self._qos: tuple[int, int, bool] | None = None

@@ -20,9 +20,9 @@ thread.
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Protocol
 
+from .._waiters import Waiters
 from ..exceptions import AMQPError
 from ..protocol.channel import ChannelState
 
@@ -118,19 +118,16 @@ class WritePath:
         self.await_recovery = await_recovery
         #: The transport's write buffer is above its high-water mark: wait before queuing.
         self.paused = False
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters: Waiters[None] = Waiters()
         self._hooks: list[Callable[[], None]] = []
 
     async def wait_writable(self) -> None:
         """Return once writes are not paused (at once when they are not).
 
-        Cancelling the wait leaves nothing behind that matters: the next
-        :meth:`resume` skips the cancelled waiter.
+        Cancelling the wait leaves nothing behind.
         """
         while self.paused:
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-            await waiter
+            await self._waiters.wait()
 
     def defer(self, hook: Callable[[], None]) -> bool:
         """Call ``hook()`` at the next :meth:`resume` if writes are paused now.
@@ -160,10 +157,7 @@ class WritePath:
         hooks, self._hooks = self._hooks, []
         for hook in hooks:
             hook()
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        self._waiters.wake_all(None)
 
 
 class PublishPipe:
@@ -203,7 +197,7 @@ class PublishPipe:
         keep_head: ``keep_head(seq, frames)`` remembers the head of a confirm-mode
             publish whose waiter does not keep its frames, so that a refusal by the
             broker can be matched to it.
-        settled: returns a future resolved once the confirm table is empty.
+        settled: the channel's waiters told when its confirm table becomes empty.
         fail_pending: ``fail_pending(exc, keep_resendable=...)`` fails the channel's
             waiting requests and unconfirmed publishes.
     """
@@ -228,7 +222,7 @@ class PublishPipe:
         writes: WritePath,
         resend: list[Settleable],
         keep_head: Callable[[int, list[bytes]], None],
-        settled: Callable[[], asyncio.Future[None]],
+        settled: Waiters[None],
         fail_pending: _FailPending,
     ) -> None:
         #: The channel's current protocol object (replaced when recovery re-opens it).
@@ -298,7 +292,7 @@ class PublishPipe:
         its entry stays until the broker confirms it.
         """
         while self.confirms and self.protocol.state is _OPEN:
-            await self._settled()
+            await self._settled.wait()
 
     def fail_pending(self, exc: AMQPError, *, keep_resendable: bool = False) -> None:
         """Fail the channel's waiting requests and unconfirmed publishes with ``exc``.
