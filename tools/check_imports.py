@@ -50,6 +50,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rabbitry.broker",
             "rabbitry.record",
             "rabbitry._failure_log",
+            "rabbitry._waiters",
         ),
     ),
     # Sans-IO: bytes in, events out. Knows nothing of sockets, asyncio or threads.
@@ -63,6 +64,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rabbitry.streams",
             "rabbitry.batching",
             "rabbitry.observability._state",
+            # What the engine's channels offer the code that publishes on them.
+            "rabbitry.publishing.*",
         ),
     ),
     # The asyncio engine: connection I/O, channels, recovery.

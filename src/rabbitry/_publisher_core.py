@@ -15,6 +15,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from .aio.channel import pipe_of
 from .aio.connection import remove_callback
 from .exceptions import (
     AMQPError,
@@ -26,13 +27,16 @@ from .exceptions import (
 )
 from .protocol.channel import ChannelState
 from .protocol.publish import PublishEncoder, retarget
+from .recovery import State
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ._waiters import Waiters
     from .aio.channel import AsyncChannel, Settleable
     from .aio.connection import AsyncConnection
     from .protocol.message import Message
+    from .publishing.pipe import PublishPipe, WritePath
     from .recovery import NackRetry
 
 logger = logging.getLogger("rabbitry.publisher")
@@ -202,12 +206,14 @@ class _PublisherCore:
     _nack_attempts: dict[Any, int]
     nack_resends: int
     _channel: AsyncChannel | None
+    _pipe: PublishPipe | None
+    _writes: WritePath
     _opening: asyncio.Task[AsyncChannel] | None
     _encoder: PublishEncoder
     _cid_bytes: bytes
     _max_size: int
     _in_flight: int
-    _room_waiters: deque[asyncio.Future[None]]
+    _room_waiters: Waiters[None]
     _outstanding: int
     _backlog: deque[
         tuple[
@@ -219,7 +225,7 @@ class _PublisherCore:
             Callable[[], None] | None,
         ]
     ]
-    _idle_waiters: list[asyncio.Future[None]]
+    _idle_waiters: Waiters[None]
     _returnable: dict[str, list[_Pending]]
     _blocked_reason: str | None
     _unblocked: asyncio.Event
@@ -250,25 +256,11 @@ class _PublisherCore:
                         self._in_flight += 1
                         reserved = True
                     else:
-                        waiter: asyncio.Future[None] = self._loop.create_future()
-                        self._room_waiters.append(waiter)
-                        try:
-                            await waiter
-                        except BaseException:
-                            # The slot may have been handed over as we were cancelled.
-                            if waiter.done() and not waiter.cancelled():
-                                if waiter.exception() is None:
-                                    self._release_slot()
-                            else:
-                                waiter.cancel()
-                                try:
-                                    self._room_waiters.remove(waiter)
-                                except ValueError:
-                                    pass
-                            raise
+                        # A slot handed over as we are cancelled goes to the next waiter.
+                        await self._room_waiters.wait()
                         reserved = True
-                if self._conn._write_paused:
-                    await self._conn._wait_writable()
+                if self._writes.paused:
+                    await self._writes.wait_writable()
                 await self._ensure_channel()
                 if self._closing:
                     raise self._closed_state()
@@ -290,13 +282,13 @@ class _PublisherCore:
         True when the channel is open, nothing blocks publishing and the window has
         room; False reserves nothing (wait with :meth:`_acquire` instead).
         """
-        channel = self._channel
+        pipe = self._pipe
         if (
             self._blocked_reason is None
-            and not self._conn._write_paused
+            and not self._writes.paused
             and not self._closing
-            and channel is not None
-            and channel._proto.state is _OPEN
+            and pipe is not None
+            and pipe.protocol.state is _OPEN
             and self._in_flight < self._max
             and not self._room_waiters
         ):
@@ -313,46 +305,35 @@ class _PublisherCore:
 
     def _release_slot(self) -> None:
         """A confirm freed a window slot: hand it to the oldest waiter, or free it."""
-        waiters = self._room_waiters
-        while waiters:
-            waiter = waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-        self._in_flight -= 1
+        if not (self._room_waiters and self._room_waiters.hand(None)):
+            self._in_flight -= 1
 
-    def _wake_room_waiters(self, exc: BaseException) -> None:
-        waiters, self._room_waiters = self._room_waiters, deque()
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_exception(copy.copy(exc))
-
-    async def _ensure_channel(self) -> AsyncChannel:
-        channel = self._channel
-        if channel is not None and channel._proto.state is _OPEN:
-            return channel
+    async def _ensure_channel(self) -> None:
+        pipe = self._pipe
+        if pipe is not None and pipe.protocol.state is _OPEN:
+            return
         task = self._opening
         if task is None:
             task = self._opening = self._loop.create_task(self._open_channel())
             task.add_done_callback(_retrieve)
-        return await asyncio.shield(task)
+        await asyncio.shield(task)
 
     async def _open_channel(self) -> AsyncChannel:
-        old = self._channel
-        if old is not None and old._suspended and not old.is_closed:
+        old, pipe = self._channel, self._pipe
+        if old is not None and not old.is_closed and self._conn.state is State.RECOVERING:
             # The connection is recovering and brings this channel back (same number,
             # confirm mode, return callback): wait for it rather than open another.
             try:
                 await self._conn.wait_recovered()
             except AMQPError:
                 pass
-            if old._proto.state is _OPEN:
+            if pipe is not None and pipe.protocol.state is _OPEN:
                 self._opening = None
                 if self._backlog:
                     backlog, self._backlog = self._backlog, deque()
                     for item in backlog:
-                        self._send_now(old, *item)
-                    self._conn._kick()
+                        self._send_now(pipe, *item)
+                    self._writes.kick()
                 return old
         try:
             channel = await self._conn.channel()
@@ -368,10 +349,11 @@ class _PublisherCore:
             # close() is past waiting for confirms (it closed the channel it knew of):
             # adopting this one would leave it open forever.
             self._fail_backlog(InvalidStateError("the publisher is closed"), closing=True)
-            if channel._proto.state is _OPEN and self._conn.is_open:
+            if channel.is_open and self._conn.is_open:
                 self._loop.create_task(channel.close()).add_done_callback(_retrieve)
             raise InvalidStateError("the publisher is closed")
         self._channel = channel
+        pipe = self._pipe = pipe_of(channel)
         self._encoder = PublishEncoder(channel.channel_id, self._conn.frame_max)
         self._max_size = self._conn.max_message_size  # the broker's, now that it is known
         self._cid_bytes = channel.channel_id.to_bytes(2, "big")
@@ -380,8 +362,8 @@ class _PublisherCore:
             # their confirms (then closes this channel); only _detach fails what is left.
             backlog, self._backlog = self._backlog, deque()
             for item in backlog:
-                self._send_now(channel, *item)
-            self._conn._kick()
+                self._send_now(pipe, *item)
+            self._writes.kick()
         return channel
 
     # ------------------------------------------------------------------ sending (loop)
@@ -399,19 +381,19 @@ class _PublisherCore:
 
         ``future`` may be ``None`` without confirms (the sync twin reports nothing then).
         """
-        channel = self._channel
+        pipe = self._pipe
         if self._closing:
             if future is not None:
                 future.set_exception(self._closed_error())
             if release is not None:
                 release()
             return
-        if channel is None or channel._proto.state is not _OPEN or self._backlog:
+        if pipe is None or pipe.protocol.state is not _OPEN or self._backlog:
             self._backlog.append((frames, future, message_id, mandatory, deadline, release))
             self._reopen_soon()
             return
-        self._send_now(channel, frames, future, message_id, mandatory, deadline, release)
-        self._conn._kick()
+        self._send_now(pipe, frames, future, message_id, mandatory, deadline, release)
+        self._writes.kick()
 
     def _frames(
         self,
@@ -432,18 +414,16 @@ class _PublisherCore:
         mandatory: bool,
     ) -> None:
         """Queue one message whose window slot is reserved, without a flush when the
-        channel is ready: the caller flushes (``_conn._kick()``) after a run of them.
+        channel is ready: the caller flushes (``kick`` of the port) after a run of them.
         The slot is freed when the message is settled (loop thread)."""
-        channel = self._channel
+        pipe = self._pipe
         if (
-            channel is not None
-            and channel._proto.state is _OPEN
+            pipe is not None
+            and pipe.protocol.state is _OPEN
             and not self._backlog
             and not self._closing
         ):
-            self._send_now(
-                channel, frames, waiter, message_id, mandatory, None, self._release_slot_cb
-            )
+            self._send_now(pipe, frames, waiter, message_id, mandatory, None, self._release_slot_cb)
         else:
             self._send(frames, waiter, message_id, mandatory, None, self._release_slot_cb)
 
@@ -456,27 +436,27 @@ class _PublisherCore:
         release: Callable[[], None] | None,
     ) -> None:
         """Queue a chunk of a batch and write it with one flush (loop thread)."""
-        channel = self._channel
+        pipe = self._pipe
         direct = not (
-            self._closing or channel is None or channel._proto.state is not _OPEN or self._backlog
+            self._closing or pipe is None or pipe.protocol.state is not _OPEN or self._backlog
         )
         index = start
         for frames, message_id, mandatory in items:
             slot = _Slot(batch, index)
             if direct:
-                assert channel is not None
-                self._send_now(channel, frames, slot, message_id, mandatory, None, release)
+                assert pipe is not None
+                self._send_now(pipe, frames, slot, message_id, mandatory, None, release)
             else:
                 self._send(frames, slot, message_id, mandatory, None, release)
             index += 1
         if deadline is not None and batch.timer is None and batch.remaining:
             batch.timer = self._loop.call_at(deadline, batch.expire)
         if direct:
-            self._conn._flush()
+            self._writes.flush()
 
     def _send_now(
         self,
-        channel: AsyncChannel,
+        pipe: PublishPipe,
         frames: list[bytes],
         future: Settleable | None,
         message_id: str | None,
@@ -484,10 +464,11 @@ class _PublisherCore:
         deadline: float | None,
         release: Callable[[], None] | None,
     ) -> None:
+        proto = pipe.protocol
         if frames[0][1:3] != self._cid_bytes:
-            frames = retarget(frames, channel.channel_id)
+            frames = retarget(frames, proto.channel_id)
         try:
-            seq = channel._proto.send_publish(frames)
+            seq = proto.send_publish(frames)
         except AMQPError as exc:
             if future is not None:
                 future.set_exception(exc)
@@ -503,9 +484,8 @@ class _PublisherCore:
         assert future is not None
         record = _Pending(self, future, frames, message_id, release)
         record.seq = seq
-        # The channel's confirm tracker settles it (AsyncChannel._on_confirm), and
-        # AsyncChannel._on_closed fails it if the channel ends first.
-        channel._confirms.add(seq, record)
+        # The channel's confirm table settles it, or fails it if the channel ends first.
+        pipe.confirms.add(seq, record)
         self._outstanding += 1
         if mandatory and message_id is not None:
             record.returnable = True
@@ -621,10 +601,7 @@ class _PublisherCore:
     def _check_idle(self) -> None:
         if self._outstanding or self._backlog or self._retrying:
             return
-        waiters, self._idle_waiters = self._idle_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        self._idle_waiters.wake_all(None)
 
     def _on_return(self, message: Message) -> None:
         message_id = message.properties.message_id
@@ -696,12 +673,9 @@ class _PublisherCore:
         # publisher is closed with it, and whatever is handed over later fails at once.
         self._closing = self._port.closing = True
         self._closed_by = exc
-        for waiter in self._room_waiters:
-            if not waiter.done():
-                error = InvalidStateError("the connection is closed")
-                error.__cause__ = exc
-                waiter.set_exception(error)
-        self._room_waiters.clear()
+        error = InvalidStateError("the connection is closed")
+        error.__cause__ = exc
+        self._room_waiters.fail_all(error)
         self._run_close_hooks()
 
     def _detach(self) -> None:
@@ -711,7 +685,7 @@ class _PublisherCore:
         remove_callback(self._conn, self._on_blocked)
         remove_callback(self._conn, self._on_connection_closed)
         self._unblocked.set()
-        self._wake_room_waiters(InvalidStateError("the publisher is closed"))
+        self._room_waiters.fail_all(InvalidStateError("the publisher is closed"))
         self._fail_backlog(InvalidStateError("the publisher is closed"), closing=True)
         self._run_close_hooks()
 
@@ -745,6 +719,7 @@ class PublisherPort:
         "encode",
         "encode_batch",
         "frames",
+        "kick",
         "new_message_id",
         "release_slot",
         "reserve_more",
@@ -780,6 +755,8 @@ class PublisherPort:
         self.reserve_more = core._reserve_more
         self.release_slot = core._release_slot
         self.closed_state = core._closed_state
+        #: ``kick()``: write what ``send_reserved`` queued (the connection's write path).
+        self.kick = core._writes.kick
         self.add_block_hook = core._add_block_hook
         self.add_close_hook = core._add_close_hook
         self.closing = False

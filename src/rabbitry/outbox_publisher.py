@@ -55,6 +55,7 @@ from ._outbox_rows import (
     _Send,
     _Writer,
 )
+from ._waiters import Waiters
 from .exceptions import (
     AMQPError,
     ConfigurationError,
@@ -146,7 +147,7 @@ class AsyncOutboxPublisher:
         self._retry_heap: list[tuple[float, _Entry]] = []
         self._retry_timer: asyncio.TimerHandle | None = None
         self._room_waiters: deque[tuple[int, int, asyncio.Future[None]]] = deque()
-        self._idle_waiters: list[asyncio.Future[None]] = []
+        self._idle_waiters: Waiters[None] = Waiters()
         # Changes gathered on the loop during one iteration, handed to the writer at once.
         self._batch = OutboxBatch()
         self._batch_waiters: list[tuple[asyncio.Future[None], list[_Entry]]] = []
@@ -349,18 +350,13 @@ class AsyncOutboxPublisher:
         """
         if not self._rows:
             return
-        waiter: asyncio.Future[None] = self._loop.create_future()
-        self._idle_waiters.append(waiter)
         try:
             async with asyncio.timeout(timeout):
-                await waiter
+                await self._idle_waiters.wait()
         except TimeoutError:
             raise PublishTimeout(
                 f"{self._rows} messages still in the outbox after {timeout} s"
             ) from None
-        finally:
-            if waiter in self._idle_waiters:
-                self._idle_waiters.remove(waiter)
 
     async def close(self, *, timeout: float | None = None) -> None:
         """Stop sending, wait for the confirms of what is in flight, release the outbox.
@@ -480,10 +476,7 @@ class AsyncOutboxPublisher:
             self._bytes += need_size
             waiter.set_result(None)
         if not self._rows:
-            idle, self._idle_waiters = self._idle_waiters, []
-            for waiter in idle:
-                if not waiter.done():
-                    waiter.set_result(None)
+            self._idle_waiters.wake_all(None)
 
     def _wake_room_waiters(self, exc: BaseException) -> None:
         waiters, self._room_waiters = self._room_waiters, deque()
@@ -623,7 +616,7 @@ class AsyncOutboxPublisher:
             send(ready.popleft())
             while ready and pub.reserve_more():
                 send(ready.popleft())
-            self._conn._kick()
+            pub.kick()
 
     def _send_one(self, entry: _Entry) -> None:
         """Send one row; its window slot is reserved by the caller."""

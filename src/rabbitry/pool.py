@@ -33,9 +33,10 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
+from ._waiters import Waiters
+from .aio.channel import pipe_of
 from .exceptions import AMQPError, ConfigurationError, InvalidStateError, PoolTimeout, Timeout
 from .observability import _state as _obs
-from .protocol.channel import ChannelState
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -46,8 +47,6 @@ if TYPE_CHECKING:
 __all__ = ["AsyncChannelPool"]
 
 logger = logging.getLogger("rabbitry.pool")
-
-_OPEN = ChannelState.OPEN
 
 
 class AsyncChannelPool:
@@ -93,7 +92,8 @@ class AsyncChannelPool:
         self._size = size
         self._confirm = confirm
         self._idle: deque[AsyncChannel] = deque()
-        self._waiters: deque[asyncio.Future[AsyncChannel | None]] = deque()
+        # Served oldest first: a channel, or None for the right to open one.
+        self._waiters: Waiters[AsyncChannel | None] = Waiters(self._give_back)
         self._lent: set[AsyncChannel] = set()
         self._settling: set[asyncio.Task[None]] = set()
         self._owned = 0
@@ -143,7 +143,7 @@ class AsyncChannelPool:
     @property
     def waiting(self) -> int:
         """Callers queued for a channel."""
-        return sum(1 for waiter in self._waiters if not waiter.done())
+        return len(self._waiters)
 
     @property
     def is_closed(self) -> bool:
@@ -185,25 +185,10 @@ class AsyncChannelPool:
                         if self._owned < self._size:
                             self._owned += 1
                             return await self._open()
-                    waiter: asyncio.Future[AsyncChannel | None] = (
-                        asyncio.get_running_loop().create_future()
-                    )
-                    self._waiters.append(waiter)
-                    try:
-                        got = await waiter
-                    except BaseException:
-                        if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                            self._give_back(waiter.result())
-                        else:
-                            waiter.cancel()
-                            try:
-                                self._waiters.remove(waiter)
-                            except ValueError:
-                                pass
-                        raise
+                    got = await self._waiters.wait()
                     if got is None:  # the right to open a replacement
                         return await self._open()
-                    if got._proto.state is _OPEN:
+                    if got.is_open:
                         self._lent.add(got)
                         return got
                     self._discard()  # closed on the way; wait again
@@ -216,7 +201,7 @@ class AsyncChannelPool:
         idle = self._idle
         while idle:
             channel = idle.popleft()
-            if channel._proto.state is _OPEN:
+            if channel.is_open:
                 self._lent.add(channel)
                 return channel
             self._owned -= 1
@@ -240,7 +225,7 @@ class AsyncChannelPool:
         return channel
 
     def _give_back(self, got: AsyncChannel | None) -> None:
-        """A waiter was served but gave up at the same moment: pass it on."""
+        """A waiter was served but gave up at the same moment, and nobody else waits."""
         if got is None:
             self._discard()
         else:
@@ -253,12 +238,12 @@ class AsyncChannelPool:
             logger.warning("channel %s returned to a pool that did not lend it", channel.channel_id)
             return
         self._lent.discard(channel)
-        if channel._proto.state is not _OPEN:
+        if not channel.is_open:
             self._discard()
         elif self._closed:
             self._owned -= 1
             self._close_soon(channel)
-        elif channel._confirms:
+        elif pipe_of(channel).confirms:
             task = asyncio.get_running_loop().create_task(self._settle_then_return(channel))
             self._settling.add(task)
             task.add_done_callback(self._settling.discard)
@@ -266,34 +251,21 @@ class AsyncChannelPool:
             self._hand_on(channel)
 
     def _hand_on(self, channel: AsyncChannel) -> None:
-        waiters = self._waiters
-        while waiters:
-            waiter = waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(channel)
-                return
-        self._idle.append(channel)
+        if not self._waiters.hand(channel):
+            self._idle.append(channel)
 
     def _discard(self) -> None:
         """A place became free: let the oldest waiter open a new channel."""
-        waiters = self._waiters
-        while waiters:
-            waiter = waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)  # the place passes to the waiter
-                return
-        self._owned -= 1
+        if not self._waiters.hand(None):  # the place passes to the waiter
+            self._owned -= 1
 
     async def _settle_then_return(self, channel: AsyncChannel) -> None:
         abandoned = False
         try:
-            # Wait for the channel's signal that its confirm table is empty (every
-            # publish acked, nacked or failed with the channel), not for the futures in
-            # it: one may be done already (e.g. cancelled by its owner) while its entry
-            # stays until the broker confirms it, and waiting on it would spin.
+            # Until its confirm table is empty (every publish acked, nacked or failed
+            # with the channel) or the channel ends.
             async with asyncio.timeout(self._confirm_timeout):
-                while channel._confirms and channel._proto.state is _OPEN:
-                    await channel._confirms_settled()
+                await pipe_of(channel).wait_settled()
         except TimeoutError:
             abandoned = True
             self._abandon(channel)
@@ -306,7 +278,8 @@ class AsyncChannelPool:
 
     def _abandon(self, channel: AsyncChannel) -> None:
         """No confirm came in time: fail what is unconfirmed, close the channel."""
-        unconfirmed = len(channel._confirms)
+        pipe = pipe_of(channel)
+        unconfirmed = len(pipe.confirms)
         reason = Timeout(
             f"no publisher confirm within {self._confirm_timeout} s after the channel was "
             "returned to the pool (confirm_timeout); the channel was closed"
@@ -318,8 +291,8 @@ class AsyncChannelPool:
             unconfirmed,
             self._confirm_timeout,
         )
-        channel._fail_pending(reason)
-        if channel._proto.state is _OPEN and self._conn.is_open:
+        pipe.fail_pending(reason)
+        if channel.is_open and self._conn.is_open:
             task = asyncio.get_running_loop().create_task(
                 channel.close(timeout=self._confirm_timeout)
             )
@@ -340,23 +313,20 @@ class AsyncChannelPool:
         if self._closed:
             return
         self._closed = True
-        waiters, self._waiters = self._waiters, deque()
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_exception(InvalidStateError("the channel pool is closed"))
+        self._waiters.fail_all(InvalidStateError("the channel pool is closed"))
         if self._settling:
             await asyncio.wait(set(self._settling), timeout=timeout)
         idle, self._idle = self._idle, deque()
         for channel in idle:
             self._owned -= 1
-            if channel._proto.state is _OPEN and self._conn.is_open:
+            if channel.is_open and self._conn.is_open:
                 try:
                     await channel.close(timeout=timeout)
                 except AMQPError:
                     pass
 
     def _close_soon(self, channel: AsyncChannel) -> None:
-        if channel._proto.state is not _OPEN or not self._conn.is_open:
+        if not channel.is_open or not self._conn.is_open:
             return
         task = asyncio.get_running_loop().create_task(channel.close())
         task.add_done_callback(_retrieve)

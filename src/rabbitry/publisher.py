@@ -46,6 +46,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._publisher_core import PublisherPort, _Batch, _Encoded, _Pending, _PublisherCore
+from ._waiters import Waiters
+from .aio.connection import writes_of
 from .exceptions import (
     AMQPError,
     ConfigurationError,
@@ -65,6 +67,7 @@ if TYPE_CHECKING:
     from .aio.channel import AsyncChannel, Settleable
     from .aio.connection import AsyncConnection
     from .protocol import spec
+    from .publishing.pipe import PublishPipe
 
 __all__ = ["AsyncPublisher", "Body", "OutgoingMessage", "UnconfirmedMessage", "expiration_ms"]
 
@@ -229,6 +232,9 @@ class AsyncPublisher(_PublisherCore):
         #: How many nacked messages were sent again (``nack_retry``).
         self.nack_resends = 0
         self._channel: AsyncChannel | None = None
+        # What the publisher uses of its channel (set with it), and of its connection.
+        self._pipe: PublishPipe | None = None
+        self._writes = writes_of(connection)
         self._opening: asyncio.Task[AsyncChannel] | None = None
         # The encoder of the current channel, swapped as one object so that a thread
         # never mixes two channels (until a channel is open: number 0, no frame_max).
@@ -238,9 +244,10 @@ class AsyncPublisher(_PublisherCore):
         self._templates: dict[tuple[Any, Any], bytes] = {}
         self._id_prefix = secrets.token_hex(8) + "-"
         self._ids = itertools.count(1)
-        # Window: slots reserved by the async API, and the FIFO of those waiting.
+        # Window: slots reserved by the async API, and the FIFO of those waiting (a slot
+        # handed to a waiter cancelled meanwhile and taken by nobody else is freed).
         self._in_flight = 0
-        self._room_waiters: deque[asyncio.Future[None]] = deque()
+        self._room_waiters: Waiters[None] = Waiters(lambda _slot: self._release_slot())
         # Records sent and unsettled (both APIs), and frames waiting for a channel.
         self._outstanding = 0
         self._backlog: deque[
@@ -253,7 +260,7 @@ class AsyncPublisher(_PublisherCore):
                 Callable[[], None] | None,
             ]
         ] = deque()
-        self._idle_waiters: list[asyncio.Future[None]] = []
+        self._idle_waiters: Waiters[None] = Waiters()  # told when nothing is in flight
         self._returnable: dict[str, list[_Pending]] = {}
         self._blocked_reason = connection.blocked_reason
         self._unblocked = asyncio.Event()
@@ -419,13 +426,13 @@ class AsyncPublisher(_PublisherCore):
             timeout = self._timeout
         deadline = None if timeout is None else self._loop.time() + timeout
         confirm = self._confirm
-        channel = self._channel
+        pipe = self._pipe
         if (
             self._blocked_reason is None
-            and not self._conn._write_paused
+            and not self._writes.paused
             and not self._closing
-            and channel is not None
-            and channel._proto.state is _OPEN
+            and pipe is not None
+            and pipe.protocol.state is _OPEN
             and (not confirm or (self._in_flight < self._max and not self._room_waiters))
         ):
             if confirm:
@@ -434,10 +441,10 @@ class AsyncPublisher(_PublisherCore):
             await self._acquire(deadline, timeout)
         future: asyncio.Future[None] = self._loop.create_future()
         release = self._release_slot_cb if confirm else None
-        channel = self._channel
-        if channel is not None and channel._proto.state is _OPEN and not self._backlog:
-            self._send_now(channel, frames, future, message_id, mandatory, deadline, release)
-            self._conn._kick()
+        pipe = self._pipe
+        if pipe is not None and pipe.protocol.state is _OPEN and not self._backlog:
+            self._send_now(pipe, frames, future, message_id, mandatory, deadline, release)
+            pipe.kick()
         else:
             self._send(frames, future, message_id, mandatory, deadline, release)
         if finish is not None:
@@ -531,23 +538,18 @@ class AsyncPublisher(_PublisherCore):
             PublishTimeout: messages were still unconfirmed after ``timeout`` seconds.
         """
         if not self._confirm:
-            self._conn._kick()
-            await self._conn._wait_writable()
+            self._writes.kick()
+            await self._writes.wait_writable()
             return
         if not self.in_flight:
             return
-        waiter: asyncio.Future[None] = self._loop.create_future()
-        self._idle_waiters.append(waiter)
         try:
             async with asyncio.timeout(timeout):
-                await waiter
+                await self._idle_waiters.wait()
         except TimeoutError:
             raise PublishTimeout(
                 f"{self.in_flight} messages still unconfirmed after {timeout} s"
             ) from None
-        finally:
-            if waiter in self._idle_waiters:
-                self._idle_waiters.remove(waiter)
 
     def unconfirmed(self) -> list[UnconfirmedMessage]:
         """The outbox: messages sent (or waiting for a channel) and not settled, oldest first.
@@ -556,15 +558,12 @@ class AsyncPublisher(_PublisherCore):
         Messages still waiting for a channel have ``seq`` 0.
         """
         out: list[UnconfirmedMessage] = []
-        channel = self._channel
-        if channel is not None:
-            # Kept for the resend while the connection recovers (seq of the old channel).
-            for kept in channel._resend:
-                if isinstance(kept, _Pending) and not kept.settled:
-                    out.append(UnconfirmedMessage(kept.seq, kept.message_id, kept.frames))
-            for seq, record in channel._confirms:
+        if self._pipe is not None:
+            # Those kept for the resend while the connection recovers come first, with
+            # their sequence number on the channel before the outage.
+            for record in self._pipe.unsettled():
                 if isinstance(record, _Pending) and not record.settled:
-                    out.append(UnconfirmedMessage(seq, record.message_id, record.frames))
+                    out.append(UnconfirmedMessage(record.seq, record.message_id, record.frames))
         for frames, _future, message_id, *_rest in self._backlog:
             out.append(UnconfirmedMessage(0, message_id, frames))
         return out

@@ -12,6 +12,7 @@ from fake_broker import FakeBroker
 
 import rabbitry
 from rabbitry.exceptions import ConfigurationError, InvalidStateError, PoolTimeout, Timeout
+from rabbitry.pool import lending
 from rabbitry.protocol import spec
 from rabbitry.sync.pool import ChannelPool
 
@@ -99,6 +100,34 @@ async def test_cancelled_waiter_does_not_block_the_queue(conn: rabbitry.AsyncCon
                 pass
     async with pool.acquire(timeout=WAIT) as channel:
         assert channel.is_open
+
+
+async def test_a_channel_handed_to_a_waiter_cancelled_in_the_same_pass_goes_on(
+    broker: FakeBroker, conn: rabbitry.AsyncConnection
+) -> None:
+    pool = await conn.channel_pool(1)
+    take, give = lending(pool)
+    channel = await take(WAIT)
+    first = asyncio.create_task(take(WAIT))
+    second = asyncio.create_task(take(WAIT))
+    await wait_until(lambda: pool.waiting == 2)
+    give(channel)  # handed to the first waiter...
+    first.cancel()  # ...cancelled before it could take it
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert await asyncio.wait_for(second, WAIT) is channel
+    assert pool.in_use == 1 and pool.waiting == 0
+    # With nobody else waiting, it goes back to the idle channels.
+    last = asyncio.create_task(take(WAIT))
+    await wait_until(lambda: pool.waiting == 1)
+    give(channel)
+    last.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await last
+    assert pool.in_use == 0 and pool.open_channels == 1
+    assert await take(WAIT) is channel
+    assert len(broker.sent(spec.ChannelOpen)) == 1
+    await pool.close()
 
 
 async def test_broken_channel_is_replaced(

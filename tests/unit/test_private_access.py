@@ -26,41 +26,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "rabbitry"
 
-# Ratchet: (module, private name) pairs not fixed yet. Remove a pair once the module no
-# longer reaches into that private name (test_remaining_is_current fails until it is
-# removed); never add one.
-REMAINING: set[tuple[str, str]] = {
-    ("_publisher_core.py", "_confirms"),
-    ("_publisher_core.py", "_flush"),
-    ("_publisher_core.py", "_kick"),
-    ("_publisher_core.py", "_proto"),
-    ("_publisher_core.py", "_suspended"),
-    ("_publisher_core.py", "_wait_writable"),
-    ("_publisher_core.py", "_write_paused"),
-    ("aio/_events.py", "_fail_pending"),
-    ("aio/_lifecycle.py", "_kick"),
-    ("aio/channel.py", "_await_recovery"),
-    ("aio/channel.py", "_kick"),
-    ("aio/channel.py", "_wait_writable"),
-    ("aio/channel.py", "_write_paused"),
-    ("outbox_publisher.py", "_kick"),
-    ("pool.py", "_confirms"),
-    ("pool.py", "_confirms_settled"),
-    ("pool.py", "_fail_pending"),
-    ("pool.py", "_proto"),
-    ("publisher.py", "_confirms"),
-    ("publisher.py", "_kick"),
-    ("publisher.py", "_proto"),
-    ("publisher.py", "_resend"),
-    ("publisher.py", "_wait_writable"),
-    ("publisher.py", "_write_paused"),
-    ("sync/_connection.py", "_transport"),
-    ("sync/_connection.py", "_writable_hooks"),
-    ("sync/_connection.py", "_write_paused"),
-    ("sync/channel.py", "_proto"),
-    ("sync/channel.py", "_publish_encoded"),
-}
-
 
 def _is_private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
@@ -154,12 +119,6 @@ def find_violations() -> tuple[Violation, ...]:
 
 
 def test_no_private_access_across_modules() -> None:
-    new = [v for v in find_violations() if (v.module, v.name) not in REMAINING]
-    report = "\n".join(f"  {v}" for v in new)
-    assert not new, f"private members of another module's class used:\n{report}"
-
-
-def test_remaining_is_current() -> None:
-    occurring = {(v.module, v.name) for v in find_violations()}
-    stale = sorted(REMAINING - occurring)
-    assert not stale, f"fixed, remove from REMAINING: {stale}"
+    found = find_violations()
+    report = "\n".join(f"  {v}" for v in found)
+    assert not found, f"private members of another module's class used:\n{report}"

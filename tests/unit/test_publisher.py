@@ -314,6 +314,34 @@ async def test_timeout_while_window_full_raises_and_sends_nothing(
     assert await settle(second) is None
 
 
+async def test_a_slot_handed_to_a_publish_cancelled_in_the_same_pass_goes_to_the_next(
+    broker: FakeBroker, conn: rabbitry.AsyncConnection
+) -> None:
+    pub = await conn.publisher(max_in_flight=1)
+    waiting: list[asyncio.Task[asyncio.Future[None]]] = []
+    release = pub._release_slot
+
+    def release_then_cancel() -> None:
+        release()  # hands the slot to the oldest waiting publish...
+        waiting[0].cancel()  # ...which is cancelled before it resumes
+
+    pub._release_slot_cb = release_then_cancel
+    first = await pub.publish(b"1", routing_key="q")
+    for body in (b"2", b"3"):
+        waiting.append(asyncio.create_task(pub.publish(body, routing_key="q")))
+    await wait_until(lambda: len(pub._room_waiters) == 2)
+    broker.ack(1)
+    assert await settle(first) is None
+    with pytest.raises(asyncio.CancelledError):
+        await waiting[0]
+    third = await asyncio.wait_for(waiting[1], WAIT)  # the slot went on to it
+    got = await published(broker, 2)
+    assert [p.body for p in got] == [b"1", b"3"]
+    broker.ack(2)
+    assert await settle(third) is None
+    assert pub.in_flight == 0 and pub._in_flight == 0
+
+
 async def test_confirm_deadline_fails_the_future_but_keeps_the_message_in_flight(
     broker: FakeBroker, conn: rabbitry.AsyncConnection
 ) -> None:

@@ -135,14 +135,7 @@ class _Connection(Protocol):
     """
 
     _loop: asyncio.AbstractEventLoop | None
-    _write_paused: bool
     topology_record: TopologyRecord
-
-    async def _await_recovery(self, timeout: float | None, what: str) -> None: ...
-
-    async def _wait_writable(self) -> None: ...
-
-    def _kick(self) -> None: ...
 
     @property
     def read_flow(self) -> _ReadFlow: ...

@@ -39,10 +39,12 @@ from ..protocol.events import (
 )
 from ..recovery import RecoveryPolicy, State, is_recoverable
 from ._recovery import Recovery
+from .channel import pipe_of
 
 if TYPE_CHECKING:
     from ..config import ConnectionParameters
     from ..protocol.channel import ChannelProtocol
+    from ..publishing.pipe import WritePath
     from ..record import TopologyRecord
     from ._lifecycle import ChannelHooks
     from .channel import AsyncChannel
@@ -114,6 +116,7 @@ class ConnectionEvents:
     _loop: asyncio.AbstractEventLoop | None
     _proto: ConnectionProtocol | None
     _transport: asyncio.Transport | None
+    _writes: WritePath
     # The hooks of every open channel (and of the suspended ones), by channel number.
     _channels: dict[int, ChannelHooks[AsyncChannel]]
     _opened: asyncio.Future[None] | None
@@ -221,7 +224,7 @@ class ConnectionEvents:
         out recoverable); the channels themselves end when the connection does.
         """
         for hooks in list(self._channels.values()):
-            hooks.channel._fail_pending(exc, keep_resendable=True)
+            pipe_of(hooks.channel).fail_pending(exc, keep_resendable=True)
         waiter = self._update_secret_waiter
         self._update_secret_waiter = None
         if waiter is not None and not waiter.done():
@@ -406,6 +409,7 @@ class ConnectionEvents:
         if self._transport is not None:
             self._transport.abort()
         self._transport = None
+        self._writes.paused = False  # its loss is not reported: no drain will come
         self._proto = None
         self._cancel_timers()
 

@@ -12,7 +12,7 @@ import copy
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..exceptions import (
     AMQPError,
@@ -26,14 +26,17 @@ from ..exceptions import (
 from ..protocol import spec
 from ..protocol._refusal import PublishSummary, is_publish_refusal, refused_index, summarize
 from ..protocol.channel import ChannelProtocol, ChannelState
+from ..publishing.pipe import Settleable
 
 if TYPE_CHECKING:
     import asyncio
     from collections.abc import Awaitable, Callable, Mapping
 
+    from .._waiters import Waiters
     from ..message import Message
     from ..protocol.frames import Method
     from ..protocol.publish import ConfirmTracker
+    from ..publishing.pipe import PublishPipe
     from ._consumers import _Connection, _Consumer
 
 __all__ = ["ChannelHooks", "ChannelLifecycle", "Settleable"]
@@ -41,16 +44,6 @@ __all__ = ["ChannelHooks", "ChannelLifecycle", "Settleable"]
 logger = logging.getLogger("rabbitry.channel")
 
 C = TypeVar("C")
-
-
-class Settleable(Protocol):
-    """What confirms settle: an asyncio or a concurrent.futures future."""
-
-    def done(self) -> bool: ...
-
-    def set_result(self, result: None, /) -> None: ...
-
-    def set_exception(self, exception: BaseException, /) -> None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,7 +109,7 @@ class ChannelLifecycle:
     _consumers: dict[str, _Consumer]
     _confirms: ConfirmTracker[Settleable]
     _heads: dict[int, tuple[bytes, bytes]]
-    _settled_waiters: list[asyncio.Future[None]]
+    _settled_waiters: Waiters[None]
     _closed: asyncio.Future[AMQPError]
     _qos: tuple[int, int, bool] | None
     _suspended: bool
@@ -126,6 +119,7 @@ class ChannelLifecycle:
     _internal: bool
     _forget: Callable[[int], object]
     _resend: list[Settleable]
+    _pipe: PublishPipe
 
     if TYPE_CHECKING:
 
@@ -174,23 +168,9 @@ class ChannelLifecycle:
         if self._settled_waiters and not confirms:
             self._notify_settled()
 
-    def _confirms_settled(self) -> asyncio.Future[None]:
-        """A future resolved once the confirm table is empty (every publish settled).
-
-        The table also empties when the channel ends (its publishes fail).
-        """
-        future: asyncio.Future[None] = self._loop.create_future()
-        if self._confirms:
-            self._settled_waiters.append(future)
-        else:
-            future.set_result(None)
-        return future
-
     def _notify_settled(self) -> None:
-        waiters, self._settled_waiters = self._settled_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        """The confirm table is empty (every publish settled, or failed with the channel)."""
+        self._settled_waiters.wake_all(None)
 
     def _fail_pending(self, exc: AMQPError, *, keep_resendable: bool = False) -> None:
         """Fail waiting requests and unconfirmed publishes with ``exc``.
@@ -208,8 +188,8 @@ class ChannelLifecycle:
         heads, self._heads = self._heads, {}
         refused = self._refused_seq(exc, confirms, heads)
         if not keep_resendable and self._resend:
-            resend, self._resend = self._resend, []
-            confirms.update((-i - 1, waiter) for i, waiter in enumerate(resend))
+            confirms.update((-i - 1, waiter) for i, waiter in enumerate(self._resend))
+            self._resend.clear()  # in place: the pipe shares the list
         for seq, waiter in confirms.items():
             if waiter.done():
                 continue
@@ -290,7 +270,7 @@ class ChannelLifecycle:
         """Recovery: adopt the re-opened channel; replay QoS and confirm/tx modes."""
         confirm = self._proto.confirm_mode
         transactional = self._proto.transactional
-        self._proto = protocol
+        self._proto = self._pipe.protocol = protocol
         self._register_rpc(None)  # channel.open, queued by the protocol
         await self._await_rpc("channel.open", 30.0)
         # Still suspended: the application's calls wait until the modes are back (a
@@ -324,7 +304,8 @@ class ChannelLifecycle:
         (at-least-once: the consumer's dedup store or idempotency handles them).
         Returns how many were sent.
         """
-        resend, self._resend = self._resend, []
+        resend = self._resend.copy()
+        self._resend.clear()  # in place: the pipe shares the list
         sent = 0
         for record in resend:
             if record.done():
@@ -335,7 +316,7 @@ class ChannelLifecycle:
             sent += 1
         if sent:
             self.republished += sent
-            self._conn._kick()
+            self._pipe.kick()
         return sent
 
     def _mark_lost(self, exc: AMQPError) -> None:

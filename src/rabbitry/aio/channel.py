@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 
+from .._waiters import Waiters
 from ..batching import iter_delivery
 from ..exceptions import AMQPError, ChannelClosedByClient, ConsumerCancelled, Timeout
 from ..message import Message
@@ -22,6 +23,7 @@ from ..protocol import spec
 from ..protocol.channel import ChannelProtocol, ChannelState
 from ..protocol.frames import Method
 from ..protocol.publish import ConfirmTracker
+from ..publishing.pipe import PublishPipe, WritePath
 from ..record import RecordedBinding, RecordedExchange, RecordedQueue
 from ._consumers import _CONSUMER_QUEUE_BYTES as _CONSUMER_QUEUE_BYTES
 from ._consumers import _CONSUMER_QUEUE_MESSAGES as _CONSUMER_QUEUE_MESSAGES
@@ -62,6 +64,7 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
         self,
         connection: _Connection,
         protocol: ChannelProtocol,
+        writes: WritePath,
         *,
         records: bool,
         internal: bool,
@@ -83,8 +86,8 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
         # does not keep its frames: what tells which publish a refusal names (see
         # _fail_pending). Pruned every _HEADS_PRUNE publishes, not per confirm.
         self._heads: dict[int, tuple[bytes, bytes]] = {}
-        # Told when the confirm table becomes empty (see _confirms_settled).
-        self._settled_waiters: list[asyncio.Future[None]] = []
+        # Told when the confirm table becomes empty (the pipe's wait_settled waits here).
+        self._settled_waiters: Waiters[None] = Waiters()
         self._return_callbacks: list[ReturnCallback] = []
         self._closed: asyncio.Future[AMQPError] = loop.create_future()
         self.close_exc: AMQPError | None = None
@@ -105,9 +108,20 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
         self._records = records
         self._internal = internal
         self._forget = forget
-        #: Unconfirmed publishes to send again after recovery, and how many were.
+        #: Unconfirmed publishes to send again after recovery, and how many were. The
+        #: pipe shares the list: it is changed in place.
         self._resend: list[Settleable] = []
         self.republished = 0
+        # What publishing code uses of this channel (see pipe_of).
+        self._pipe = PublishPipe(
+            protocol,
+            self._confirms,
+            writes,
+            self._resend,
+            self._keep_head,
+            self._settled_waiters,
+            self._fail_pending,
+        )
         self._qos: tuple[int, int, bool] | None = None
         self._register_rpc(None)  # channel.open, already queued by the protocol
         self._hooks: ChannelHooks[AsyncChannel] = ChannelHooks(
@@ -190,7 +204,7 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
 
     async def _await_rpc(self, name: str, timeout: float | None) -> Any:
         future = self._rpcs[-1][0]
-        self._conn._kick()
+        self._pipe.kick()
         if timeout is None:
             return await future
         try:
@@ -206,14 +220,14 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
         hook: Callable[[Any], None] | None = None,
     ) -> Any:
         if self._suspended:
-            await self._conn._await_recovery(timeout, method.NAME)
+            await self._pipe.await_recovery(timeout, method.NAME)
         self._proto.send_method(method)
         self._register_rpc(hook)
         return await self._await_rpc(method.NAME, timeout)
 
     def _send(self, method: Method) -> None:
         self._proto.send_method(method)
-        self._conn._kick()
+        self._pipe.kick()
 
     # -- exchange
 
@@ -438,15 +452,15 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
             LocalProtocolError: a field, a property or the body is invalid; nothing sent.
             InvalidStateError: the channel is closed.
         """
-        conn = self._conn
+        pipe = self._pipe
         if self._suspended:
-            await conn._await_recovery(None, "basic.publish")
-        if conn._write_paused:
-            await conn._wait_writable()
+            await pipe.await_recovery(None, "basic.publish")
+        if pipe.writes.paused:
+            await pipe.writes.wait_writable()
         proto = self._proto
         frames = proto.encode_publish(exchange, routing_key, body, properties, mandatory)  # type: ignore[arg-type]
         seq = proto.send_publish(frames)
-        conn._kick()
+        pipe.kick()
         if not seq:
             return None
         future: asyncio.Future[None] = self._loop.create_future()
@@ -460,27 +474,6 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
         if not seq % _HEADS_PRUNE:
             unconfirmed = self._confirms.tags()
             self._heads = {s: h for s, h in heads.items() if s in unconfirmed}
-
-    def _publish_encoded(self, frames: list[bytes], waiter: Settleable | None) -> None:
-        """Queue pre-encoded publish frames (the sync facade's hot path; loop thread).
-
-        ``waiter`` (a concurrent future) is settled by the confirm in confirm mode,
-        resolved with ``None`` at once otherwise, and failed if the channel is closed.
-        """
-        try:
-            seq = self._proto.send_publish(frames)
-        except AMQPError as exc:
-            if waiter is not None:
-                waiter.set_exception(exc)
-            return
-        self._conn._kick()
-        if waiter is None:
-            return
-        if seq:
-            self._confirms.add(seq, waiter)
-            self._keep_head(seq, frames)
-        else:
-            waiter.set_result(None)
 
     async def basic_consume(
         self,
@@ -651,7 +644,7 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
             self._drop_stale("basic.ack", delivery_tag)
             return
         self._proto.send_ack(delivery_tag - offset if delivery_tag else 0, multiple)
-        self._conn._kick()
+        self._pipe.kick()
 
     def basic_nack(
         self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
@@ -741,7 +734,7 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
             self._on_closed(ChannelClosedByClient(reply_code, reply_text))
             return
         self._proto.close(reply_code, reply_text)
-        self._conn._kick()
+        self._pipe.kick()
         try:
             async with asyncio.timeout(timeout):
                 await asyncio.shield(self._closed)
@@ -752,6 +745,7 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
 def create_channel(
     connection: _Connection,
     protocol: ChannelProtocol,
+    writes: WritePath,
     *,
     records: bool,
     internal: bool,
@@ -765,5 +759,14 @@ def create_channel(
         The channel's hooks, which the connection keeps while the channel is open
         (``hooks.channel`` is the channel).
     """
-    channel = AsyncChannel(connection, protocol, records=records, internal=internal, forget=forget)
+    channel = AsyncChannel(
+        connection, protocol, writes, records=records, internal=internal, forget=forget
+    )
     return channel._hooks
+
+
+def pipe_of(channel: AsyncChannel) -> PublishPipe:
+    """What publishing code uses of ``channel`` (its protocol object, confirm table and
+    write path), for the library's publishers, pool and thread-safe channel; not for
+    applications."""
+    return channel._pipe

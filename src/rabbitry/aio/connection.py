@@ -43,6 +43,7 @@ from ..exceptions import (
 )
 from ..observability import _state as _obs
 from ..protocol.connection import ConnectionProtocol, ConnectionState
+from ..publishing.pipe import WritePath
 from ..record import TopologyRecord
 from ..recovery import DEFAULT_RECOVERY, RecoveryPolicy, State
 from ._connect_errors import refine, wait_opened
@@ -99,7 +100,7 @@ class _Transport(asyncio.Protocol):
             self._connection._on_connection_lost(exc)
 
     def pause_writing(self) -> None:
-        self._connection._write_paused = True
+        self._connection._writes.paused = True
 
     def resume_writing(self) -> None:
         self._connection._resume_writing()
@@ -168,14 +169,12 @@ class AsyncConnection(ConnectionEvents):
         self._in_batch = False
         self._tick_handle: asyncio.TimerHandle | None = None
         self._close_deadline: asyncio.TimerHandle | None = None
-        self._write_paused = False
+        # What channels and publishers use to write, and the transport's back-pressure.
+        self._writes = WritePath(self._kick, self._flush, self._await_recovery)
         # Read back-pressure: how many holders paused reading, and the events already
         # read (the rest of a chunk) that wait until the last pause is released.
         self._read_pauses = 0
         self._held_events: list[Event] = []
-        self._drain_waiters: list[asyncio.Future[None]] = []
-        # Called (loop thread) when the transport accepts writes again.
-        self._writable_hooks: list[Callable[[], None]] = []
         self._update_secret_waiter: asyncio.Future[None] | None = None
         # An ssl.SSLError that ended the socket before connection.open-ok (see connect).
         self._handshake_tls_error: ssl.SSLError | None = None
@@ -536,7 +535,12 @@ class AsyncConnection(ConnectionEvents):
         policy = self.recovery
         records = record and policy is not None and policy.record_channel_topology
         hooks = create_channel(
-            self, channel_proto, records=records, internal=internal, forget=self._forget_channel
+            self,
+            channel_proto,
+            self._writes,
+            records=records,
+            internal=internal,
+            forget=self._forget_channel,
         )
         self._channels[channel_proto.channel_id] = hooks
         await hooks.wait_open(timeout)
@@ -625,23 +629,9 @@ class AsyncConnection(ConnectionEvents):
             for piece in out:
                 write(piece)
 
-    async def _wait_writable(self) -> None:
-        """Wait while the transport's write buffer is above its high-water mark."""
-        while self._write_paused and self._transport is not None:
-            assert self._loop is not None
-            waiter = self._loop.create_future()
-            self._drain_waiters.append(waiter)
-            await waiter
-
     def _resume_writing(self) -> None:
-        self._write_paused = False
-        hooks, self._writable_hooks = self._writable_hooks, []
-        for hook in hooks:
-            hook()
-        waiters, self._drain_waiters = self._drain_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        """The transport drained, or went away: publishers may write again."""
+        self._writes.resume()
 
     # ------------------------------------------------------------------ socket events
 
@@ -770,6 +760,12 @@ def open_connections(loop: asyncio.AbstractEventLoop) -> list[AsyncConnection]:
     return [conn for conn in list(_CONNECTIONS) if conn._loop is loop and not conn.is_closed]
 
 
+def writes_of(connection: AsyncConnection) -> WritePath:
+    """The connection's write path, for the library's publishing code (the publishers,
+    the thread-safe facade's write gate); not for applications."""
+    return connection._writes
+
+
 def _after_fork() -> None:
     """In a forked child: the sockets and the loop belong to the parent.
 
@@ -791,6 +787,7 @@ def _after_fork() -> None:
         conn.close_exc = exc
         conn._closing = True
         conn._transport = None
+        conn._writes.paused = False
 
 
 os.register_at_fork(after_in_child=_after_fork)

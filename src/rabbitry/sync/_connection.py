@@ -16,7 +16,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Self
 
 from .._connection import AsyncConnection
-from ..aio.connection import loop_hooks
+from ..aio.connection import loop_hooks, writes_of
 from ..exceptions import AMQPError, ConnectionClosedByClient, InvalidStateError, Timeout
 from ..recovery import DEFAULT_RECOVERY
 from ._portal import Dispatcher, Portal, _wait
@@ -276,14 +276,7 @@ class Connection:
             raise InvalidStateError("connect() was already called on this connection")
         portal = Portal(f"rabbitry-io-{self._id}")
         engine = self._async
-
-        def write_gate(resume: Callable[[], None]) -> bool:
-            if engine._write_paused and engine._transport is not None:
-                engine._writable_hooks.append(resume)
-                return True
-            return False
-
-        portal.set_write_gate(write_gate)
+        portal.set_write_gate(writes_of(engine).defer)
         hooks = loop_hooks(engine)
         portal.set_batch_hooks(hooks.begin_batch, hooks.end_batch)
         portal.on_stop = self._end_engine

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..aio.channel import pipe_of
 from ..exceptions import AMQPError, InvalidStateError
 from ._consume import consume as _consume
 from ._portal import ConfirmFuture
@@ -48,6 +49,7 @@ class Channel:
         self._async = channel
         self._portal = portal
         self.channel_id = channel.channel_id
+        self._pipe = pipe_of(channel)  # the publishing side, for basic_publish
 
     def __repr__(self) -> str:
         return f"<Channel {self.channel_id} {'closed' if self.is_closed else 'open'}>"
@@ -477,7 +479,7 @@ class Channel:
             raise InvalidStateError(
                 f"cannot publish: channel {self.channel_id} is closed"
             ) from channel.close_exc
-        proto = channel._proto
+        proto = self._pipe.protocol
         frames = proto.encode_publish(
             exchange,
             routing_key,
@@ -485,13 +487,11 @@ class Channel:
             properties,
             mandatory,
         )
-        size = sum(map(len, frames))
+        future: concurrent.futures.Future[None] | None = None
         if proto.confirm_mode:
-            future: concurrent.futures.Future[None] = ConfirmFuture()
-            self._portal.submit(channel._publish_encoded, frames, future, size=size)
-            return future
-        self._portal.submit(channel._publish_encoded, frames, None, size=size)
-        return None
+            future = ConfirmFuture()
+        self._portal.submit(self._pipe.publish, frames, future, size=sum(map(len, frames)))
+        return future
 
     def basic_consume(
         self,
