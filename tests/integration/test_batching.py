@@ -435,7 +435,7 @@ async def test_a_cancelled_caller_does_not_take_other_callers_records_with_it(
         async with AsyncConnection(proxy.url()) as conn:
             publisher = await conn.publisher(max_in_flight=1)
             batching = AsyncBatchingPublisher(publisher, batch_records=2, linger=30)
-            proxy.latency(2.0)  # the first envelope holds the window (1) for seconds
+            proxy.hold("downstream")  # no confirm: the first envelope keeps the window (1)
             first = [await batching.publish(b"a0", routing_key=queue)]
             first.append(await batching.publish(b"a1", routing_key=queue))
             other = await batching.publish(b"b0", routing_key=queue)
@@ -446,7 +446,7 @@ async def test_a_cancelled_caller_does_not_take_other_callers_records_with_it(
             assert await _until(lambda: acc.open is None and not acc.sealed)
             sealing.cancel()
             assert (await asyncio.gather(sealing, return_exceptions=True))[0] is not None
-            proxy.latency(0)
+            proxy.release("downstream")
             await asyncio.wait_for(asyncio.gather(*first, other), WAIT)
             await batching.close()
             await publisher.wait_for_confirms(timeout=WAIT)
@@ -466,7 +466,7 @@ url, port, queue = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 with TcpProxy("127.0.0.1", port) as proxy, rabbitry.Connection(proxy.url()) as conn:
     publisher = conn.publisher(max_in_flight=1)
     batching = BatchingPublisher(publisher, batch_records=2, linger=30)
-    proxy.latency(2.0)
+    proxy.hold("downstream")
     first = [batching.publish(body, routing_key=queue) for body in (b"a0", b"a1")]
     other = []
     thread = threading.Thread(
@@ -488,7 +488,7 @@ with TcpProxy("127.0.0.1", port) as proxy, rabbitry.Connection(proxy.url()) as c
         print("not interrupted")
     except KeyboardInterrupt:
         print("interrupted")
-    proxy.latency(0)
+    proxy.release("downstream")
     for future in [*first, *other]:
         future.result(20)
     batching.close()

@@ -49,6 +49,8 @@ _SLICE_SECONDS = 0.05
 _CONTROL_TIMEOUT = 5.0
 _CONNECT_TIMEOUT = 5.0
 _CLOSE_TIMEOUT = 1.0
+#: How often a held direction checks whether it was released.
+_HOLD_POLL_SECONDS = 0.01
 _EOF_POLL_SECONDS = 0.02
 
 _log = logging.getLogger(__name__)
@@ -170,6 +172,9 @@ class _Link:
         try:
             while not self.dead:
                 item = await queue.get()
+                while direction in proxy._held:  # data and EOF wait, in order
+                    if not await self._nap(_HOLD_POLL_SECONDS):
+                        return
                 if self.dead:
                     return
                 if item is None:
@@ -275,6 +280,8 @@ class TcpProxy:
         # path can read it without locks.
         self._blackholed = False
         self._dropped: set[Direction] = set()
+        # Directions whose data waits, in order, until release() (see hold()).
+        self._held: set[Direction] = set()
         self._refusing = False
         self._latency_s = 0.0
         self._rate: float | None = None
@@ -448,6 +455,28 @@ class TcpProxy:
         else:
             self._apply(lambda: self._dropped.discard(checked))
 
+    def hold(self, direction: Direction) -> None:
+        """Hold back data in one direction, keeping it: nothing is lost or reordered.
+
+        The peers see a stalled network; :meth:`release` (or :meth:`heal`) delivers what
+        was held, in order. Unlike ``latency``, nothing arrives until the test says so,
+        however slow the machine is.
+
+        Args:
+            direction: ``"upstream"`` (client to broker) or ``"downstream"``.
+        """
+        checked = _check_direction(direction)
+        self._apply(lambda: self._held.add(checked))
+
+    def release(self, direction: Direction) -> None:
+        """Undo :meth:`hold`: deliver the held data, in order, then flow again.
+
+        Args:
+            direction: ``"upstream"`` or ``"downstream"``.
+        """
+        checked = _check_direction(direction)
+        self._apply(lambda: self._held.discard(checked))
+
     def reset(self) -> int:
         """Abort every current connection with a TCP RST on both sides.
 
@@ -541,11 +570,12 @@ class TcpProxy:
         self._apply(change)
 
     def heal(self) -> None:
-        """Clear every fault: black-hole, drops, refusal, latency, bandwidth and cuts."""
+        """Clear every fault: black-hole, drops, holds, refusal, latency, bandwidth and cuts."""
 
         def change() -> None:
             self._blackholed = False
             self._dropped.clear()
+            self._held.clear()
             self._refusing = False
             self._latency_s = 0.0
             self._rate = None

@@ -253,6 +253,31 @@ def test_drop_downstream_only(proxy: TcpProxy, echo: EchoServer) -> None:
         assert recv_exactly(sock, 4) == b"back"
 
 
+def test_hold_downstream_keeps_data_until_release(proxy: TcpProxy, echo: EchoServer) -> None:
+    with connect(proxy) as sock:
+        wait_for(lambda: echo.connection_count() == 1, "the proxy to connect upstream")
+        proxy.hold("downstream")
+        sock.sendall(b"up")
+        wait_for(lambda: bytes(echo.received) == b"up", "the server to get the data")
+        echo.push(b"held-")
+        echo.push(b"in-order")
+        assert_silent(sock)
+        assert proxy.bytes_downstream == 0
+
+        proxy.release("downstream")
+        assert recv_exactly(sock, 15) == b"upheld-in-order"  # the echo first
+
+
+def test_heal_releases_a_hold(proxy: TcpProxy, echo: EchoServer) -> None:
+    with connect(proxy) as sock:
+        wait_for(lambda: echo.connection_count() == 1, "the proxy to connect upstream")
+        proxy.hold("downstream")
+        echo.push(b"later")
+        assert_silent(sock)
+        proxy.heal()
+        assert recv_exactly(sock, 5) == b"later"
+
+
 def test_drop_rejects_unknown_direction(proxy: TcpProxy) -> None:
     with pytest.raises(ValueError, match="direction"):
         proxy.drop("sideways")  # type: ignore[arg-type]
