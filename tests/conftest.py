@@ -41,10 +41,63 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="all: every selected test; parallel: leave out the tests marked serial; "
         "serial: only those (tools/run_pytest.py runs parallel, then serial)",
     )
+    parser.addoption(
+        "--fail-on-skip",
+        action="store_true",
+        default=False,
+        help="a skipped test fails the run (make test: a missing prerequisite is an error)",
+    )
+
+
+class _SkipGuard:
+    """``--fail-on-skip``: a skipped test or module fails the session, listed at the end.
+
+    ``make test`` runs with it (tools/run_pytest.py): a prerequisite that is missing there
+    (pyspark, a broker feature, an OS facility) would otherwise turn a tier's tests into
+    skips that nobody reads. Tests that belong to another run are deselected instead
+    (the ``rabbitmq4`` marker), never skipped.
+    """
+
+    def __init__(self) -> None:
+        self.skipped: list[str] = []
+
+    def _note(self, report: pytest.TestReport | pytest.CollectReport) -> None:
+        if report.skipped and not hasattr(report, "wasxfail"):
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
+            self.skipped.append(f"{report.nodeid}: {reason}")
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self._note(report)
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        self._note(report)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if not self.skipped:
+            return
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(
+                f"ERROR: --fail-on-skip: {len(self.skipped)} skipped: " + "; ".join(self.skipped),
+                red=True,
+            )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Under pytest-xdist the controller sees every report; the workers need no guard.
+    if config.getoption("fail_on_skip") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_SkipGuard(), "rabbitry-skip-guard")
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k, like any other deselection
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("rabbitmq4"):
+        # Tests of the RabbitMQ 4.x run (pytest --rabbitmq4) are not part of this one.
+        other = [item for item in items if item.get_closest_marker("rabbitmq4") is not None]
+        if other:
+            config.hook.pytest_deselected(items=other)
+            items[:] = [item for item in items if item.get_closest_marker("rabbitmq4") is None]
     phase = config.getoption("phase")
     if phase == "all":
         return

@@ -9,6 +9,7 @@ Two pytest sessions, one after the other (docs/testing.md, "Parallel runs"):
    this process alone, after everything else: they count calls and bytes and must not
    share the machine with the rest of the suite.
 
+Both run with ``--fail-on-skip`` (tests/conftest.py): a skipped test fails the run.
 Extra arguments after ``--`` go to both sessions (``-x``, ``-k``, paths, ``-m``...).
 
 Exit status: the first failing session's status. A session that selects nothing (pytest's
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     statuses: list[int] = []
     for phase, options in phases:
-        command = [sys.executable, "-m", "pytest", f"--phase={phase}", *options]
+        command = [sys.executable, "-m", "pytest", f"--phase={phase}", "--fail-on-skip", *options]
         if args.junit_dir is not None:
             args.junit_dir.mkdir(parents=True, exist_ok=True)
             command.append(f"--junitxml={args.junit_dir / f'{phase}.xml'}")

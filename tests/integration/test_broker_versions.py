@@ -274,13 +274,13 @@ async def test_dlq_inspect_25_times_on_a_quorum_parking_lot_loses_nothing(
 # --------------------------------------------------------------------------- policies
 
 
+@pytest.mark.rabbitmq4
 async def test_delivery_limit_minus_one_round_trips_through_the_management_api(
     conn: AsyncConnection, names: Names, management_url: str | None, broker_version: tuple[int, ...]
 ) -> None:
     """Version-specific: 4.x only (``-1`` is unlimited there, and 3.x drops at the first
     return with it). Needs the broker's management API, which ``--rabbitmq4`` enables."""
-    if broker_version < (4,):
-        pytest.skip("delivery-limit -1 is RabbitMQ 4.x's; on 3.x it drops messages")
+    assert broker_version >= (4,), "delivery-limit -1 is RabbitMQ 4.x's; 3.x drops with it"
     if management_url is None:
         pytest.skip("no management API for this broker (set RABBITRY_TEST_MANAGEMENT_URL)")
     from rabbitry.management import AsyncManagementClient
@@ -303,12 +303,14 @@ async def test_delivery_limit_minus_one_round_trips_through_the_management_api(
             await api.delete_policy(policy.name)
 
 
+@pytest.mark.rabbitmq4
 async def test_policies_with_values_rabbitry_refuses_do_not_break_reading(
     management_url: str | None, names: Names, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A policy set outside rabbitry with a value its model refuses (here a negative
     delivery-limit other than -1, which 4.x also reads as unlimited) is kept, with a
-    warning, instead of making every policy of the vhost unreadable."""
+    warning, instead of making every policy of the vhost unreadable. Runs in the
+    RabbitMQ 4.x run, whose node has the management API."""
     if management_url is None:
         pytest.skip("no management API for this broker (set RABBITRY_TEST_MANAGEMENT_URL)")
     import httpx
