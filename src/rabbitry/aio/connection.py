@@ -2,15 +2,9 @@
 
 The engine owns the socket, the timers and the futures; every protocol rule lives in
 ``rabbitry.protocol``. Bytes flow ``data_received → receive_data → data_to_send → write``
-and events flow ``events_received → futures and callbacks`` (the dispatch, the state
-changes and the endings are in :mod:`rabbitry.aio._events`, a base class).
-
-Writes are corked per loop pass: the first frames an API call queues in a pass are
-written at once (a round trip costs no extra loop iteration), what follows in the same
-pass leaves in one ``write`` from one scheduled flush, and what is queued while a chunk
-of the socket is handled leaves in one ``write`` at the end of the chunk. A burst
-longer than ``_FLUSH_FRAMES`` frames is flushed at once so memory stays bounded, and
-publishers wait while the transport's buffer is above its high-water mark.
+and events flow ``events_received → futures and callbacks``. Two base classes hold
+parts of the engine: :mod:`rabbitry.aio._socket` the socket's events and the corked
+writes, :mod:`rabbitry.aio._events` the dispatch, the state changes and the endings.
 """
 
 from __future__ import annotations
@@ -22,7 +16,7 @@ import os
 import ssl
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Self, cast
+from typing import TYPE_CHECKING, Any, Self
 
 from ..broker import RABBITMQ_3_MAX_MESSAGE_SIZE, server_capabilities
 from ..config import ConnectionParameters, default_url, parse_urls
@@ -48,6 +42,7 @@ from ..record import TopologyRecord
 from ..recovery import DEFAULT_RECOVERY, RecoveryPolicy, State
 from ._connect_errors import refine, wait_opened
 from ._events import _CLOSE_TIMEOUT, BlockedCallback, CloseCallback, ConnectionEvents, LoopHooks
+from ._socket import SocketIO, Transport
 from .channel import AsyncChannel, create_channel
 
 if TYPE_CHECKING:
@@ -58,11 +53,6 @@ __all__ = ["AsyncConnection"]
 
 logger = logging.getLogger("rabbitry.connection")
 
-#: Flush at once when this many frames are queued within one loop iteration.
-_FLUSH_FRAMES = 256
-#: Above this many bytes queued, a flush writes the pieces one by one instead of joining.
-_JOIN_BYTES = 1024 * 1024
-
 # Every connection opened in this process, so that a forked child can disable them all.
 _CONNECTIONS: weakref.WeakSet[AsyncConnection] = weakref.WeakSet()
 
@@ -70,43 +60,7 @@ _CONNECTIONS: weakref.WeakSet[AsyncConnection] = weakref.WeakSet()
 CredentialsProvider = Callable[[], "tuple[str, str] | Awaitable[tuple[str, str]]"]
 
 
-class _Transport(asyncio.Protocol):
-    """asyncio glue: forwards socket events to the connection."""
-
-    def __init__(self, connection: AsyncConnection, proto: ConnectionProtocol) -> None:
-        self._connection = connection
-        # The protocol object this socket serves: a late event from the socket of an
-        # earlier attempt (or of a connection that recovery replaced) must not reach
-        # the new one.
-        self._proto = proto
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # Not an isinstance() check: uvloop's transports do not derive from asyncio's.
-        stream = cast("asyncio.Transport", transport)
-        if self._connection._proto is self._proto:
-            self._connection._on_connection_made(stream)
-        else:
-            stream.abort()
-
-    def data_received(self, data: bytes) -> None:
-        if self._connection._proto is self._proto:
-            self._connection._on_data(data)
-
-    def eof_received(self) -> bool:
-        return False  # let the transport close; connection_lost follows
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._connection._proto is self._proto:
-            self._connection._on_connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        self._connection._writes.paused = True
-
-    def resume_writing(self) -> None:
-        self._connection._resume_writing()
-
-
-class AsyncConnection(ConnectionEvents):
+class AsyncConnection(ConnectionEvents, SocketIO):
     """The asyncio engine of :class:`rabbitry.AsyncConnection`: the socket, the timers,
     the channels and recovery.
 
@@ -387,7 +341,7 @@ class AsyncConnection(ConnectionEvents):
             async with asyncio.timeout(params.connection_timeout):
                 proto = self._proto
                 await loop.create_connection(
-                    lambda: _Transport(self, proto),
+                    lambda: Transport(self, proto),
                     params.host,
                     params.port,
                     ssl=context,
@@ -490,6 +444,10 @@ class AsyncConnection(ConnectionEvents):
         except TimeoutError:
             raise Timeout(f"connection still open after {timeout} s") from None
 
+    def _loop_hooks(self) -> LoopHooks:
+        """What :func:`loop_hooks` hands the thread-safe API's IO thread."""
+        return LoopHooks(self._begin_batch, self._end_batch, self._abort)
+
     def _abort(self, exc: AMQPError) -> None:
         """End the connection now, not waiting for the broker (``LoopHooks.abort``)."""
         self._closing = True
@@ -569,122 +527,6 @@ class AsyncConnection(ConnectionEvents):
             raise InvalidStateError("the connection is not open (call connect() first)")
         return proto
 
-    # ------------------------------------------------------------------ writing
-
-    def _kick(self) -> None:
-        """Write queued frames now, or once at the end of this loop pass.
-
-        The first frames queued in a loop pass leave at once: a lone publish or ack
-        (a round trip) costs no extra loop iteration. What follows in the same pass is
-        corked and leaves in one write, from a flush scheduled with ``call_soon`` (so a
-        burst of publishes is one ``write``), or at the end of a batch (see
-        :meth:`_begin_batch`): what callbacks queue while a chunk of the socket is
-        handled, what one drain of the sync API's hand-off queue queues.
-        """
-        proto = self._proto
-        if proto is None:
-            return
-        if not self._corked and self._transport is not None:
-            self._corked = True  # a new pass: until a flush or the next read, cork
-            self._flush()
-        elif len(proto.send_queue) >= _FLUSH_FRAMES:
-            self._flush()
-        elif self._flush_handle is None and not self._in_batch and self._loop is not None:
-            self._flush_handle = self._loop.call_soon(self._flush_corked)
-
-    def _begin_batch(self) -> None:
-        """Cork writes until :meth:`_end_batch`, which writes them in one go (loop thread)."""
-        self._in_batch = self._corked = True
-
-    def _end_batch(self) -> None:
-        """Write what was queued since :meth:`_begin_batch`; later frames leave at once."""
-        self._in_batch = self._corked = False
-        proto = self._proto
-        if proto is not None and proto.send_queue:
-            self._flush()
-
-    def _flush_corked(self) -> None:
-        """The flush scheduled by :meth:`_kick`: the pass that corked is over."""
-        self._flush_handle = None
-        self._corked = False
-        self._flush()
-
-    def _flush(self) -> None:
-        proto = self._proto
-        if proto is None:
-            return
-        out = proto.buffers_to_send()
-        transport = self._transport
-        if not out or transport is None or transport.is_closing():
-            return
-        if len(out) == 1:
-            transport.write(out[0])
-        elif sum(map(len, out)) <= _JOIN_BYTES:
-            transport.write(b"".join(out))
-        else:
-            # A large message: joining would copy its body once more before the
-            # transport copies what the socket did not take. Piece by piece, the
-            # transport's buffer holds the only copy.
-            write = transport.write
-            for piece in out:
-                write(piece)
-
-    def _resume_writing(self) -> None:
-        """The transport drained, or went away: publishers may write again."""
-        self._writes.resume()
-
-    # ------------------------------------------------------------------ socket events
-
-    def _on_connection_made(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
-        self._held_events = []  # deliveries of an earlier socket: the broker requeued them
-        if self._read_pauses and self._proto is not None:
-            # A consumer queue is still full from before a reconnect.
-            self._proto.rx_paused = True
-            transport.pause_reading()
-        self._flush()  # the protocol header
-
-    def _on_connection_lost(self, exc: Exception | None) -> None:
-        proto = self._proto
-        self._transport = None
-        self._resume_writing()
-        if proto is not None:
-            proto.receive_eof()
-            self._handle_events(proto.events_received())
-        if self._lost is not None and not self._lost.done():
-            self._lost.set_result(None)
-        if exc is not None:
-            logger.debug("socket closed: %r", exc)
-            if isinstance(exc, ssl.SSLError) and self._opened is not None:
-                if not self._opened.done() or self._opened.exception() is not None:
-                    self._handshake_tls_error = exc
-
-    def _on_data(self, data: bytes) -> None:
-        proto = self._proto
-        if proto is None:
-            return
-        # Frames queued while this chunk is handled (answers of the protocol, acks and
-        # publishes of callbacks) leave in one write at the end; the next frames
-        # queued after that, in a later pass, leave at once (_begin_batch inlined).
-        self._in_batch = self._corked = True
-        try:
-            if self._held_events:
-                self._release_held()  # what was read before goes first
-            proto.receive_data(data)
-            if proto.send_queue:
-                # The protocol's own answers (a close-ok, a flow-ok) leave before the
-                # events are handled: a connection that ends there is aborted unflushed.
-                self._flush()
-            events = proto.events_received()
-            if events:
-                self._handle_events(events)
-        finally:
-            self._in_batch = self._corked = False
-        if proto.send_queue:
-            self._flush()
-        if proto.state is ConnectionState.CLOSING and self._close_deadline is None:
-            self._arm_close_deadline()
-
     # ------------------------------------------------------------------ recovery
 
     @property
@@ -749,7 +591,7 @@ def remove_callback(connection: AsyncConnection, callback: Callable[..., Any]) -
 
 def loop_hooks(connection: AsyncConnection) -> LoopHooks:
     """The hooks of ``connection`` for the thread-safe API's IO thread; not for applications."""
-    return LoopHooks(connection._begin_batch, connection._end_batch, connection._abort)
+    return connection._loop_hooks()
 
 
 def open_connections(loop: asyncio.AbstractEventLoop) -> list[AsyncConnection]:
