@@ -269,10 +269,18 @@ class AsyncOutboxPublisher(OutboxRoom):
     ) -> str:
         """Store one message durably; it is delivered in the background.
 
-        Arguments are those of :meth:`AsyncPublisher.publish`. Returns once the message
-        is committed to the outbox (shared commits with concurrent publishes).
+        Returns once the message is committed to the outbox (shared commits with
+        concurrent publishes).
 
         Args:
+            body: the payload; ``str`` is sent as UTF-8.
+            exchange: the exchange ("" is the default exchange).
+            routing_key: the routing key (the queue name on the default exchange).
+            properties: the basic properties (``message_id`` is generated when absent).
+            mandatory: ask the broker to return the message when no queue gets it: it
+                then goes to the dead table (``None``: the publisher's default).
+            persistent: ``True`` sets delivery mode 2 (persistent), ``False`` mode 1.
+            expiration: per-message TTL, int milliseconds or a ``timedelta``.
             timeout: how long to wait for room while the outbox is at its bound
                 (``None``: the publisher's default; ``None`` there waits without limit).
 
@@ -310,10 +318,24 @@ class AsyncOutboxPublisher(OutboxRoom):
         expiration: int | timedelta | None = None,
         timeout: float | None = None,
     ) -> list[str]:
-        """Store many messages in one transaction (all or none); returns their message_ids.
+        """Store many messages in one transaction (all or none).
 
-        Arguments are those of :meth:`AsyncPublisher.publish_batch`; every message is
-        validated before anything is stored.
+        Every message is validated before anything is stored.
+
+        Args:
+            messages: :class:`OutgoingMessage` objects, or bodies that use the arguments
+                below; ``None`` fields of an ``OutgoingMessage`` use them too.
+            exchange: as for :meth:`publish`, for the messages that do not set their own.
+            routing_key: likewise.
+            properties: likewise.
+            mandatory: likewise (``None``: the publisher's default).
+            persistent: likewise.
+            expiration: likewise.
+            timeout: how long to wait for room for the whole batch, as for
+                :meth:`publish`.
+
+        Returns:
+            The messages' ``message_id``, in order.
 
         Raises:
             LocalProtocolError: a message is invalid, or the batch can never fit the
@@ -345,6 +367,9 @@ class AsyncOutboxPublisher(OutboxRoom):
     async def flush(self, *, timeout: float | None = None) -> None:
         """Wait until the outbox is empty: every message confirmed or moved to dead.
 
+        Args:
+            timeout: seconds to wait (``None``: no limit).
+
         Raises:
             PublishTimeout: messages were still pending after ``timeout`` seconds.
         """
@@ -364,6 +389,9 @@ class AsyncOutboxPublisher(OutboxRoom):
         Idempotent. Waits up to ``timeout`` seconds (``None``: without limit) for the
         messages in flight, but not while the connection is down. Whatever is not
         confirmed stays in the outbox and is sent by the next publisher on it.
+
+        Args:
+            timeout: seconds to wait for the confirms of the messages in flight.
         """
         if self._closing:
             return
