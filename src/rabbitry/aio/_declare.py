@@ -51,7 +51,28 @@ class DeclareMethods:
         arguments: Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> spec.ExchangeDeclareOk:
-        """Declare an exchange (``passive``: only check that it exists)."""
+        """Declare an exchange (``passive``: only check that it exists).
+
+        Args:
+            exchange: the exchange name.
+            type: ``direct``, ``fanout``, ``topic``, ``headers`` or a plugin's type.
+            passive: only check that the exchange exists.
+            durable: it survives a broker restart.
+            auto_delete: deleted when its last binding is removed.
+            internal: clients cannot publish to it (only exchange-to-exchange bindings).
+            arguments: e.g. ``{"alternate-exchange": "unrouted"}``.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's declare-ok.
+
+        Raises:
+            NotFound: ``passive``, and there is no such exchange (the channel closes).
+            PreconditionFailed: it exists with other settings (the channel closes).
+            AccessRefused: no permission, or a name starting with ``amq.`` (the channel
+                closes).
+        """
         method = spec.ExchangeDeclare(
             exchange=exchange,
             type=type,
@@ -73,7 +94,20 @@ class DeclareMethods:
     async def exchange_delete(
         self, exchange: str, *, if_unused: bool = False, timeout: float | None = None
     ) -> spec.ExchangeDeleteOk:
-        """Delete an exchange."""
+        """Delete an exchange.
+
+        Args:
+            exchange: the exchange name.
+            if_unused: only if it has no bindings.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's delete-ok.
+
+        Raises:
+            PreconditionFailed: ``if_unused``, and it has bindings (the channel closes).
+        """
         method = spec.ExchangeDelete(exchange=exchange, if_unused=if_unused)
         result: spec.ExchangeDeleteOk = await self._rpc(method, timeout)
         if self._records:
@@ -89,7 +123,22 @@ class DeclareMethods:
         arguments: Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> spec.ExchangeBindOk:
-        """Bind exchange ``destination`` to exchange ``source`` (RabbitMQ extension)."""
+        """Bind exchange ``destination`` to exchange ``source`` (RabbitMQ extension).
+
+        Args:
+            destination: the exchange that receives the messages.
+            source: the exchange they are published to.
+            routing_key: the binding key.
+            arguments: binding arguments (for a headers exchange, the headers to match).
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's bind-ok.
+
+        Raises:
+            NotFound: one of the exchanges does not exist (the channel closes).
+        """
         method = spec.ExchangeBind(
             destination=destination, source=source, routing_key=routing_key, arguments=arguments
         )
@@ -109,7 +158,19 @@ class DeclareMethods:
         arguments: Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> spec.ExchangeUnbindOk:
-        """Remove an exchange-to-exchange binding."""
+        """Remove an exchange-to-exchange binding.
+
+        Args:
+            destination: the exchange that received the messages.
+            source: the exchange they were published to.
+            routing_key: the binding key.
+            arguments: the binding's arguments.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's unbind-ok.
+        """
         method = spec.ExchangeUnbind(
             destination=destination, source=source, routing_key=routing_key, arguments=arguments
         )
@@ -135,8 +196,23 @@ class DeclareMethods:
     ) -> spec.QueueDeclareOk:
         """Declare a queue; ``queue=""`` asks the broker for a name.
 
+        Args:
+            queue: the queue name (``""``: a server-named queue).
+            passive: only check that the queue exists.
+            durable: it survives a broker restart.
+            exclusive: used by this connection only, deleted when it closes.
+            auto_delete: deleted when its last consumer is cancelled.
+            arguments: e.g. ``{"x-queue-type": "quorum"}``.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
         Returns:
             The reply, with ``queue``, ``message_count`` and ``consumer_count``.
+
+        Raises:
+            NotFound: ``passive``, and there is no such queue (the channel closes).
+            PreconditionFailed: it exists with other settings (the channel closes).
+            ResourceLocked: it is exclusive to another connection (the channel closes).
         """
         method = spec.QueueDeclare(
             queue=queue,
@@ -169,7 +245,22 @@ class DeclareMethods:
         arguments: Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> spec.QueueBindOk:
-        """Bind a queue to an exchange."""
+        """Bind a queue to an exchange.
+
+        Args:
+            queue: the queue.
+            exchange: the exchange.
+            routing_key: the binding key.
+            arguments: binding arguments (for a headers exchange, the headers to match).
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's bind-ok.
+
+        Raises:
+            NotFound: the queue or the exchange does not exist (the channel closes).
+        """
         method = spec.QueueBind(
             queue=queue, exchange=exchange, routing_key=routing_key, arguments=arguments
         )
@@ -189,7 +280,19 @@ class DeclareMethods:
         arguments: Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> spec.QueueUnbindOk:
-        """Remove a queue binding."""
+        """Remove a queue binding.
+
+        Args:
+            queue: the queue.
+            exchange: the exchange.
+            routing_key: the binding key.
+            arguments: the binding's arguments.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's unbind-ok.
+        """
         method = spec.QueueUnbind(
             queue=queue, exchange=exchange, routing_key=routing_key, arguments=arguments
         )
@@ -201,7 +304,19 @@ class DeclareMethods:
         return result
 
     async def queue_purge(self, queue: str, *, timeout: float | None = None) -> spec.QueuePurgeOk:
-        """Remove all ready messages from a queue; the reply has ``message_count``."""
+        """Remove all ready messages from a queue.
+
+        Args:
+            queue: the queue.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The reply, with the ``message_count`` removed.
+
+        Raises:
+            NotFound: there is no such queue (the channel closes).
+        """
         result: spec.QueuePurgeOk = await self._rpc(spec.QueuePurge(queue=queue), timeout)
         return result
 
@@ -213,7 +328,22 @@ class DeclareMethods:
         if_empty: bool = False,
         timeout: float | None = None,
     ) -> spec.QueueDeleteOk:
-        """Delete a queue; the reply has the ``message_count`` it held."""
+        """Delete a queue.
+
+        Args:
+            queue: the queue.
+            if_unused: only if it has no consumers.
+            if_empty: only if it has no messages.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The reply, with the ``message_count`` it held.
+
+        Raises:
+            PreconditionFailed: ``if_unused`` and it has consumers, or ``if_empty`` and
+                it has messages (the channel closes).
+        """
         method = spec.QueueDelete(queue=queue, if_unused=if_unused, if_empty=if_empty)
         result: spec.QueueDeleteOk = await self._rpc(method, timeout)
         if self._records:
