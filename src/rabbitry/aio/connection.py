@@ -222,6 +222,9 @@ class AsyncConnection(ConnectionEvents, SocketIO):
         """Call ``callback(reason)`` on connection.blocked and ``callback(None)`` on unblocked.
 
         Runs on the event loop; exceptions are logged.
+
+        Args:
+            callback: called with the broker's reason, or ``None`` when unblocked.
         """
         self._blocked_callbacks.append(callback)
 
@@ -229,6 +232,9 @@ class AsyncConnection(ConnectionEvents, SocketIO):
         """Call ``callback(exc)`` once when the connection ends, with the reason.
 
         Runs on the event loop; exceptions are logged.
+
+        Args:
+            callback: called with why the connection ended.
         """
         self._close_callbacks.append(callback)
 
@@ -243,7 +249,13 @@ class AsyncConnection(ConnectionEvents, SocketIO):
 
         Raises:
             AuthenticationError: the broker refused the credentials (not retried).
+            VirtualHostNotFound / VirtualHostAccessRefused: the virtual host does not
+                exist, or the user may not use it (not retried).
             ConnectError: no address accepted the connection; ``errors`` lists why.
+            TLSError / CredentialsError / NotAnAMQPServer: every address failed that
+                same way (the TLS handshake, the credentials provider, or no AMQP 0-9-1
+                server there).
+            Timeout: no address accepted the connection within ``timeout``.
             InvalidStateError: already connected.
         """
         if self._proto is not None:
@@ -394,6 +406,11 @@ class AsyncConnection(ConnectionEvents, SocketIO):
         Idempotent. Past ``timeout`` (default 10 s) the socket is closed anyway, so this
         returns in bounded time even when the broker is gone. In a process forked from
         the one that connected it does nothing (the socket is the parent's).
+
+        Args:
+            reply_code: the close code sent to the broker.
+            reply_text: the close text sent to the broker.
+            timeout: seconds to wait for close-ok (``None``: 10 s).
         """
         if self._pid != os.getpid():
             return
@@ -430,7 +447,13 @@ class AsyncConnection(ConnectionEvents, SocketIO):
                     self._transport.abort()
 
     async def wait_closed(self, timeout: float | None = None) -> AMQPError:
-        """Wait until the connection ends; returns the reason.
+        """Wait until the connection ends.
+
+        Args:
+            timeout: seconds to wait (``None``: no limit).
+
+        Returns:
+            Why it ended.
 
         Raises:
             InvalidStateError: the connection was never opened.
@@ -470,7 +493,26 @@ class AsyncConnection(ConnectionEvents, SocketIO):
     async def channel(
         self, channel_id: int | None = None, *, timeout: float | None = None
     ) -> AsyncChannel:
-        """Open a channel (the lowest free number unless ``channel_id`` is given)."""
+        """Open a channel.
+
+        While the connection recovers it waits for it (within ``timeout``), or fails
+        when the recovery policy says so.
+
+        Args:
+            channel_id: the channel number (``None``: the lowest free one).
+            timeout: seconds to wait for open-ok (``None``: no limit).
+
+        Returns:
+            The open channel.
+
+        Raises:
+            InvalidStateError: the connection is not open (or closed while recovering).
+            LocalProtocolError: ``channel_id`` is taken or out of range, or no channel
+                number is free.
+            ConnectionRecovering: the connection is recovering and the recovery policy
+                says to fail.
+            Timeout: no open-ok (or no recovery) within ``timeout``.
+        """
         if self._state is State.RECOVERING:
             await self._await_recovery(timeout, "open a channel")
         return await self._open_channel(channel_id, timeout)
@@ -507,7 +549,20 @@ class AsyncConnection(ConnectionEvents, SocketIO):
     async def update_secret(
         self, new_secret: bytes | str, reason: str = "", *, timeout: float | None = None
     ) -> None:
-        """Replace the credentials of the open connection (connection.update-secret)."""
+        """Replace the credentials of the open connection (connection.update-secret).
+
+        Args:
+            new_secret: the new secret (e.g. a refreshed OAuth 2 token).
+            reason: a text the broker logs.
+            timeout: seconds to wait for update-secret-ok (``None``: no limit).
+
+        Raises:
+            InvalidStateError: the connection is not open, or another update waits for
+                its answer.
+            Timeout: no update-secret-ok within ``timeout``.
+            AMQPConnectionError: the connection ended meanwhile (a broker that refuses
+                the new secret closes the connection).
+        """
         proto = self._require_open()
         proto.update_secret(new_secret, reason)
         assert self._loop is not None
@@ -535,19 +590,36 @@ class AsyncConnection(ConnectionEvents, SocketIO):
         return self._state
 
     def on_state_change(self, callback: Callable[[State, AMQPError | None], Any]) -> None:
-        """Call ``callback(state, cause)`` on every state change (on the event loop)."""
+        """Call ``callback(state, cause)`` on every state change (on the event loop).
+
+        Args:
+            callback: called with the new :class:`State` and the error that caused the
+                change (``None`` when there is none).
+        """
         self._state_callbacks.append(callback)
 
     def on_queue_renamed(self, callback: Callable[[str, str], Any]) -> None:
-        """Call ``callback(old, new)`` when recovery gives a server-named queue a new name."""
+        """Call ``callback(old, new)`` when recovery gives a server-named queue a new name.
+
+        Args:
+            callback: called with the queue's old and new names.
+        """
         self._rename_callbacks.append(callback)
 
     def on_recovery_error(self, callback: Callable[[str, str, AMQPError], Any]) -> None:
-        """Call ``callback(kind, name, exc)`` when an entity fails to re-declare."""
+        """Call ``callback(kind, name, exc)`` when an entity fails to re-declare.
+
+        Args:
+            callback: called with the kind of entity (``"exchange"``, ``"queue"``,
+                ``"binding"``, ``"consumer"`` or ``"channel"``), its name and the error.
+        """
         self._recovery_error_callbacks.append(callback)
 
     async def wait_recovered(self, timeout: float | None = None) -> None:
         """Return once the connection is OPEN (at once if it is).
+
+        Args:
+            timeout: seconds to wait (``None``: no limit).
 
         Raises:
             InvalidStateError: the connection is closed (for good).
