@@ -1,16 +1,23 @@
 """The rows of an outbox publisher: their states, the confirm of one send, the writer
-thread that owns the store (group commit), and the writer-side start."""
+thread that owns the store (group commit), the bound on the rows and bytes stored
+(:class:`OutboxRoom`, a base of :class:`~rabbitry.outbox_publisher.AsyncOutboxPublisher`)
+and the writer-side start."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from .exceptions import InvalidStateError, LocalProtocolError, OutboxFull
 from .outbox import Outbox, OutboxBatch, OutboxRecord, OutboxStatus
 
 if TYPE_CHECKING:
-    import asyncio
     from collections.abc import Callable
+
+    from ._waiters import Waiters
 
 # Entry states.
 _STORING, _READY, _IN_FLIGHT, _WAITING, _ACKED, _DEAD = range(6)
@@ -125,6 +132,93 @@ class _Writer:
                 self.loop.call_soon_threadsafe(self.on_commit, batch, waiters, error)
             except RuntimeError:  # the loop is closed: nobody is left to tell
                 return
+
+
+class OutboxRoom:
+    """The bound of :class:`~rabbitry.outbox_publisher.AsyncOutboxPublisher` on the rows
+    and bytes it stores (the outbox's ``max_rows`` and ``max_bytes``): the room each
+    publish reserves before storing, given back when its rows leave, and the publishes
+    waiting for room, served in order."""
+
+    _outbox: Outbox
+    _loop: asyncio.AbstractEventLoop
+    _timeout: float | None
+    _closing: bool
+    # Rows and bytes reserved: stored, or being stored.
+    _rows: int
+    _bytes: int
+    _room_waiters: deque[tuple[int, int, asyncio.Future[None]]]
+    # Told when no row is left.
+    _idle_waiters: Waiters[None]
+
+    async def _reserve(self, rows: int, size: int, timeout: float | None) -> None:
+        if self._closing:
+            raise InvalidStateError("the publisher is closed")
+        outbox = self._outbox
+        if rows > outbox.max_rows or size > outbox.max_bytes:
+            raise LocalProtocolError(
+                f"publish_many.messages: {rows} messages of {size} bytes can never fit the "
+                f"outbox's bound (max_rows {outbox.max_rows}, max_bytes {outbox.max_bytes})"
+            )
+        if (
+            not self._room_waiters
+            and self._rows + rows <= outbox.max_rows
+            and self._bytes + size <= outbox.max_bytes
+        ):
+            self._rows += rows
+            self._bytes += size
+            return
+        if timeout is None:
+            timeout = self._timeout
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        item = (rows, size, waiter)
+        self._room_waiters.append(item)
+        try:
+            async with asyncio.timeout(timeout):
+                await waiter
+        except TimeoutError:
+            raise OutboxFull(
+                f"outbox {outbox.name}: full ({self._rows}/{outbox.max_rows} rows, "
+                f"{self._bytes}/{outbox.max_bytes} bytes) for {timeout} s; the broker "
+                "is not confirming fast enough (or is unreachable)",
+                rows=self._rows,
+                size=self._bytes,
+            ) from None
+        except BaseException:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self._release(rows, size)  # granted as we were cancelled: give it back
+            else:
+                with contextlib.suppress(ValueError):
+                    self._room_waiters.remove(item)
+            raise
+
+    def _release(self, rows: int, size: int) -> None:
+        self._rows -= rows
+        self._bytes -= size
+        outbox = self._outbox
+        waiters = self._room_waiters
+        while waiters:
+            need_rows, need_size, waiter = waiters[0]
+            if waiter.done():
+                waiters.popleft()
+                continue
+            if (
+                self._rows + need_rows > outbox.max_rows
+                or self._bytes + need_size > outbox.max_bytes
+            ):
+                break
+            waiters.popleft()
+            self._rows += need_rows
+            self._bytes += need_size
+            waiter.set_result(None)
+        if not self._rows:
+            self._idle_waiters.wake_all(None)
+
+    def _wake_room_waiters(self, exc: BaseException) -> None:
+        waiters, self._room_waiters = self._room_waiters, deque()
+        for _rows, _size, waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(exc)
 
 
 def _open_store(outbox: Outbox) -> tuple[OutboxStatus, list[OutboxRecord]]:

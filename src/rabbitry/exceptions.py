@@ -508,7 +508,19 @@ class PreconditionFailed(ChannelClosedByBroker):
 def connection_error_for(
     reply_code: int, reply_text: str = "", class_id: int = 0, method_id: int = 0
 ) -> ConnectionClosedByBroker:
-    """Build the exception for a connection.close received from the broker."""
+    """Build the exception for a connection.close received from the broker.
+
+    Args:
+        reply_code: the close's reply code (e.g. 320, 530).
+        reply_text: the broker's text.
+        class_id: the class of the method that caused the close (0: none).
+        method_id: the method that caused it (0: none).
+
+    Returns:
+        An instance of the class registered for ``reply_code`` (e.g.
+        :class:`ConnectionForced` for 320), or of :class:`ConnectionClosedByBroker` for a
+        code with no class of its own.
+    """
     cls = _CONNECTION_CODES.get(reply_code, ConnectionClosedByBroker)
     return cls(reply_code, reply_text, class_id, method_id)
 
@@ -516,7 +528,19 @@ def connection_error_for(
 def channel_error_for(
     reply_code: int, reply_text: str = "", class_id: int = 0, method_id: int = 0
 ) -> ChannelClosedByBroker:
-    """Build the exception for a channel.close received from the broker."""
+    """Build the exception for a channel.close received from the broker.
+
+    Args:
+        reply_code: the close's reply code (e.g. 404, 406).
+        reply_text: the broker's text.
+        class_id: the class of the method that caused the close (0: none).
+        method_id: the method that caused it (0: none).
+
+    Returns:
+        An instance of the class registered for ``reply_code`` (e.g. :class:`NotFound`
+        for 404), or of :class:`ChannelClosedByBroker` for a code with no class of its
+        own.
+    """
     cls = _CHANNEL_CODES.get(reply_code, ChannelClosedByBroker)
     return cls(reply_code, reply_text, class_id, method_id)
 

@@ -49,6 +49,7 @@ from ._outbox_rows import (
     _RETRY_WRITE_DELAY,
     _STORING,
     _WAITING,
+    OutboxRoom,
     SendOutcomes,
     _Entry,
     _open_store,
@@ -62,7 +63,6 @@ from .exceptions import (
     InvalidStateError,
     LocalProtocolError,
     OutboxError,
-    OutboxFull,
     PublishRefused,
     PublishTimeout,
     Unroutable,
@@ -111,7 +111,7 @@ class OutboxStats:
     dead: int
 
 
-class AsyncOutboxPublisher:
+class AsyncOutboxPublisher(OutboxRoom):
     """Publishes through a durable outbox: ``publish()`` returns once the message is stored.
 
     Get one with ``await connection.publisher(outbox=SQLiteOutbox(path))``; usable as
@@ -269,10 +269,18 @@ class AsyncOutboxPublisher:
     ) -> str:
         """Store one message durably; it is delivered in the background.
 
-        Arguments are those of :meth:`AsyncPublisher.publish`. Returns once the message
-        is committed to the outbox (shared commits with concurrent publishes).
+        Returns once the message is committed to the outbox (shared commits with
+        concurrent publishes).
 
         Args:
+            body: the payload; ``str`` is sent as UTF-8.
+            exchange: the exchange ("" is the default exchange).
+            routing_key: the routing key (the queue name on the default exchange).
+            properties: the basic properties (``message_id`` is generated when absent).
+            mandatory: ask the broker to return the message when no queue gets it: it
+                then goes to the dead table (``None``: the publisher's default).
+            persistent: ``True`` sets delivery mode 2 (persistent), ``False`` mode 1.
+            expiration: per-message TTL, int milliseconds or a ``timedelta``.
             timeout: how long to wait for room while the outbox is at its bound
                 (``None``: the publisher's default; ``None`` there waits without limit).
 
@@ -310,10 +318,24 @@ class AsyncOutboxPublisher:
         expiration: int | timedelta | None = None,
         timeout: float | None = None,
     ) -> list[str]:
-        """Store many messages in one transaction (all or none); returns their message_ids.
+        """Store many messages in one transaction (all or none).
 
-        Arguments are those of :meth:`AsyncPublisher.publish_batch`; every message is
-        validated before anything is stored.
+        Every message is validated before anything is stored.
+
+        Args:
+            messages: :class:`OutgoingMessage` objects, or bodies that use the arguments
+                below; ``None`` fields of an ``OutgoingMessage`` use them too.
+            exchange: as for :meth:`publish`, for the messages that do not set their own.
+            routing_key: likewise.
+            properties: likewise.
+            mandatory: likewise (``None``: the publisher's default).
+            persistent: likewise.
+            expiration: likewise.
+            timeout: how long to wait for room for the whole batch, as for
+                :meth:`publish`.
+
+        Returns:
+            The messages' ``message_id``, in order.
 
         Raises:
             LocalProtocolError: a message is invalid, or the batch can never fit the
@@ -345,6 +367,9 @@ class AsyncOutboxPublisher:
     async def flush(self, *, timeout: float | None = None) -> None:
         """Wait until the outbox is empty: every message confirmed or moved to dead.
 
+        Args:
+            timeout: seconds to wait (``None``: no limit).
+
         Raises:
             PublishTimeout: messages were still pending after ``timeout`` seconds.
         """
@@ -364,6 +389,9 @@ class AsyncOutboxPublisher:
         Idempotent. Waits up to ``timeout`` seconds (``None``: without limit) for the
         messages in flight, but not while the connection is down. Whatever is not
         confirmed stays in the outbox and is sent by the next publisher on it.
+
+        Args:
+            timeout: seconds to wait for the confirms of the messages in flight.
         """
         if self._closing:
             return
@@ -414,75 +442,6 @@ class AsyncOutboxPublisher:
             0, message_id, exchange, routing_key, mandatory, properties, body, now
         )
         return _Entry(record, frames, 0)
-
-    async def _reserve(self, rows: int, size: int, timeout: float | None) -> None:
-        if self._closing:
-            raise InvalidStateError("the publisher is closed")
-        outbox = self._outbox
-        if rows > outbox.max_rows or size > outbox.max_bytes:
-            raise LocalProtocolError(
-                f"publish_many.messages: {rows} messages of {size} bytes can never fit the "
-                f"outbox's bound (max_rows {outbox.max_rows}, max_bytes {outbox.max_bytes})"
-            )
-        if (
-            not self._room_waiters
-            and self._rows + rows <= outbox.max_rows
-            and self._bytes + size <= outbox.max_bytes
-        ):
-            self._rows += rows
-            self._bytes += size
-            return
-        if timeout is None:
-            timeout = self._timeout
-        waiter: asyncio.Future[None] = self._loop.create_future()
-        item = (rows, size, waiter)
-        self._room_waiters.append(item)
-        try:
-            async with asyncio.timeout(timeout):
-                await waiter
-        except TimeoutError:
-            raise OutboxFull(
-                f"outbox {outbox.name}: full ({self._rows}/{outbox.max_rows} rows, "
-                f"{self._bytes}/{outbox.max_bytes} bytes) for {timeout} s; the broker "
-                "is not confirming fast enough (or is unreachable)",
-                rows=self._rows,
-                size=self._bytes,
-            ) from None
-        except BaseException:
-            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                self._release(rows, size)  # granted as we were cancelled: give it back
-            else:
-                with contextlib.suppress(ValueError):
-                    self._room_waiters.remove(item)
-            raise
-
-    def _release(self, rows: int, size: int) -> None:
-        self._rows -= rows
-        self._bytes -= size
-        outbox = self._outbox
-        waiters = self._room_waiters
-        while waiters:
-            need_rows, need_size, waiter = waiters[0]
-            if waiter.done():
-                waiters.popleft()
-                continue
-            if (
-                self._rows + need_rows > outbox.max_rows
-                or self._bytes + need_size > outbox.max_bytes
-            ):
-                break
-            waiters.popleft()
-            self._rows += need_rows
-            self._bytes += need_size
-            waiter.set_result(None)
-        if not self._rows:
-            self._idle_waiters.wake_all(None)
-
-    def _wake_room_waiters(self, exc: BaseException) -> None:
-        waiters, self._room_waiters = self._room_waiters, deque()
-        for _rows, _size, waiter in waiters:
-            if not waiter.done():
-                waiter.set_exception(exc)
 
     async def _store(self, entries: list[_Entry]) -> None:
         rows = len(entries)

@@ -468,12 +468,16 @@ class AsyncPublisher(_PublisherCore):
         Every message is encoded (and validated) before anything is sent. They go out
         on the publisher's channel in order, written to the socket at once when the
         window has room for all of them; otherwise in chunks as room frees up.
-        ``exchange``, ``routing_key``, ``properties``, ``mandatory``, ``persistent`` and
-        ``expiration`` are as for :meth:`publish`, for the messages that do not set their own.
 
         Args:
             messages: :class:`OutgoingMessage` objects, or bodies that use the arguments
-                above; ``None`` fields of an ``OutgoingMessage`` use them too.
+                below; ``None`` fields of an ``OutgoingMessage`` use them too.
+            exchange: as for :meth:`publish`, for the messages that do not set their own.
+            routing_key: likewise.
+            properties: likewise.
+            mandatory: likewise (``None``: the publisher's default).
+            persistent: likewise.
+            expiration: likewise.
             timeout: one deadline for the whole batch, as for :meth:`publish`.
 
         Returns:
@@ -534,6 +538,10 @@ class AsyncPublisher(_PublisherCore):
         confirms it waits until the socket's write buffer drains below its high-water
         mark.
 
+        Args:
+            timeout: seconds to wait (``None``: no limit; without confirms it is not
+                used).
+
         Raises:
             PublishTimeout: messages were still unconfirmed after ``timeout`` seconds.
         """
@@ -573,6 +581,11 @@ class AsyncPublisher(_PublisherCore):
 
         Idempotent. Messages still unconfirmed when the channel closes fail with
         :class:`PublishOutcomeUnknown`; later publishes raise :class:`InvalidStateError`.
+        Raises nothing: a timeout is logged, an error closing the channel ignored.
+
+        Args:
+            timeout: seconds to wait for the confirms, and then for the channel's
+                close-ok (``None``: no limit).
         """
         if self._closing:
             return

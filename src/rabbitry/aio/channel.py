@@ -24,12 +24,12 @@ from ..protocol.channel import ChannelProtocol, ChannelState
 from ..protocol.frames import Method
 from ..protocol.publish import ConfirmTracker
 from ..publishing.pipe import PublishPipe, WritePath
-from ..record import RecordedBinding, RecordedExchange, RecordedQueue
 from ._consumers import _CONSUMER_QUEUE_BYTES as _CONSUMER_QUEUE_BYTES
 from ._consumers import _CONSUMER_QUEUE_MESSAGES as _CONSUMER_QUEUE_MESSAGES
 from ._consumers import CancelCallback, ConsumerMethods, _Connection, _Consumer
 from ._consumers import ConsumerCallback as ConsumerCallback
 from ._consumers import Subscription as Subscription
+from ._declare import DeclareMethods
 from ._lifecycle import ChannelHooks, ChannelLifecycle, _settle
 from ._lifecycle import Settleable as Settleable
 
@@ -46,11 +46,20 @@ M = TypeVar("M", bound=Method)
 _HEADS_PRUNE = 1024
 
 
-class AsyncChannel(ConsumerMethods, ChannelLifecycle):
+class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
     """An open AMQP channel. Get one with ``await connection.channel()``.
 
     Usable as ``async with`` (closes on exit). Callbacks run on the event loop; their
     exceptions are logged, never raised into the connection.
+
+    Requests (the coroutines that wait for the broker's reply) raise
+    :class:`LocalProtocolError` for an argument that cannot be sent (before anything is
+    sent), :class:`InvalidStateError` once the channel is closed, :class:`Timeout` past
+    their ``timeout``, the broker's refusal (a :class:`ChannelClosedByBroker` such as
+    :class:`NotFound` or :class:`PreconditionFailed`; the broker closes the channel), or
+    the connection's error (an :class:`AMQPConnectionError`) when it ends or drops
+    meanwhile. While the connection recovers they wait for it within their ``timeout``,
+    or raise :class:`ConnectionRecovering` when the recovery policy says to fail.
 
     Args:
         connection: the connection creating the channel (applications do not).
@@ -180,11 +189,21 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
         return self._conn
 
     def add_return_callback(self, callback: ReturnCallback) -> None:
-        """Call ``callback(message)`` for every basic.return (unroutable mandatory publish)."""
+        """Call ``callback(message)`` for every basic.return (unroutable mandatory publish).
+
+        Args:
+            callback: called on the event loop with each returned :class:`Message`.
+        """
         self._return_callbacks.append(callback)
 
     async def wait_closed(self, timeout: float | None = None) -> AMQPError:
-        """Wait until the channel closes; returns the reason.
+        """Wait until the channel closes.
+
+        Args:
+            timeout: seconds to wait (``None``: no limit).
+
+        Returns:
+            Why it closed.
 
         Raises:
             Timeout: still open after ``timeout`` seconds.
@@ -229,189 +248,6 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
         self._proto.send_method(method)
         self._pipe.kick()
 
-    # -- exchange
-
-    async def exchange_declare(
-        self,
-        exchange: str,
-        type: str = "direct",
-        *,
-        passive: bool = False,
-        durable: bool = False,
-        auto_delete: bool = False,
-        internal: bool = False,
-        arguments: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
-    ) -> spec.ExchangeDeclareOk:
-        """Declare an exchange (``passive``: only check that it exists)."""
-        method = spec.ExchangeDeclare(
-            exchange=exchange,
-            type=type,
-            passive=passive,
-            durable=durable,
-            auto_delete=auto_delete,
-            internal=internal,
-            arguments=arguments,
-        )
-        result: spec.ExchangeDeclareOk = await self._rpc(method, timeout)
-        if self._records and not passive:
-            self._conn.topology_record.add_exchange(
-                RecordedExchange(
-                    exchange, type, durable, auto_delete, internal, dict(arguments or {})
-                )
-            )
-        return result
-
-    async def exchange_delete(
-        self, exchange: str, *, if_unused: bool = False, timeout: float | None = None
-    ) -> spec.ExchangeDeleteOk:
-        """Delete an exchange."""
-        method = spec.ExchangeDelete(exchange=exchange, if_unused=if_unused)
-        result: spec.ExchangeDeleteOk = await self._rpc(method, timeout)
-        if self._records:
-            self._conn.topology_record.forget_exchange(exchange)
-        return result
-
-    async def exchange_bind(
-        self,
-        destination: str,
-        source: str,
-        routing_key: str = "",
-        *,
-        arguments: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
-    ) -> spec.ExchangeBindOk:
-        """Bind exchange ``destination`` to exchange ``source`` (RabbitMQ extension)."""
-        method = spec.ExchangeBind(
-            destination=destination, source=source, routing_key=routing_key, arguments=arguments
-        )
-        result: spec.ExchangeBindOk = await self._rpc(method, timeout)
-        if self._records:
-            self._conn.topology_record.add_binding(
-                RecordedBinding(source, destination, routing_key, dict(arguments or {}), "exchange")
-            )
-        return result
-
-    async def exchange_unbind(
-        self,
-        destination: str,
-        source: str,
-        routing_key: str = "",
-        *,
-        arguments: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
-    ) -> spec.ExchangeUnbindOk:
-        """Remove an exchange-to-exchange binding."""
-        method = spec.ExchangeUnbind(
-            destination=destination, source=source, routing_key=routing_key, arguments=arguments
-        )
-        result: spec.ExchangeUnbindOk = await self._rpc(method, timeout)
-        if self._records:
-            self._conn.topology_record.forget_binding(
-                RecordedBinding(source, destination, routing_key, dict(arguments or {}), "exchange")
-            )
-        return result
-
-    # -- queue
-
-    async def queue_declare(
-        self,
-        queue: str = "",
-        *,
-        passive: bool = False,
-        durable: bool = False,
-        exclusive: bool = False,
-        auto_delete: bool = False,
-        arguments: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
-    ) -> spec.QueueDeclareOk:
-        """Declare a queue; ``queue=""`` asks the broker for a name.
-
-        Returns:
-            The reply, with ``queue``, ``message_count`` and ``consumer_count``.
-        """
-        method = spec.QueueDeclare(
-            queue=queue,
-            passive=passive,
-            durable=durable,
-            exclusive=exclusive,
-            auto_delete=auto_delete,
-            arguments=arguments,
-        )
-        result: spec.QueueDeclareOk = await self._rpc(method, timeout)
-        if self._records and not passive:
-            self._conn.topology_record.add_queue(
-                RecordedQueue(
-                    result.queue,
-                    durable,
-                    exclusive,
-                    auto_delete,
-                    dict(arguments or {}),
-                    server_named=not queue,
-                )
-            )
-        return result
-
-    async def queue_bind(
-        self,
-        queue: str,
-        exchange: str,
-        routing_key: str = "",
-        *,
-        arguments: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
-    ) -> spec.QueueBindOk:
-        """Bind a queue to an exchange."""
-        method = spec.QueueBind(
-            queue=queue, exchange=exchange, routing_key=routing_key, arguments=arguments
-        )
-        result: spec.QueueBindOk = await self._rpc(method, timeout)
-        if self._records:
-            self._conn.topology_record.add_binding(
-                RecordedBinding(exchange, queue, routing_key, dict(arguments or {}))
-            )
-        return result
-
-    async def queue_unbind(
-        self,
-        queue: str,
-        exchange: str,
-        routing_key: str = "",
-        *,
-        arguments: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
-    ) -> spec.QueueUnbindOk:
-        """Remove a queue binding."""
-        method = spec.QueueUnbind(
-            queue=queue, exchange=exchange, routing_key=routing_key, arguments=arguments
-        )
-        result: spec.QueueUnbindOk = await self._rpc(method, timeout)
-        if self._records:
-            self._conn.topology_record.forget_binding(
-                RecordedBinding(exchange, queue, routing_key, dict(arguments or {}))
-            )
-        return result
-
-    async def queue_purge(self, queue: str, *, timeout: float | None = None) -> spec.QueuePurgeOk:
-        """Remove all ready messages from a queue; the reply has ``message_count``."""
-        result: spec.QueuePurgeOk = await self._rpc(spec.QueuePurge(queue=queue), timeout)
-        return result
-
-    async def queue_delete(
-        self,
-        queue: str,
-        *,
-        if_unused: bool = False,
-        if_empty: bool = False,
-        timeout: float | None = None,
-    ) -> spec.QueueDeleteOk:
-        """Delete a queue; the reply has the ``message_count`` it held."""
-        method = spec.QueueDelete(queue=queue, if_unused=if_unused, if_empty=if_empty)
-        result: spec.QueueDeleteOk = await self._rpc(method, timeout)
-        if self._records:
-            self._conn.topology_record.forget_queue(queue)
-        return result
-
     # -- basic
 
     async def basic_qos(
@@ -422,7 +258,20 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
         global_: bool = False,
         timeout: float | None = None,
     ) -> spec.BasicQosOk:
-        """Limit unacknowledged deliveries (per consumer; ``global_`` per channel)."""
+        """Limit unacknowledged deliveries (per consumer; ``global_`` per channel).
+
+        Recovery sets the same limit again on the recovered channel.
+
+        Args:
+            prefetch_count: deliveries a consumer may hold unacknowledged (0: no limit).
+            prefetch_size: the same in bytes (0: no limit; RabbitMQ supports only 0).
+            global_: the limit is per channel, not per consumer.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's qos-ok.
+        """
         method = spec.BasicQos(
             prefetch_size=prefetch_size, prefetch_count=prefetch_count, global_=global_
         )
@@ -441,16 +290,28 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
     ) -> asyncio.Future[None] | None:
         """Publish a message.
 
-        Waits only while the socket's write buffer is full. In confirm mode returns a
-        future that resolves when the broker acks the message and fails with
-        :class:`Nacked`, :class:`PublishRefused` (the broker closed the channel because of
-        this message) or :class:`PublishOutcomeUnknown`; otherwise returns ``None``.
-        A ``str`` body is sent as UTF-8. Returned (unroutable mandatory) messages go to
-        the return callbacks.
+        Waits only while the socket's write buffer is full, and while the connection
+        recovers. Returned (unroutable mandatory) messages go to the return callbacks.
+
+        Args:
+            exchange: the exchange (``""``: the default exchange, routing by queue name).
+            routing_key: the routing key.
+            body: the body; a ``str`` is sent as UTF-8.
+            properties: the message's properties.
+            mandatory: an unroutable message comes back to the return callbacks.
+
+        Returns:
+            In confirm mode a future that resolves when the broker acks the message and
+            fails with :class:`Nacked`, :class:`PublishRefused` (the broker closed the
+            channel because of this message) or :class:`PublishOutcomeUnknown`;
+            otherwise ``None``.
 
         Raises:
             LocalProtocolError: a field, a property or the body is invalid; nothing sent.
-            InvalidStateError: the channel is closed.
+            InvalidStateError: the channel is closed, or the connection closed while
+                recovering.
+            ConnectionRecovering: the connection is recovering and the recovery policy
+                says to fail.
         """
         pipe = self._pipe
         if self._suspended:
@@ -507,7 +368,20 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
             exclusive: no other consumer may use the queue.
             arguments: e.g. ``{"x-priority": 10}``.
             on_cancel: called with the tag if the broker cancels the consumer.
-            timeout: seconds to wait for consume-ok.
+            timeout: seconds to wait for consume-ok (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The consumer tag (the broker's choice when ``consumer_tag`` is empty).
+
+        Raises:
+            ConfigurationError: a consumer a stream or quorum queue would refuse (e.g.
+                a stream consumer with ``no_ack`` or without a prefetch); nothing sent.
+            NotFound: there is no such queue (the channel closes).
+            AccessRefused: another consumer holds the queue exclusively, or
+                ``exclusive`` and it has consumers (the channel closes).
+            ResourceLocked: the queue is exclusive to another connection (the channel
+                closes).
         """
         subscription = Subscription(
             queue,
@@ -524,7 +398,16 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
     async def basic_cancel(
         self, consumer_tag: str, *, timeout: float | None = None
     ) -> spec.BasicCancelOk:
-        """Stop a consumer. Deliveries already sent still reach its callback."""
+        """Stop a consumer. Deliveries already sent still reach its callback.
+
+        Args:
+            consumer_tag: the tag :meth:`basic_consume` returned.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's cancel-ok.
+        """
 
         def unregister(reply: spec.BasicCancelOk) -> None:
             consumer = self._drop_consumer(reply.consumer_tag)
@@ -563,6 +446,10 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
 
         The consumer is cancelled when the iteration ends; to end it early and at once,
         wrap the iterator in ``contextlib.aclosing``.
+
+        Yields:
+            Each delivery, in order (with ``unpack_batches``, each record of a batch
+            envelope as a message of its own).
 
         Raises:
             ConsumerCancelled: the broker cancelled the consumer.
@@ -618,7 +505,20 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
     async def basic_get(
         self, queue: str, *, no_ack: bool = False, timeout: float | None = None
     ) -> Message | None:
-        """Fetch one message, or ``None`` when the queue is empty."""
+        """Fetch one message (basic.get).
+
+        Args:
+            queue: the queue.
+            no_ack: automatic acknowledgement.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The message, or ``None`` when the queue is empty.
+
+        Raises:
+            NotFound: there is no such queue (the channel closes).
+        """
         reply = await self._rpc(spec.BasicGet(queue=queue, no_ack=no_ack), timeout)
         if isinstance(reply, Message):
             reply.channel = self
@@ -638,6 +538,14 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
         deliveries either way. A tag
         handed out before the connection recovered is dropped with a warning (the
         broker redelivers that message); ``multiple`` never reaches across a recovery.
+
+        Args:
+            delivery_tag: the delivery's tag (0 with ``multiple``: every delivery so far).
+            multiple: and every earlier unacknowledged delivery of this channel.
+
+        Raises:
+            InvalidStateError: the channel is closed.
+            LocalProtocolError: the tag is not an unsigned 64-bit integer.
         """
         offset = self._tag_offset
         if self._suspended or (delivery_tag and delivery_tag <= offset):
@@ -652,6 +560,15 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
         """Reject one or (``multiple``) many deliveries; requeue or dead-letter them.
 
         A stale tag (from before a recovery) is dropped like in :meth:`basic_ack`.
+
+        Args:
+            delivery_tag: the delivery's tag (0 with ``multiple``: every delivery so far).
+            multiple: and every earlier unacknowledged delivery of this channel.
+            requeue: put them back in the queue; ``False`` dead-letters or drops them.
+
+        Raises:
+            InvalidStateError: the channel is closed.
+            LocalProtocolError: the tag is not an unsigned 64-bit integer.
         """
         offset = self._tag_offset
         if self._suspended or (delivery_tag and delivery_tag <= offset):
@@ -662,7 +579,16 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
         self._proto.settled(wire, multiple)
 
     def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
-        """Reject one delivery; requeue or dead-letter it (a stale tag is dropped)."""
+        """Reject one delivery; requeue or dead-letter it (a stale tag is dropped).
+
+        Args:
+            delivery_tag: the delivery's tag.
+            requeue: put it back in the queue; ``False`` dead-letters or drops it.
+
+        Raises:
+            InvalidStateError: the channel is closed.
+            LocalProtocolError: the tag is not an unsigned 64-bit integer.
+        """
         offset = self._tag_offset
         if self._suspended or (delivery_tag and delivery_tag <= offset):
             self._drop_stale("basic.reject", delivery_tag)
@@ -685,34 +611,90 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
     async def basic_recover(
         self, requeue: bool = True, *, timeout: float | None = None
     ) -> spec.BasicRecoverOk:
-        """Redeliver all unacknowledged messages of this channel."""
+        """Redeliver all unacknowledged messages of this channel.
+
+        Args:
+            requeue: redeliver to any consumer (RabbitMQ implements only ``True``).
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's recover-ok.
+        """
         result: spec.BasicRecoverOk = await self._rpc(spec.BasicRecover(requeue=requeue), timeout)
         return result
 
     # -- confirm, tx, flow
 
     async def confirm_select(self, *, timeout: float | None = None) -> spec.ConfirmSelectOk:
-        """Turn on publisher confirms: from now on ``basic_publish`` returns a future."""
+        """Turn on publisher confirms: from now on ``basic_publish`` returns a future.
+
+        Args:
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's select-ok.
+        """
         result: spec.ConfirmSelectOk = await self._rpc(spec.ConfirmSelect(), timeout)
         return result
 
     async def tx_select(self, *, timeout: float | None = None) -> spec.TxSelectOk:
-        """Make the channel transactional."""
+        """Make the channel transactional.
+
+        Args:
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's select-ok.
+        """
         result: spec.TxSelectOk = await self._rpc(spec.TxSelect(), timeout)
         return result
 
     async def tx_commit(self, *, timeout: float | None = None) -> spec.TxCommitOk:
-        """Commit the current transaction."""
+        """Commit the current transaction.
+
+        Args:
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's commit-ok.
+
+        Raises:
+            PreconditionFailed: the channel is not transactional (the channel closes).
+        """
         result: spec.TxCommitOk = await self._rpc(spec.TxCommit(), timeout)
         return result
 
     async def tx_rollback(self, *, timeout: float | None = None) -> spec.TxRollbackOk:
-        """Abandon the current transaction."""
+        """Abandon the current transaction.
+
+        Args:
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The broker's rollback-ok.
+
+        Raises:
+            PreconditionFailed: the channel is not transactional (the channel closes).
+        """
         result: spec.TxRollbackOk = await self._rpc(spec.TxRollback(), timeout)
         return result
 
     async def flow(self, active: bool, *, timeout: float | None = None) -> bool:
-        """Ask the broker to pause (``False``) or resume deliveries; returns its answer."""
+        """Ask the broker to pause or resume deliveries.
+
+        Args:
+            active: ``False`` pauses, ``True`` resumes.
+            timeout: seconds to wait for the broker's reply (``None``: no limit); then
+                :class:`Timeout`.
+
+        Returns:
+            The state the broker answered (``True``: active).
+        """
         reply: spec.ChannelFlowOk = await self._rpc(spec.ChannelFlow(active=active), timeout)
         return reply.active
 
@@ -727,6 +709,14 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
 
         While the connection is recovering the channel is closed at once (there is no
         broker channel to close), and recovery does not bring it back.
+
+        Args:
+            reply_code: the close code sent to the broker.
+            reply_text: the close text sent to the broker.
+            timeout: seconds to wait for close-ok (``None``: no limit).
+
+        Raises:
+            Timeout: no close-ok within ``timeout`` seconds.
         """
         if self._closed.done():
             return

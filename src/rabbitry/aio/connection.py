@@ -2,15 +2,9 @@
 
 The engine owns the socket, the timers and the futures; every protocol rule lives in
 ``rabbitry.protocol``. Bytes flow ``data_received → receive_data → data_to_send → write``
-and events flow ``events_received → futures and callbacks`` (the dispatch, the state
-changes and the endings are in :mod:`rabbitry.aio._events`, a base class).
-
-Writes are corked per loop pass: the first frames an API call queues in a pass are
-written at once (a round trip costs no extra loop iteration), what follows in the same
-pass leaves in one ``write`` from one scheduled flush, and what is queued while a chunk
-of the socket is handled leaves in one ``write`` at the end of the chunk. A burst
-longer than ``_FLUSH_FRAMES`` frames is flushed at once so memory stays bounded, and
-publishers wait while the transport's buffer is above its high-water mark.
+and events flow ``events_received → futures and callbacks``. Two base classes hold
+parts of the engine: :mod:`rabbitry.aio._socket` the socket's events and the corked
+writes, :mod:`rabbitry.aio._events` the dispatch, the state changes and the endings.
 """
 
 from __future__ import annotations
@@ -22,7 +16,7 @@ import os
 import ssl
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Self, cast
+from typing import TYPE_CHECKING, Any, Self
 
 from ..broker import RABBITMQ_3_MAX_MESSAGE_SIZE, server_capabilities
 from ..config import ConnectionParameters, default_url, parse_urls
@@ -48,6 +42,7 @@ from ..record import TopologyRecord
 from ..recovery import DEFAULT_RECOVERY, RecoveryPolicy, State
 from ._connect_errors import refine, wait_opened
 from ._events import _CLOSE_TIMEOUT, BlockedCallback, CloseCallback, ConnectionEvents, LoopHooks
+from ._socket import SocketIO, Transport
 from .channel import AsyncChannel, create_channel
 
 if TYPE_CHECKING:
@@ -58,11 +53,6 @@ __all__ = ["AsyncConnection"]
 
 logger = logging.getLogger("rabbitry.connection")
 
-#: Flush at once when this many frames are queued within one loop iteration.
-_FLUSH_FRAMES = 256
-#: Above this many bytes queued, a flush writes the pieces one by one instead of joining.
-_JOIN_BYTES = 1024 * 1024
-
 # Every connection opened in this process, so that a forked child can disable them all.
 _CONNECTIONS: weakref.WeakSet[AsyncConnection] = weakref.WeakSet()
 
@@ -70,43 +60,7 @@ _CONNECTIONS: weakref.WeakSet[AsyncConnection] = weakref.WeakSet()
 CredentialsProvider = Callable[[], "tuple[str, str] | Awaitable[tuple[str, str]]"]
 
 
-class _Transport(asyncio.Protocol):
-    """asyncio glue: forwards socket events to the connection."""
-
-    def __init__(self, connection: AsyncConnection, proto: ConnectionProtocol) -> None:
-        self._connection = connection
-        # The protocol object this socket serves: a late event from the socket of an
-        # earlier attempt (or of a connection that recovery replaced) must not reach
-        # the new one.
-        self._proto = proto
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # Not an isinstance() check: uvloop's transports do not derive from asyncio's.
-        stream = cast("asyncio.Transport", transport)
-        if self._connection._proto is self._proto:
-            self._connection._on_connection_made(stream)
-        else:
-            stream.abort()
-
-    def data_received(self, data: bytes) -> None:
-        if self._connection._proto is self._proto:
-            self._connection._on_data(data)
-
-    def eof_received(self) -> bool:
-        return False  # let the transport close; connection_lost follows
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._connection._proto is self._proto:
-            self._connection._on_connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        self._connection._writes.paused = True
-
-    def resume_writing(self) -> None:
-        self._connection._resume_writing()
-
-
-class AsyncConnection(ConnectionEvents):
+class AsyncConnection(ConnectionEvents, SocketIO):
     """The asyncio engine of :class:`rabbitry.AsyncConnection`: the socket, the timers,
     the channels and recovery.
 
@@ -268,6 +222,9 @@ class AsyncConnection(ConnectionEvents):
         """Call ``callback(reason)`` on connection.blocked and ``callback(None)`` on unblocked.
 
         Runs on the event loop; exceptions are logged.
+
+        Args:
+            callback: called with the broker's reason, or ``None`` when unblocked.
         """
         self._blocked_callbacks.append(callback)
 
@@ -275,6 +232,9 @@ class AsyncConnection(ConnectionEvents):
         """Call ``callback(exc)`` once when the connection ends, with the reason.
 
         Runs on the event loop; exceptions are logged.
+
+        Args:
+            callback: called with why the connection ended.
         """
         self._close_callbacks.append(callback)
 
@@ -289,7 +249,13 @@ class AsyncConnection(ConnectionEvents):
 
         Raises:
             AuthenticationError: the broker refused the credentials (not retried).
+            VirtualHostNotFound / VirtualHostAccessRefused: the virtual host does not
+                exist, or the user may not use it (not retried).
             ConnectError: no address accepted the connection; ``errors`` lists why.
+            TLSError / CredentialsError / NotAnAMQPServer: every address failed that
+                same way (the TLS handshake, the credentials provider, or no AMQP 0-9-1
+                server there).
+            Timeout: no address accepted the connection within ``timeout``.
             InvalidStateError: already connected.
         """
         if self._proto is not None:
@@ -387,7 +353,7 @@ class AsyncConnection(ConnectionEvents):
             async with asyncio.timeout(params.connection_timeout):
                 proto = self._proto
                 await loop.create_connection(
-                    lambda: _Transport(self, proto),
+                    lambda: Transport(self, proto),
                     params.host,
                     params.port,
                     ssl=context,
@@ -440,6 +406,11 @@ class AsyncConnection(ConnectionEvents):
         Idempotent. Past ``timeout`` (default 10 s) the socket is closed anyway, so this
         returns in bounded time even when the broker is gone. In a process forked from
         the one that connected it does nothing (the socket is the parent's).
+
+        Args:
+            reply_code: the close code sent to the broker.
+            reply_text: the close text sent to the broker.
+            timeout: seconds to wait for close-ok (``None``: 10 s).
         """
         if self._pid != os.getpid():
             return
@@ -476,7 +447,13 @@ class AsyncConnection(ConnectionEvents):
                     self._transport.abort()
 
     async def wait_closed(self, timeout: float | None = None) -> AMQPError:
-        """Wait until the connection ends; returns the reason.
+        """Wait until the connection ends.
+
+        Args:
+            timeout: seconds to wait (``None``: no limit).
+
+        Returns:
+            Why it ended.
 
         Raises:
             InvalidStateError: the connection was never opened.
@@ -489,6 +466,10 @@ class AsyncConnection(ConnectionEvents):
                 return await asyncio.shield(self._terminated)
         except TimeoutError:
             raise Timeout(f"connection still open after {timeout} s") from None
+
+    def _loop_hooks(self) -> LoopHooks:
+        """What :func:`loop_hooks` hands the thread-safe API's IO thread."""
+        return LoopHooks(self._begin_batch, self._end_batch, self._abort)
 
     def _abort(self, exc: AMQPError) -> None:
         """End the connection now, not waiting for the broker (``LoopHooks.abort``)."""
@@ -512,7 +493,26 @@ class AsyncConnection(ConnectionEvents):
     async def channel(
         self, channel_id: int | None = None, *, timeout: float | None = None
     ) -> AsyncChannel:
-        """Open a channel (the lowest free number unless ``channel_id`` is given)."""
+        """Open a channel.
+
+        While the connection recovers it waits for it (within ``timeout``), or fails
+        when the recovery policy says so.
+
+        Args:
+            channel_id: the channel number (``None``: the lowest free one).
+            timeout: seconds to wait for open-ok (``None``: no limit).
+
+        Returns:
+            The open channel.
+
+        Raises:
+            InvalidStateError: the connection is not open (or closed while recovering).
+            LocalProtocolError: ``channel_id`` is taken or out of range, or no channel
+                number is free.
+            ConnectionRecovering: the connection is recovering and the recovery policy
+                says to fail.
+            Timeout: no open-ok (or no recovery) within ``timeout``.
+        """
         if self._state is State.RECOVERING:
             await self._await_recovery(timeout, "open a channel")
         return await self._open_channel(channel_id, timeout)
@@ -549,7 +549,20 @@ class AsyncConnection(ConnectionEvents):
     async def update_secret(
         self, new_secret: bytes | str, reason: str = "", *, timeout: float | None = None
     ) -> None:
-        """Replace the credentials of the open connection (connection.update-secret)."""
+        """Replace the credentials of the open connection (connection.update-secret).
+
+        Args:
+            new_secret: the new secret (e.g. a refreshed OAuth 2 token).
+            reason: a text the broker logs.
+            timeout: seconds to wait for update-secret-ok (``None``: no limit).
+
+        Raises:
+            InvalidStateError: the connection is not open, or another update waits for
+                its answer.
+            Timeout: no update-secret-ok within ``timeout``.
+            AMQPConnectionError: the connection ended meanwhile (a broker that refuses
+                the new secret closes the connection).
+        """
         proto = self._require_open()
         proto.update_secret(new_secret, reason)
         assert self._loop is not None
@@ -569,122 +582,6 @@ class AsyncConnection(ConnectionEvents):
             raise InvalidStateError("the connection is not open (call connect() first)")
         return proto
 
-    # ------------------------------------------------------------------ writing
-
-    def _kick(self) -> None:
-        """Write queued frames now, or once at the end of this loop pass.
-
-        The first frames queued in a loop pass leave at once: a lone publish or ack
-        (a round trip) costs no extra loop iteration. What follows in the same pass is
-        corked and leaves in one write, from a flush scheduled with ``call_soon`` (so a
-        burst of publishes is one ``write``), or at the end of a batch (see
-        :meth:`_begin_batch`): what callbacks queue while a chunk of the socket is
-        handled, what one drain of the sync API's hand-off queue queues.
-        """
-        proto = self._proto
-        if proto is None:
-            return
-        if not self._corked and self._transport is not None:
-            self._corked = True  # a new pass: until a flush or the next read, cork
-            self._flush()
-        elif len(proto.send_queue) >= _FLUSH_FRAMES:
-            self._flush()
-        elif self._flush_handle is None and not self._in_batch and self._loop is not None:
-            self._flush_handle = self._loop.call_soon(self._flush_corked)
-
-    def _begin_batch(self) -> None:
-        """Cork writes until :meth:`_end_batch`, which writes them in one go (loop thread)."""
-        self._in_batch = self._corked = True
-
-    def _end_batch(self) -> None:
-        """Write what was queued since :meth:`_begin_batch`; later frames leave at once."""
-        self._in_batch = self._corked = False
-        proto = self._proto
-        if proto is not None and proto.send_queue:
-            self._flush()
-
-    def _flush_corked(self) -> None:
-        """The flush scheduled by :meth:`_kick`: the pass that corked is over."""
-        self._flush_handle = None
-        self._corked = False
-        self._flush()
-
-    def _flush(self) -> None:
-        proto = self._proto
-        if proto is None:
-            return
-        out = proto.buffers_to_send()
-        transport = self._transport
-        if not out or transport is None or transport.is_closing():
-            return
-        if len(out) == 1:
-            transport.write(out[0])
-        elif sum(map(len, out)) <= _JOIN_BYTES:
-            transport.write(b"".join(out))
-        else:
-            # A large message: joining would copy its body once more before the
-            # transport copies what the socket did not take. Piece by piece, the
-            # transport's buffer holds the only copy.
-            write = transport.write
-            for piece in out:
-                write(piece)
-
-    def _resume_writing(self) -> None:
-        """The transport drained, or went away: publishers may write again."""
-        self._writes.resume()
-
-    # ------------------------------------------------------------------ socket events
-
-    def _on_connection_made(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
-        self._held_events = []  # deliveries of an earlier socket: the broker requeued them
-        if self._read_pauses and self._proto is not None:
-            # A consumer queue is still full from before a reconnect.
-            self._proto.rx_paused = True
-            transport.pause_reading()
-        self._flush()  # the protocol header
-
-    def _on_connection_lost(self, exc: Exception | None) -> None:
-        proto = self._proto
-        self._transport = None
-        self._resume_writing()
-        if proto is not None:
-            proto.receive_eof()
-            self._handle_events(proto.events_received())
-        if self._lost is not None and not self._lost.done():
-            self._lost.set_result(None)
-        if exc is not None:
-            logger.debug("socket closed: %r", exc)
-            if isinstance(exc, ssl.SSLError) and self._opened is not None:
-                if not self._opened.done() or self._opened.exception() is not None:
-                    self._handshake_tls_error = exc
-
-    def _on_data(self, data: bytes) -> None:
-        proto = self._proto
-        if proto is None:
-            return
-        # Frames queued while this chunk is handled (answers of the protocol, acks and
-        # publishes of callbacks) leave in one write at the end; the next frames
-        # queued after that, in a later pass, leave at once (_begin_batch inlined).
-        self._in_batch = self._corked = True
-        try:
-            if self._held_events:
-                self._release_held()  # what was read before goes first
-            proto.receive_data(data)
-            if proto.send_queue:
-                # The protocol's own answers (a close-ok, a flow-ok) leave before the
-                # events are handled: a connection that ends there is aborted unflushed.
-                self._flush()
-            events = proto.events_received()
-            if events:
-                self._handle_events(events)
-        finally:
-            self._in_batch = self._corked = False
-        if proto.send_queue:
-            self._flush()
-        if proto.state is ConnectionState.CLOSING and self._close_deadline is None:
-            self._arm_close_deadline()
-
     # ------------------------------------------------------------------ recovery
 
     @property
@@ -693,19 +590,36 @@ class AsyncConnection(ConnectionEvents):
         return self._state
 
     def on_state_change(self, callback: Callable[[State, AMQPError | None], Any]) -> None:
-        """Call ``callback(state, cause)`` on every state change (on the event loop)."""
+        """Call ``callback(state, cause)`` on every state change (on the event loop).
+
+        Args:
+            callback: called with the new :class:`State` and the error that caused the
+                change (``None`` when there is none).
+        """
         self._state_callbacks.append(callback)
 
     def on_queue_renamed(self, callback: Callable[[str, str], Any]) -> None:
-        """Call ``callback(old, new)`` when recovery gives a server-named queue a new name."""
+        """Call ``callback(old, new)`` when recovery gives a server-named queue a new name.
+
+        Args:
+            callback: called with the queue's old and new names.
+        """
         self._rename_callbacks.append(callback)
 
     def on_recovery_error(self, callback: Callable[[str, str, AMQPError], Any]) -> None:
-        """Call ``callback(kind, name, exc)`` when an entity fails to re-declare."""
+        """Call ``callback(kind, name, exc)`` when an entity fails to re-declare.
+
+        Args:
+            callback: called with the kind of entity (``"exchange"``, ``"queue"``,
+                ``"binding"``, ``"consumer"`` or ``"channel"``), its name and the error.
+        """
         self._recovery_error_callbacks.append(callback)
 
     async def wait_recovered(self, timeout: float | None = None) -> None:
         """Return once the connection is OPEN (at once if it is).
+
+        Args:
+            timeout: seconds to wait (``None``: no limit).
 
         Raises:
             InvalidStateError: the connection is closed (for good).
@@ -749,7 +663,7 @@ def remove_callback(connection: AsyncConnection, callback: Callable[..., Any]) -
 
 def loop_hooks(connection: AsyncConnection) -> LoopHooks:
     """The hooks of ``connection`` for the thread-safe API's IO thread; not for applications."""
-    return LoopHooks(connection._begin_batch, connection._end_batch, connection._abort)
+    return connection._loop_hooks()
 
 
 def open_connections(loop: asyncio.AbstractEventLoop) -> list[AsyncConnection]:

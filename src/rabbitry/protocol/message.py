@@ -132,10 +132,19 @@ class Message:
         Safe to call from any thread for messages of the sync API. After the connection
         recovered, acking a message delivered before is dropped with a warning (the
         broker redelivers it) and counted in the channel's ``stale_settlements``.
+        Returns at once, having queued the ack for the connection.
 
-        Returns at once, having queued the ack for the connection. The result is an
-        already-complete awaitable (:class:`Settled`): asyncio code may write either
-        ``message.ack()`` or ``await message.ack()``.
+        Args:
+            multiple: also acknowledge every earlier unacknowledged delivery of the
+                channel.
+
+        Returns:
+            An already-complete awaitable (:class:`Settled`): asyncio code may write
+            either ``message.ack()`` or ``await message.ack()``.
+
+        Raises:
+            InvalidStateError: the message was not delivered on a channel, was already
+                acknowledged or rejected, or its channel is closed.
         """
         channel = self._channel()
         channel.basic_ack(self.delivery_tag, multiple)
@@ -143,14 +152,39 @@ class Message:
         return SETTLED
 
     def nack(self, multiple: bool = False, requeue: bool = True) -> Settled:
-        """Negatively acknowledge: requeue it, or dead-letter/drop it (``requeue=False``)."""
+        """Negatively acknowledge: requeue it, or dead-letter/drop it (``requeue=False``).
+
+        Safe from any thread and dropped after a recovery, like :meth:`ack`.
+
+        Args:
+            multiple: also nack every earlier unacknowledged delivery of the channel.
+            requeue: put it back in the queue; ``False`` dead-letters or drops it.
+
+        Returns:
+            An already-complete awaitable (:class:`Settled`), as :meth:`ack` does.
+
+        Raises:
+            InvalidStateError: the message was not delivered on a channel, was already
+                acknowledged or rejected, or its channel is closed.
+        """
         channel = self._channel()
         channel.basic_nack(self.delivery_tag, multiple, requeue)
         self.settled = True
         return SETTLED
 
     def reject(self, requeue: bool = True) -> Settled:
-        """Reject this one message (like ``nack`` without ``multiple``)."""
+        """Reject this one message (like ``nack`` without ``multiple``).
+
+        Args:
+            requeue: put it back in the queue; ``False`` dead-letters or drops it.
+
+        Returns:
+            An already-complete awaitable (:class:`Settled`), as :meth:`ack` does.
+
+        Raises:
+            InvalidStateError: the message was not delivered on a channel, was already
+                acknowledged or rejected, or its channel is closed.
+        """
         channel = self._channel()
         channel.basic_reject(self.delivery_tag, requeue)
         self.settled = True

@@ -3015,7 +3015,22 @@ class BasicProperties:
 
     @classmethod
     def decode(cls, buf: bytes, offset: int) -> tuple[BasicProperties, int]:
-        """Decode flags and values at ``offset``; returns the properties and end."""
+        """Decode the property flags and the present values at ``offset``.
+
+        Args:
+            buf: the content header payload.
+            offset: where the property flags start in ``buf``.
+
+        Returns:
+            ``(properties, offset after them)``.
+
+        Raises:
+            RemoteProtocolError: the flags ask for a continuation, or the headers
+                table is malformed (reply code 502). Truncated or malformed input may
+                also raise ``struct.error``, ``IndexError``, ``ValueError`` or
+                ``OverflowError``: the content header parser turns each into a
+                :class:`RemoteProtocolError`.
+        """
         self = cls.__new__(cls)
         (flags,) = _S_H.unpack_from(buf, offset)
         offset += 2

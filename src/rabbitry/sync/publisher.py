@@ -151,6 +151,18 @@ class Publisher:
         ``max_in_flight`` messages are unconfirmed, up to the deadline. Arguments,
         outcomes and the deadline are those of :meth:`AsyncPublisher.publish`.
 
+        Args:
+            body: the payload; ``str`` is sent as UTF-8.
+            exchange: the exchange ("" is the default exchange).
+            routing_key: the routing key (the queue name on the default exchange).
+            properties: the basic properties (``message_id`` is generated when absent).
+            mandatory: ask the broker to return the message when no queue gets it
+                (``None``: the publisher's default).
+            persistent: ``True`` sets delivery mode 2 (persistent), ``False`` mode 1.
+            expiration: per-message TTL, int milliseconds or a ``timedelta``.
+            timeout: the deadline in seconds (``None``: the publisher's default) for
+                waiting while blocked, for room in the window and for the confirm.
+
         Returns:
             A ``concurrent.futures.Future``: ``None`` on ack; fails with
             :class:`Nacked`, :class:`Unroutable`, :class:`PublishTimeout`,
@@ -239,12 +251,29 @@ class Publisher:
     ) -> list[BaseException | None]:
         """Publish many messages in one write burst; block until all are settled.
 
-        As :meth:`AsyncPublisher.publish_batch`: returns one outcome per message, in
-        order (``None`` when acked, else the exception).
+        As :meth:`AsyncPublisher.publish_batch`.
+
+        Args:
+            messages: :class:`OutgoingMessage` objects, or bodies that use the arguments
+                below; ``None`` fields of an ``OutgoingMessage`` use them too.
+            exchange: as for :meth:`publish`, for the messages that do not set their own.
+            routing_key: likewise.
+            properties: likewise.
+            mandatory: likewise (``None``: the publisher's default).
+            persistent: likewise.
+            expiration: likewise.
+            timeout: one deadline for the whole batch, as for :meth:`publish`.
+
+        Returns:
+            One outcome per message, in order: ``None`` when acked (or sent, without
+            confirms), else the exception its future would have failed with; the
+            messages that could not be sent before the deadline get
+            :class:`PublishTimeout`.
 
         Raises:
             LocalProtocolError: a message is invalid; nothing was sent.
             InvalidStateError: the publisher is closed.
+            PublishTimeout: the outcomes were not all known a second after the deadline.
         """
         engine = self._port
         traced = _obs.active
@@ -312,6 +341,9 @@ class Publisher:
     def wait_for_confirms(self, *, timeout: float | None = None) -> None:
         """Block until nothing this publisher sent is unsettled (see the async twin).
 
+        Args:
+            timeout: seconds to wait (``None``: no limit).
+
         Raises:
             PublishTimeout: messages were still unconfirmed after ``timeout`` seconds.
         """
@@ -333,6 +365,17 @@ class Publisher:
         """Wait for outstanding confirms (up to ``timeout``), then close the channel.
 
         Idempotent. Threads blocked in ``publish`` get :class:`InvalidStateError`.
+
+        Args:
+            timeout: seconds to wait for the confirms, and then for the channel's
+                close-ok (``None``: no limit).
+
+        Raises:
+            InvalidStateError: called from the connection's IO thread (a callback run
+                there), where it would deadlock.
+            Timeout: the confirms and the close-ok together took more than ``timeout``
+                seconds and a second of grace; the close was cut short there (the
+                publisher is closed all the same).
         """
         if self._async.is_closed or not self._connection.is_open:
             self._unblocked.set()
