@@ -576,13 +576,17 @@ class BatchingPublisher:
         if self._acc.open is None:
             self._deadline = None
         while sealed:
-            batch = sealed.popleft()
+            # The envelope stays first in line until it is handed over: an interrupt at
+            # any point before that (Ctrl-C, ServiceStopped), which other threads'
+            # records in it must survive, finds it still queued.
+            batch = sealed[0]
             futures = batch.futures
             options = self._options
             try:
                 body, props = options.message(batch)
                 sent = self.publisher.publish(body, **options.publish_options(batch, props))
             except Exception as exc:
+                sealed.popleft()
                 logger.error(
                     "batching publisher: an envelope of %d records was not sent: %r",
                     len(futures),
@@ -591,14 +595,13 @@ class BatchingPublisher:
                 _fail_all(futures, exc)
                 continue
             except BaseException:
-                # The sending thread was interrupted (Ctrl-C, ServiceStopped) while the
-                # envelope, which holds other threads' records too, waited for the
-                # publisher: it goes back first in line, and the linger thread sends it.
-                sealed.appendleft(batch)
+                # Interrupted while the envelope waited for the publisher: the linger
+                # thread sends it.
                 self._deadline = time.monotonic()
                 self._start_linger_thread()
                 self._wake.notify()
                 raise
+            sealed.popleft()
             if len(futures) == 1:
                 self._acc.stats.singles += 1
             else:

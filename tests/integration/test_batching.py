@@ -457,12 +457,13 @@ async def test_a_cancelled_caller_does_not_take_other_callers_records_with_it(
 
 
 SYNC_INTERRUPT = r"""
-import os, signal, sys, threading, time
+import faulthandler, os, signal, sys, threading, time
 import rabbitry
 from rabbitry import BatchingPublisher
 from tests.support.proxy import TcpProxy
 
 url, port, queue = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+faulthandler.dump_traceback_later(90, exit=True)  # a hang prints every thread's stack
 with TcpProxy("127.0.0.1", port) as proxy, rabbitry.Connection(proxy.url()) as conn:
     publisher = conn.publisher(max_in_flight=1)
     batching = BatchingPublisher(publisher, batch_records=2, linger=30)
@@ -475,11 +476,27 @@ with TcpProxy("127.0.0.1", port) as proxy, rabbitry.Connection(proxy.url()) as c
     thread.start()
     thread.join()
 
+    main = threading.main_thread().ident
+
+    def waiting_for_the_window():
+        # The main thread holds the sealed [b0, b1] batch and waits for a slot of the
+        # publisher's window (no confirm can free one: the proxy holds them back), in
+        # the window's condition wait.
+        frame = sys._current_frames().get(main)
+        if frame is None or frame.f_code.co_filename != threading.__file__:
+            return False
+        while frame is not None:
+            if frame.f_code.co_qualname == "_Window.acquire":
+                return True
+            frame = frame.f_back
+        return False
+
     def interrupt_when_blocked():
-        # The main thread holds the sealed [b0, b1] batch and waits for the window.
-        while not (batching._acc.open is None and not batching._acc.sealed):
+        deadline = time.monotonic() + 60
+        while not waiting_for_the_window():
+            if time.monotonic() > deadline:
+                os._exit(3)
             time.sleep(0.005)
-        time.sleep(0.2)
         os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=interrupt_when_blocked, daemon=True).start()
@@ -514,7 +531,7 @@ def test_an_interrupted_publishing_thread_does_not_lose_other_threads_records(
         [sys.executable, str(script), url, port, queue],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=110,  # past the script's own 90 s stack dump, before pytest-timeout
         env=env,
         check=False,
     )
