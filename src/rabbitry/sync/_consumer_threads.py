@@ -307,7 +307,18 @@ class ThreadedConsumer(AsyncConsumer):
                 if message_id:
                     if message_id in self._ids:
                         return  # a copy is in flight: check this one after it
-                    if dedup.seen(message_id):
+                    try:
+                        seen = dedup.seen(message_id)
+                    except Exception:
+                        # The application's store failed: like a handling that failed
+                        # before the handler, the message stays unsettled (the broker
+                        # has it back when the channel closes); the others go on.
+                        logger.exception("consumer %s: handler task failed", self)
+                        inbox.popleft()
+                        if self._bounded:
+                            self._handed_out(message)
+                        continue
+                    if seen:
                         inbox.popleft()
                         if self._bounded:
                             self._handed_out(message)
@@ -337,17 +348,19 @@ class ThreadedConsumer(AsyncConsumer):
         message_id = message.properties.message_id
         if self._ids:
             self._ids.discard(message_id)
-        if error is None:
-            self._ack(message)
-            if self.dedup is not None and message_id:
-                self.dedup.add(message_id)
-        else:
-            self._spawn(self._fail(message, error))
-        if not self._running:
-            assert self._idle is not None
-            self._idle.set()
-        if self._inbox and not self._stopping:
-            self._pump()
+        try:
+            if error is None:
+                self._ack(message)
+                if self.dedup is not None and message_id:
+                    self.dedup.add(message_id)  # the application's store may raise
+            else:
+                self._spawn(self._fail(message, error))
+        finally:
+            if not self._running:
+                assert self._idle is not None
+                self._idle.set()
+            if self._inbox and not self._stopping:
+                self._pump()
 
     def _take_back(self, requeue: bool, calls: bool = False) -> None:
         """IO thread: take the direct messages no thread has started off the queue.
