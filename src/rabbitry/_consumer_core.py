@@ -177,7 +177,14 @@ class ConsumerStats:
 
 
 class _ConsumerCore(EnvelopeHandling):
-    """Deliveries, settling and the broker's events: the machinery under AsyncConsumer."""
+    """Deliveries, settling and the broker's events: the machinery under AsyncConsumer.
+
+    The sync ``Consumer``'s engine (``ThreadedConsumer`` in
+    ``rabbitry.sync._consumer_threads``) derives from AsyncConsumer and overrides
+    ``_pump`` (messages go to its handler threads' queue), ``_release_waiting`` and
+    ``_on_channel_closed`` (it takes back what those threads have not started); it
+    counts the messages queued for them in ``_running`` and keeps ``_idle`` with it.
+    """
 
     # Set by AsyncConsumer.__init__.
     _conn: AsyncConnection

@@ -211,6 +211,8 @@ class AsyncConsumer(_ConsumerCore):
         self._reads_paused = False
         self._batch: list[Message] = []
         self._batch_timer: asyncio.TimerHandle | None = None
+        # Work in flight: handler tasks, and in the sync Consumer's subclass also the
+        # messages queued for its handler threads (see rabbitry.sync._consumer_threads).
         self._running = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle: asyncio.Event | None = None
@@ -222,8 +224,8 @@ class AsyncConsumer(_ConsumerCore):
         self._resubscribe_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Future[Any]] = set()
         self._queue_gone = False
-        #: False in the sync facade: a cancelled handler's thread may still be running,
-        #: so its message must not be requeued behind its back (see stop()).
+        #: False in the sync Consumer's subclass: a cancelled handler's thread may still
+        #: be running, so its message must not be requeued behind its back (see stop()).
         self._release_on_cancel = True
         self._attempt = 0
         self._failures = FailureLog(
@@ -378,7 +380,7 @@ class AsyncConsumer(_ConsumerCore):
                     await asyncio.wait_for(self._idle.wait(), timeout)
                 except TimeoutError:
                     logger.warning("consumer %s: handlers still running after %s s", self, timeout)
-            if self._tasks and not self._release_on_cancel:
+            if self._running and not self._release_on_cancel:
                 # Sync facade: a handler thread cannot be interrupted. Return now, as
                 # promised, but keep the channel open until the running handlers have
                 # settled their messages; closing it earlier would requeue a message while
@@ -471,14 +473,3 @@ def is_async_callable(handler: object) -> bool:
     return call is not None and (
         inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call)
     )
-
-
-def run_handlers_on_threads(consumer: AsyncConsumer) -> None:
-    """Tell ``consumer`` that its handler hands each message to a thread, which a
-    cancellation cannot stop: a cancelled handling then leaves its message unsettled
-    (no requeue behind the thread's back), and stop() keeps the channel open until the
-    threads have settled theirs.
-
-    For the thread-safe twin (:class:`rabbitry.Consumer`); not for applications.
-    """
-    consumer._release_on_cancel = False

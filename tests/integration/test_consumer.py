@@ -1694,12 +1694,13 @@ def test_sync_message_ack_in_the_handler_is_not_acked_twice(
 
         with tapped.consumer(queue, handler) as consumer:
             assert wait_until(lambda: len(acked_in_handler) == 6)
-            assert wait_until(lambda: len(wire.of("ack")) == 6)
+            # The handler's acks of a burst may leave as one multiple ack (coalescing).
+            assert wait_until(lambda: len(wire.acked()) == 6)
             time.sleep(0.3)  # a second ack would have reached the wire by now
             assert consumer.stats.resubscribed == 0
     finally:
         tapped.close(timeout=5)
-    assert [s.delivery_tag for s in wire.of("ack")] == [1, 2, 3, 4, 5, 6]
+    assert wire.acked() == [1, 2, 3, 4, 5, 6]
     assert wire.of("nack") == [] and wire.of("reject") == []
     assert not proxy.tap_errors
     assert sync_ready(sync_conn, queue) == 0

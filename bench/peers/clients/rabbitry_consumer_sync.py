@@ -2,7 +2,7 @@
 
 The synchronous twin of ``rabbitry_consumer``: ``conn.consumer(queue, handler,
 prefetch=ctx.prefetch)`` on a ``rabbitry.Connection``, with a plain (non-async) handler
-that only counts and returns. The consumer runs it on its pool thread (``concurrency``
+that only counts and returns. The consumer runs it on its handler thread (``concurrency``
 1) and acks the message on the IO thread once it has returned. Only S4 and S4m; the
 publish scenarios and S5 are left to ``rabbitry_sync`` (the worker reports them as not
 implemented).

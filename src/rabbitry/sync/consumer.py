@@ -1,74 +1,32 @@
 """Consumer: the thread-safe twin of :class:`rabbitry.consumer.AsyncConsumer`.
 
 The async consumer does all the work on the IO thread (deliveries, acks, failure
-policy); this facade only turns the user's plain handler into an awaitable by running it
-on a thread pool of ``concurrency`` workers. A handler may block for as long as it needs:
-heartbeats are the IO thread's job, and the broker's ``consumer_timeout`` is the only
-limit. Messages handed to the handler ack through the portal, so ``message.ack()`` from
-the handler thread is safe (the consumer then does not ack it again).
+policy); here its handler runs on ``concurrency`` threads of its own (the engine is a
+``ThreadedConsumer``, see ``rabbitry.sync._consumer_threads``). A handler may block for as
+long as it needs: heartbeats are the IO thread's job, and the broker's
+``consumer_timeout`` is the only limit. Messages handed to the handler ack through the
+portal, so ``message.ack()`` from the handler thread is safe (the consumer then does not
+ack it again).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..consumer import (
-    AsyncConsumer,
-    ConsumerStats,
-    DedupStore,
-    SyncHandler,
-    is_async_callable,
-    run_handlers_on_threads,
-)
-from ..exceptions import ConfigurationError
-from ..observability import _state as _obs
+from ..consumer import ConsumerStats, DedupStore, SyncHandler, is_async_callable
+from ..exceptions import ConfigurationError, InvalidStateError
 from ._connection import portal_of, post_callback
+from ._consumer_threads import ThreadedConsumer
 from .channel import _wait
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ..exceptions import AMQPError
-    from ..protocol.message import Message
     from ..topology._retry import RetryPolicy
     from ._connection import Connection
-    from ._portal import Portal
 
 __all__ = ["Consumer"]
-
-
-class _PortalAcker:
-    """Acks from handler threads, forwarded to the message's channel on the IO thread."""
-
-    __slots__ = ("_channel", "_portal")
-
-    def __init__(self, portal: Portal, channel: Any) -> None:
-        self._portal = portal
-        self._channel = channel
-
-    @property
-    def is_closed(self) -> bool:
-        closed: bool = self._channel.is_closed
-        return closed
-
-    @property
-    def epoch(self) -> int:
-        epoch: int = self._channel.epoch
-        return epoch
-
-    def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
-        self._portal.submit(self._channel.basic_ack, delivery_tag, multiple)
-
-    def basic_nack(
-        self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
-    ) -> None:
-        self._portal.submit(self._channel.basic_nack, delivery_tag, multiple, requeue)
-
-    def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
-        self._portal.submit(self._channel.basic_reject, delivery_tag, requeue)
 
 
 class Consumer:
@@ -111,8 +69,6 @@ class Consumer:
             )
         self._connection = connection
         self._portal = portal_of(connection)
-        self._user_handler: Callable[[Any], object] = handler
-        self._executor: ThreadPoolExecutor | None = None
         user_cancel = on_cancel
         cancel_hook = None
         if user_cancel is not None:
@@ -120,10 +76,11 @@ class Consumer:
             def cancel_hook(tag: str) -> None:
                 post_callback(connection, user_cancel, tag)
 
-        self._async = AsyncConsumer(
+        self._async = ThreadedConsumer(
             connection._async,
+            self._portal,
             queue,
-            self._run_handler,
+            handler,
             ack=ack,
             prefetch=prefetch,
             concurrency=concurrency,
@@ -136,7 +93,6 @@ class Consumer:
             on_cancel=cancel_hook,
             resubscribe=resubscribe,
         )
-        run_handlers_on_threads(self._async)
 
     def __repr__(self) -> str:
         return repr(self._async).replace("AsyncConsumer", "Consumer", 1)
@@ -228,34 +184,12 @@ class Consumer:
         """The RetryPolicy, if any."""
         return self._async.retry
 
-    async def _run_handler(self, work: Message | list[Message]) -> Any:
-        # On the IO thread: hand the work to a pool thread and wait without blocking.
-        messages = work if isinstance(work, list) else [work]
-        for message in messages:
-            message.channel = _PortalAcker(self._portal, message.channel)
-        assert self._executor is not None
-        loop = asyncio.get_running_loop()
-        try:
-            if _obs.active is not None:  # the handler runs inside the process span
-                run = contextvars.copy_context().run
-                return await loop.run_in_executor(self._executor, run, self._user_handler, work)
-            return await loop.run_in_executor(self._executor, self._user_handler, work)
-        finally:
-            for message in messages:  # back to the engine's channel for the consumer
-                acker = message.channel
-                if isinstance(acker, _PortalAcker):
-                    message.channel = acker._channel
-
     def start(self, timeout: float | None = None) -> None:
-        """Subscribe; handlers start running on pool threads.
+        """Start the handler threads and subscribe; handlers start running on them.
 
         Args:
             timeout: seconds for each broker request it makes (``None``: no limit).
         """
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(
-                max_workers=self._async.concurrency, thread_name_prefix="rabbitry-handler"
-            )
         self._portal.call(self._async.start, timeout, wait=_wait(timeout))
 
     def wait(self, timeout: float | None = None) -> AMQPError | None:
@@ -272,17 +206,22 @@ class Consumer:
     def stop(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop consuming; see :meth:`AsyncConsumer.stop`.
 
+        Messages prefetched that no handler has started (waiting for a handler thread)
+        are requeued at once. A handler thread cannot be interrupted: the running
+        handlers finish, and their messages are settled, even after ``stop()`` returned.
+
         Args:
-            drain: let running handlers finish (and ack) before returning; otherwise
-                they are cancelled and their messages requeued.
+            drain: wait for the running handlers to finish (and ack) before returning;
+                otherwise return without waiting for them.
             timeout: seconds to wait for running handlers.
         """
         try:
             self._portal.call(self._async.stop, drain, timeout, wait=_wait(timeout))
         finally:
-            if self._executor is not None:
-                # Never wait here: stop() promised to return within its timeout. A handler
-                # still running finishes on its thread; its message was not acked, and the
-                # broker redelivers it now that the channel is closed.
-                self._executor.shutdown(wait=False, cancel_futures=True)
-                self._executor = None
+            # Never wait here: stop() promised to return within its timeout. A handler
+            # still running finishes on its thread (the consumer's channel stays open
+            # until its message is settled); then the thread ends.
+            try:
+                self._portal.submit(self._async.end_threads)
+            except InvalidStateError:  # the IO thread has stopped (connection closed)
+                self._async.stop_threads()

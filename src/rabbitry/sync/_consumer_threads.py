@@ -1,0 +1,466 @@
+"""The consumer under :class:`rabbitry.sync.consumer.Consumer`: handlers on threads.
+
+:class:`ThreadedConsumer` is an :class:`~rabbitry.consumer.AsyncConsumer` (deliveries,
+settling, the failure policy and the broker's events all stay on the IO thread) whose
+handler runs on ``concurrency`` threads of its own, and whose hand-offs between the IO
+thread and those threads are cheap in bursts.
+
+Theory of operation
+-------------------
+A plain message (not a batch envelope, no process span to record) takes the *direct*
+path, with no task per message:
+
+* The IO thread's ``_pump`` puts it on one FIFO queue (``SimpleQueue``) shared by the
+  handler threads, with every other message that is waiting: a thread that is busy finds
+  the next one there when it has finished, without waiting for the IO thread. Only a
+  thread blocked on the empty queue needs a wake-up.
+* A thread that has run the handler reports the outcome through the portal
+  (``Portal.submit``), which wakes the IO thread only when no wake-up is pending: one
+  wake-up settles every message that finished meanwhile, and the portal's drain sends
+  their acks in one write. It goes behind what the handler itself queued on the portal
+  (a ``message.ack()``, a publish).
+* On the IO thread, ``_completed`` then does what ``_handle`` does after the handler:
+  acks it (unless the handler settled it), remembers its id for ``dedup``, or sends it
+  down the failure path (in a task, as the retry moves wait for the broker).
+
+With one thread (``concurrency=1``) the handler sees the messages in delivery order. A
+message whose ``message_id`` is the one of a message still queued or running (with
+``dedup``) waits, and everything behind it, until that one has finished: it is then
+checked against the store like in a sequential consumer.
+
+What still needs the coroutine machinery (batches, envelopes, a consumer whose process
+spans are recorded) takes the *task* path: ``_handle`` / ``_handle_batch`` in a task per
+work item, as in the asyncio consumer, whose handler (``_run_on_thread``) queues the call
+on the same threads and awaits its result. Such an item starts only while fewer than
+``concurrency`` are in flight, like in the asyncio consumer, and with one thread the
+direct messages behind it wait until it has finished, so the order holds.
+
+The messages queued for the threads count as handed out (in flight: ``_running``), so
+``stop(drain=True)`` waits for them; the ones no thread has started are taken back from
+the queue at that point (``_release_waiting``: a stop or a broker cancel) and requeued,
+like the messages of the inbox, or forgotten when their channel closes (the broker
+requeues them). When the broker's prefetch does not bound the deliveries (auto ack,
+``prefetch=0``) only ``concurrency`` messages are queued at once, so the consumer's
+bound on what waits for a handler still holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import logging
+import queue
+import threading
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..batching import BATCH_FORMAT_HEADER
+from ..consumer import AsyncConsumer, DedupStore
+from ..exceptions import InvalidStateError
+from ..observability import _state as _obs
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..aio.connection import AsyncConnection
+    from ..protocol.message import Message
+    from ..topology._retry import RetryPolicy
+    from ._portal import Portal
+
+__all__ = ["ThreadedConsumer"]
+
+logger = logging.getLogger("rabbitry.consumer")
+
+#: Messages queued for the handler threads when the broker's prefetch bounds nothing:
+#: effectively unlimited (the prefetch, at most 65,535, bounds them).
+_UNBOUNDED = 1 << 30
+
+
+class _PortalAcker:
+    """Acks from handler threads, forwarded to the message's channel on the IO thread."""
+
+    __slots__ = ("_portal", "target")
+
+    def __init__(self, portal: Portal, channel: Any) -> None:
+        self._portal = portal
+        #: The channel the settlements go to.
+        self.target = channel
+
+    @property
+    def is_closed(self) -> bool:
+        closed: bool = self.target.is_closed
+        return closed
+
+    @property
+    def epoch(self) -> int:
+        epoch: int = self.target.epoch
+        return epoch
+
+    def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
+        self._portal.submit(self.target.basic_ack, delivery_tag, multiple)
+
+    def basic_nack(
+        self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
+    ) -> None:
+        self._portal.submit(self.target.basic_nack, delivery_tag, multiple, requeue)
+
+    def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
+        self._portal.submit(self.target.basic_reject, delivery_tag, requeue)
+
+
+class _Call:
+    """A handler call of the task path: ``fn(work)``, its outcome set on ``future``."""
+
+    __slots__ = ("fn", "future", "work")
+
+    def __init__(self, fn: Callable[[Any], object], work: Any, future: asyncio.Future[Any]) -> None:
+        self.fn = fn
+        self.work = work
+        self.future = future
+
+
+def _as_failure(exc: BaseException) -> Exception:
+    """A handler's exception as the consumer's failure path takes it."""
+    if isinstance(exc, Exception):
+        return exc
+    # SystemExit and the like only end the handler's call here, not the process (it
+    # runs on a handler thread): its message fails like on any other error.
+    failure = RuntimeError(f"the handler raised {exc!r}")
+    failure.__cause__ = exc
+    return failure
+
+
+def _run_in(context: contextvars.Context, fn: Callable[[Any], object], work: Any) -> object:
+    return context.run(fn, work)
+
+
+class ThreadedConsumer(AsyncConsumer):
+    """An :class:`AsyncConsumer` running the plain ``handler`` on ``concurrency`` threads.
+
+    The engine of :class:`rabbitry.sync.consumer.Consumer` (see the module docstring);
+    it lives on ``portal``'s IO thread. Its handler threads start with :meth:`start`
+    and end with :meth:`end_threads`.
+    """
+
+    def __init__(
+        self,
+        connection: AsyncConnection,
+        portal: Portal,
+        queue_name: str,
+        handler: Callable[[Any], object],
+        *,
+        ack: Literal["manual", "auto"],
+        prefetch: int,
+        concurrency: int,
+        retry: RetryPolicy | None,
+        batch_size: int | None,
+        batch_timeout: float | None,
+        exclusive: bool,
+        arguments: dict[str, Any] | None,
+        dedup: DedupStore | None,
+        on_cancel: Callable[[str], Any] | None,
+        resubscribe: bool,
+    ) -> None:
+        super().__init__(
+            connection,
+            queue_name,
+            self._run_on_thread,
+            ack=ack,
+            prefetch=prefetch,
+            concurrency=concurrency,
+            retry=retry,
+            batch_size=batch_size,
+            batch_timeout=batch_timeout,
+            exclusive=exclusive,
+            arguments=arguments,
+            dedup=dedup,
+            on_cancel=on_cancel,
+            resubscribe=resubscribe,
+        )
+        # A cancelled handling cannot stop its thread: its message stays unsettled (no
+        # requeue behind the thread's back), and stop() keeps the channel open until the
+        # threads have settled theirs.
+        self._release_on_cancel = False
+        self._portal = portal
+        self._user_handler = handler
+        # Messages and _Call jobs for the threads, in order; None ends one thread.
+        self._jobs: queue.SimpleQueue[Message | _Call | None] = queue.SimpleQueue()
+        self._put = self._jobs.put
+        self._workers: list[threading.Thread] = []
+        self._workers_ended = False
+        # Direct messages in flight at most (with the task path's items: _running).
+        self._window = concurrency if self._bounded else _UNBOUNDED
+        self._serial = concurrency == 1
+        # Task-path items in flight; with one thread, direct messages wait behind them.
+        self._tasked = 0
+        # message_ids of the direct messages in flight (only with dedup).
+        self._ids: set[str] = set()
+        self._acker: _PortalAcker | None = None
+
+    # ------------------------------------------------------------------ threads
+
+    async def start(self, timeout: float | None = None) -> None:
+        """Start the handler threads, then subscribe (see :meth:`AsyncConsumer.start`).
+
+        Args:
+            timeout: seconds for each broker request it makes (``None``: no limit).
+        """
+        started = self._started
+        if not started:
+            self._start_threads()
+        try:
+            await super().start(timeout)
+        except BaseException:
+            if not started:
+                self.end_threads()
+            raise
+
+    def _start_threads(self) -> None:
+        self._workers_ended = False
+        while len(self._workers) < self.concurrency:
+            worker = threading.Thread(
+                target=self._serve,
+                name=f"rabbitry-handler-{len(self._workers) + 1}",
+                daemon=True,
+            )
+            worker.start()
+            self._workers.append(worker)
+
+    def end_threads(self) -> None:
+        """IO thread: end the handler threads once they have finished what they run.
+
+        Jobs no thread has started are taken back: a direct message is left unsettled
+        (its channel closes with the consumer, and the broker requeues it); a task-path
+        call is cancelled, and so is every call queued later.
+        """
+        self._workers_ended = True
+        self._take_back(requeue=False, calls=True)
+        self.stop_threads()
+
+    def stop_threads(self) -> None:
+        """End the handler threads after their current job (any thread).
+
+        For when the IO thread has stopped (the connection is closed); otherwise
+        :meth:`end_threads` on the IO thread.
+        """
+        workers, self._workers = self._workers, []
+        for _ in workers:
+            self._put(None)
+
+    def _serve(self) -> None:
+        """A handler thread: run jobs until a None (or the connection is closed)."""
+        get = self._jobs.get
+        run = self._run_job
+        while run(get()):
+            pass
+
+    def _run_job(self, job: Message | _Call | None) -> bool:
+        """Handler thread: run ``job``, report its outcome to the IO thread; False: end."""
+        if job is None:
+            return False
+        error: Exception | None = None
+        try:
+            if job.__class__ is _Call:
+                call: _Call = job
+                if call.future.done():  # cancelled before it started
+                    return True
+                result: object = None
+                try:
+                    result = call.fn(call.work)
+                except BaseException as exc:
+                    error = _as_failure(exc)
+                self._portal.submit(self._resolved, call, result, error)
+            else:
+                try:
+                    self._user_handler(job)
+                except BaseException as exc:
+                    error = _as_failure(exc)
+                self._portal.submit(self._completed, job, error)
+        except InvalidStateError:
+            return False  # the connection is closed: the broker requeues what was unacked
+        return True
+
+    # ------------------------------------------------------------------ direct path (IO thread)
+
+    def _pump(self) -> None:
+        inbox = self._inbox
+        while inbox:
+            work = inbox[0]
+            if work.__class__ is list:
+                if not self._start_task(work):
+                    return
+                continue
+            message: Message = work  # type: ignore[assignment]
+            headers = message.properties.headers
+            traced = _obs.active
+            if (headers and BATCH_FORMAT_HEADER in headers) or (
+                traced is not None and traced.records_process()
+            ):
+                if not self._start_task(message):
+                    return
+                continue
+            if self._running >= self._window or (self._tasked and self._serial):
+                return
+            dedup = self.dedup
+            if dedup is not None:
+                message_id = message.properties.message_id
+                if message_id:
+                    if message_id in self._ids:
+                        return  # a copy is in flight: check this one after it
+                    try:
+                        seen = dedup.seen(message_id)
+                    except Exception:
+                        # The application's store failed: like a handling that failed
+                        # before the handler, the message stays unsettled (the broker
+                        # has it back when the channel closes); the others go on.
+                        logger.exception("consumer %s: handler task failed", self)
+                        inbox.popleft()
+                        if self._bounded:
+                            self._handed_out(message)
+                        continue
+                    if seen:
+                        inbox.popleft()
+                        if self._bounded:
+                            self._handed_out(message)
+                        self.stats.deduplicated += 1
+                        self._ack(message)
+                        continue
+                    self._ids.add(message_id)
+            inbox.popleft()
+            if self._bounded:
+                self._handed_out(message)
+            acker = self._acker
+            if acker is None or acker.target is not message.channel:
+                acker = self._acker = _PortalAcker(self._portal, message.channel)
+            message.channel = acker
+            if not self._running:
+                assert self._idle is not None
+                self._idle.clear()
+            self._running += 1
+            self._put(message)
+
+    def _completed(self, message: Message, error: Exception | None) -> None:
+        """IO thread: a handler thread has run the handler on ``message``."""
+        self._running -= 1
+        acker = message.channel
+        if acker.__class__ is _PortalAcker:
+            message.channel = acker.target
+        message_id = message.properties.message_id
+        if self._ids:
+            self._ids.discard(message_id)
+        try:
+            if error is None:
+                self._ack(message)
+                if self.dedup is not None and message_id:
+                    self.dedup.add(message_id)  # the application's store may raise
+            else:
+                self._spawn(self._fail(message, error))
+        finally:
+            if not self._running:
+                assert self._idle is not None
+                self._idle.set()
+            if self._inbox and not self._stopping:
+                self._pump()
+
+    def _take_back(self, requeue: bool, calls: bool = False) -> None:
+        """IO thread: take the direct messages no thread has started off the queue.
+
+        ``requeue``: nack them back to the queue (a stop or a broker cancel), else leave
+        them to the broker (their channel has closed, or closes soon). ``calls``: cancel
+        the task path's calls no thread has started too (else they stay queued).
+        """
+        get = self._jobs.get_nowait
+        kept: list[_Call | None] = []
+        while True:
+            try:
+                job = get()
+            except queue.Empty:
+                break
+            if job is None or job.__class__ is _Call:
+                if calls and job is not None:
+                    job.future.cancel()
+                else:
+                    kept.append(job)
+                continue
+            message: Message = job  # type: ignore[assignment]
+            self._running -= 1
+            acker = message.channel
+            if acker.__class__ is _PortalAcker:
+                message.channel = acker.target
+            if self._ids:
+                self._ids.discard(message.properties.message_id)
+            if requeue:
+                self.stats.released += 1
+                if self._manual:
+                    self._settle(message, "nack", requeue=True)
+        for job in kept:
+            self._put(job)
+        if not self._running and self._idle is not None:
+            self._idle.set()
+
+    def _release_waiting(self) -> None:
+        self._take_back(requeue=True)  # delivered before the inbox's
+        super()._release_waiting()
+
+    def _on_channel_closed(self, exc: Any) -> None:
+        self._take_back(requeue=False)
+        super()._on_channel_closed(exc)
+
+    # ------------------------------------------------------------------ task path (IO thread)
+
+    def _start_task(self, work: Message | list[Message]) -> bool:
+        """Hand ``work`` to a task running ``_handle``/``_handle_batch``, if it may start."""
+        if self._running >= self.concurrency:
+            return False
+        self._inbox.popleft()
+        if self._bounded:
+            self._handed_out(work)
+        self._tasked += 1
+        self._spawn(self._work_on(work))
+        return True
+
+    async def _work_on(self, work: Message | list[Message]) -> None:
+        try:
+            traced = _obs.active
+            if traced is not None and traced.records_process():
+                handling = (
+                    self._handle_batch(work) if isinstance(work, list) else self._handle(work)
+                )
+                await traced.process(self, work, handling)
+            elif isinstance(work, list):
+                await self._handle_batch(work)
+            else:
+                await self._handle(work)
+        finally:
+            self._tasked -= 1
+
+    async def _run_on_thread(self, work: Message | list[Message]) -> Any:
+        """The task path's handler: the user's, run on a handler thread."""
+        messages = work if isinstance(work, list) else [work]
+        for message in messages:
+            message.channel = _PortalAcker(self._portal, message.channel)
+        fn = self._user_handler
+        if _obs.active is not None:  # the handler runs inside the process span
+            fn = functools.partial(_run_in, contextvars.copy_context(), fn)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        try:
+            if self._workers_ended:
+                raise asyncio.CancelledError
+            self._put(_Call(fn, work, future))
+            return await future
+        finally:
+            for message in messages:  # back to the engine's channel for the consumer
+                acker = message.channel
+                if isinstance(acker, _PortalAcker):
+                    message.channel = acker.target
+
+    @staticmethod
+    def _resolved(call: _Call, result: object, error: Exception | None) -> None:
+        """IO thread: a handler thread has run ``call``."""
+        future = call.future
+        if future.done():
+            return
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
