@@ -272,8 +272,11 @@ async def test_k4_the_clients_node_is_stopped(rmq_cluster: RabbitCluster, unique
 
 # --------------------------------------------------------------------------- K5
 
-#: Soak length in seconds (3 minutes by default); override for a longer run.
-SOAK_SECONDS = float(os.environ.get("RABBITRY_SOAK_SECONDS", "180"))
+#: Faults the nemesis injects (8 by default: 4 kills, 4 freezes, in a random order);
+#: override for a longer soak. The clients run until the last fault has healed.
+SOAK_FAULTS = int(os.environ.get("RABBITRY_SOAK_FAULTS", "8"))
+#: Seconds of health before each fault.
+SOAK_HEALTHY = 5.0
 #: Operations per second over all clients, as in rabbitmq/jepsen.
 SOAK_RATE = 50.0
 SOAK_CLIENTS = 3
@@ -325,22 +328,21 @@ async def _soak_client(
     return publishing
 
 
-async def _nemesis(cluster: RabbitCluster, stop: asyncio.Event, stalls: Stalls) -> list[str]:
-    """Every 20 s: kill -9 and restart, or freeze for 10 s, a random node."""
+async def _nemesis(cluster: RabbitCluster, stalls: Stalls) -> list[str]:
+    """SOAK_FAULTS faults, half kill -9 and restart, half a 10 s freeze, each on a random
+    node after SOAK_HEALTHY seconds of health, in a random order."""
     rng = random.Random()
+    kinds = ["kill"] * (SOAK_FAULTS // 2) + ["freeze"] * (SOAK_FAULTS - SOAK_FAULTS // 2)
+    rng.shuffle(kinds)
     done: list[str] = []
-    while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 10)  # healthy for 10 s
-        if stop.is_set():
-            break
+    for kind in kinds:
+        await asyncio.sleep(SOAK_HEALTHY)
         victim = rng.choice(cluster.nodes)
-        if rng.random() < 0.5:
+        if kind == "kill":
             stalls.fault(f"kill -9 {victim.short_name}")
             await asyncio.to_thread(cluster.kill, victim)
             await asyncio.sleep(2)
             await asyncio.to_thread(cluster.start, victim)
-            done.append(f"kill {victim.short_name}")
         else:
             stalls.fault(f"SIGSTOP 10s {victim.short_name}")
             cluster.pause(victim, 10)
@@ -348,15 +350,17 @@ async def _nemesis(cluster: RabbitCluster, stop: asyncio.Event, stalls: Stalls) 
                 await asyncio.sleep(10)
             finally:
                 cluster.resume(victim)
-            done.append(f"freeze {victim.short_name}")
+        done.append(f"{kind} {victim.short_name}")
+    await asyncio.sleep(SOAK_HEALTHY)
     return done
 
 
-@pytest.mark.timeout(SOAK_SECONDS + 240)
+@pytest.mark.timeout(SOAK_FAULTS * 40 + 240)
 async def test_k5_soak_of_random_kills_and_freezes(rmq_cluster: RabbitCluster, unique: str) -> None:
-    """Jepsen-lite: 3 clients enqueue and dequeue at 50 ops/s on a quorum queue for
-    180 s while random nodes are killed and restarted or frozen for 10 s; then the
-    cluster heals and every node is drained. lost = 0 and unexpected = 0."""
+    """Jepsen-lite: 3 clients enqueue and dequeue at 50 ops/s on a quorum queue while
+    the nemesis kills and restarts, or freezes for 10 s, a random node SOAK_FAULTS times
+    (half of each kind); then the cluster heals and every node is drained. lost = 0
+    and unexpected = 0."""
     cluster = rmq_cluster
     started = time.monotonic()
     queue = f"{unique}-k5"
@@ -372,12 +376,12 @@ async def test_k5_soak_of_random_kills_and_freezes(rmq_cluster: RabbitCluster, u
         )
         for i in range(SOAK_CLIENTS)
     ]
-    nemesis = asyncio.create_task(_nemesis(cluster, stop, stalls))
+    nemesis = asyncio.create_task(_nemesis(cluster, stalls))
     try:
-        await asyncio.sleep(SOAK_SECONDS)
-    finally:
-        stop.set()
         faults = await nemesis
+    finally:
+        nemesis.cancel()
+        stop.set()
         results = await asyncio.gather(*clients, return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):
@@ -397,7 +401,7 @@ async def test_k5_soak_of_random_kills_and_freezes(rmq_cluster: RabbitCluster, u
             await conn.close()
 
     report("K5", checker, stalls, started, faults=faults, ops=dict(counts))
-    assert faults, "the nemesis did nothing"
+    assert len(faults) == SOAK_FAULTS, faults
     assert counts["enqueue"] > 0
     assert counts["dequeue"] > 0
     assert not checker.unknown(), "publishes without outcome after healing"
