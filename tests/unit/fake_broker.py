@@ -76,6 +76,7 @@ class FakeBroker:
 
     ``hold_confirm_select``: while True, confirm.select puts the channel in confirm mode
     but gets no answer; a test sends ``ConfirmSelectOk`` itself when it wants.
+    ``hold_channel_open``: while True, channel.open opens the channel but gets no answer.
     """
 
     def __init__(self, *, auto_ack: bool = False) -> None:
@@ -83,6 +84,7 @@ class FakeBroker:
         #: Answer connection.close with close-ok (False: a peer that never does).
         self.answer_close = True
         self.hold_confirm_select = False
+        self.hold_channel_open = False
         self.published: list[Published] = []
         self.methods: list[tuple[int, Method]] = []
         self.connections = 0
@@ -311,7 +313,8 @@ class FakeBroker:
                 write(method_frame(0, spec.ConnectionCloseOk()))
         elif kind is spec.ChannelOpen:
             conn.channels[channel] = _Channel()
-            write(method_frame(channel, spec.ChannelOpenOk()))
+            if not self.hold_channel_open:
+                write(method_frame(channel, spec.ChannelOpenOk()))
         elif kind is spec.ConfirmSelect:
             conn.channels[channel].confirm = True
             if not self.hold_confirm_select:

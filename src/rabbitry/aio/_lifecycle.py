@@ -76,7 +76,9 @@ class ChannelLifecycle:
 
         def _register_rpc(self, hook: Callable[[Any], None] | None) -> asyncio.Future[Any]: ...
 
-        async def _await_rpc(self, name: str, timeout: float | None) -> Any: ...
+        async def _await_rpc(
+            self, name: str, timeout: float | None, future: asyncio.Future[Any] | None = None
+        ) -> Any: ...
 
         def _drop_consumer(self, tag: str) -> _Consumer | None: ...
 
@@ -199,22 +201,33 @@ class ChannelLifecycle:
         self._fail_pending(exc, keep_resendable=True)
 
     async def _resume(self, protocol: ChannelProtocol) -> None:
-        """Recovery: adopt the re-opened channel; replay QoS and confirm/tx modes."""
+        """Recovery: adopt the re-opened channel; replay QoS and confirm/tx modes.
+
+        The modes are requested at once, queued behind channel.open, before the first
+        await: the protocol is open as soon as channel.open-ok is read, and a publisher
+        sending then (before this coroutine runs again) must find confirm mode (or the
+        transaction) already selected, or its messages would go out unconfirmed. This
+        also puts the modes on the new protocol before anything can fail, so a later
+        attempt, if this one fails, reads them from it.
+        """
         confirm = self._proto.confirm_mode
         transactional = self._proto.transactional
         self._proto = protocol
-        self._register_rpc(None)  # channel.open, queued by the protocol
-        await self._await_rpc("channel.open", 30.0)
-        # Still suspended: the application's calls wait until the modes are back (a
-        # publish in between would miss confirm mode).
+        replies = [("channel.open", self._register_rpc(None))]  # queued by the protocol
+        modes: list[Method] = []
         if self._qos is not None:
             count, size, global_ = self._qos
-            qos = spec.BasicQos(prefetch_size=size, prefetch_count=count, global_=global_)
-            await self._replay_rpc(qos)
+            modes.append(spec.BasicQos(prefetch_size=size, prefetch_count=count, global_=global_))
         if confirm:
-            await self._replay_rpc(spec.ConfirmSelect())
+            modes.append(spec.ConfirmSelect())
         if transactional:
-            await self._replay_rpc(spec.TxSelect())
+            modes.append(spec.TxSelect())
+        for method in modes:
+            protocol.send_method(method)
+            replies.append((method.NAME, self._register_rpc(None)))
+        # Still suspended until every reply is in: the application's requests wait.
+        for name, reply in replies:
+            await self._await_rpc(name, 30.0, reply)
         self._suspended = False
 
     async def _replay_rpc(self, method: Method) -> Any:

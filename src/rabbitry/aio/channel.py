@@ -156,8 +156,12 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
         self._rpcs.append((future, hook))
         return future
 
-    async def _await_rpc(self, name: str, timeout: float | None) -> Any:
-        future = self._rpcs[-1][0]
+    async def _await_rpc(
+        self, name: str, timeout: float | None, future: asyncio.Future[Any] | None = None
+    ) -> Any:
+        """Wait for the reply to ``future`` (by default the last request registered)."""
+        if future is None:
+            future = self._rpcs[-1][0]
         self._conn._kick()
         if timeout is None:
             return await future
