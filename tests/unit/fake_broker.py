@@ -206,6 +206,31 @@ class FakeBroker:
 
         self._call(run)
 
+    def get_ok(
+        self,
+        channel: int,
+        delivery_tag: int,
+        body: bytes,
+        *,
+        then_close: tuple[int, str] | None = None,
+    ) -> None:
+        """basic.get-ok with ``body``; with ``then_close`` (code, text), a connection.close
+        follows in the same write, so the client reads both at once."""
+        method = spec.BasicGetOk(
+            delivery_tag=delivery_tag,
+            redelivered=False,
+            exchange="",
+            routing_key="q",
+            message_count=0,
+        )
+        frames = content_frames(channel, 60, spec.BasicProperties().encode(), body, 131072)
+        data = method_frame(channel, method) + b"".join(frames)
+        if then_close is not None:
+            code, text = then_close
+            close = spec.ConnectionClose(reply_code=code, reply_text=text, class_id=0, method_id=0)
+            data += method_frame(0, close)
+        self._call(lambda: self._write(data))
+
     def block(self, reason: str = "low on memory") -> None:
         self.send(0, spec.ConnectionBlocked(reason=reason))
 

@@ -600,14 +600,7 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
     ) -> Message | None:
         """Fetch one message, or ``None`` when the queue is empty."""
         reply = await self._rpc(spec.BasicGet(queue=queue, no_ack=no_ack), timeout)
-        if isinstance(reply, Message):
-            reply.channel = self
-            reply.epoch = self.epoch
-            tag = reply.delivery_tag = reply.delivery_tag + self._tag_offset
-            if tag > self._max_tag:
-                self._max_tag = tag
-            return reply
-        return None
+        return reply if isinstance(reply, Message) else None
 
     def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
         """Acknowledge a delivery (``multiple``: and every earlier one).
@@ -728,6 +721,15 @@ class AsyncChannel(ConsumerMethods, ChannelLifecycle):
             logger.warning("channel %s: reply %s with no request", self.channel_id, method.NAME)
             return
         future, hook = self._rpcs.popleft()
+        if message is not None:
+            # basic.get-ok: the delivery belongs to the connection it arrived on, so it
+            # gets that connection's epoch and tag numbering now; the connection may end
+            # (and a new epoch start) before the caller runs again.
+            message.channel = self
+            message.epoch = self.epoch
+            tag = message.delivery_tag = message.delivery_tag + self._tag_offset
+            if tag > self._max_tag:
+                self._max_tag = tag
         if hook is not None:
             try:
                 hook(method)
