@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import threading
 import time
 from datetime import timedelta
@@ -458,11 +459,12 @@ async def test_a_publish_as_recovery_reopens_the_channel_is_still_confirmed(
 
 
 async def test_confirm_mode_survives_a_recovery_attempt_that_fails_while_reopening(
-    broker: FakeBroker,
+    broker: FakeBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The connection drops again while recovery waits for channel.open-ok: the next
     attempt must still select confirm mode on the channel (the failed attempt's channel
-    never got that far), so later publishes wait for the broker's ack."""
+    never got that far), so later publishes wait for the broker's ack. The failed
+    attempt's requests all fail; none is left with an exception nobody retrieved."""
     policy = rabbitry.RecoveryPolicy(initial_delay=0.01, max_delay=0.05, jitter=0)
     conn = rabbitry.AsyncConnection(broker.url, heartbeat=0, connection_timeout=5, recovery=policy)
     await conn.connect()
@@ -486,6 +488,8 @@ async def test_confirm_mode_survives_a_recovery_attempt_that_fails_while_reopeni
         assert await settle(future) is None
     finally:
         await conn.close(timeout=2)
+    gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
 
 
 # --------------------------------------------------------------------------- batch

@@ -225,6 +225,9 @@ class ChannelLifecycle:
         for method in modes:
             protocol.send_method(method)
             replies.append((method.NAME, self._register_rpc(None)))
+        for _, reply in replies:
+            # If one fails, the connection failed them all; the first one is raised.
+            reply.add_done_callback(_seen)
         # Still suspended until every reply is in: the application's requests wait.
         for name, reply in replies:
             await self._await_rpc(name, 30.0, reply)
@@ -284,6 +287,12 @@ class ChannelLifecycle:
                 consumer.on_close(exc)
         if not isinstance(exc, ChannelClosedByClient):
             logger.debug("channel %s closed: %r", self.channel_id, exc)
+
+
+def _seen(future: asyncio.Future[Any]) -> None:
+    """Mark a reply's failure as retrieved (another reply's failure reports it)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _settle(future: Settleable, tag: int, ack: bool) -> None:
