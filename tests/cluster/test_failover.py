@@ -23,6 +23,7 @@ from tests.cluster.workload import (
     Checker,
     Publishing,
     Stalls,
+    Trace,
     connect,
     consume_into,
     declare_quorum,
@@ -35,6 +36,8 @@ from rabbitry import AMQPError
 from rabbitry.recovery import State
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from tests.support.cluster import RabbitCluster
     from tests.support.node import BrokerNode
 
@@ -292,16 +295,18 @@ async def _soak_client(
     ids: itertools.count[int],
     stop: asyncio.Event,
     counts: Counter[str],
+    trace: Trace,
 ) -> Publishing:
     """One Jepsen-style client: a random mix of enqueues (confirmed, nacks retried) and
-    dequeues (basic.get + ack) at SOAK_RATE / SOAK_CLIENTS per second."""
+    dequeues (basic.get + ack) at SOAK_RATE / SOAK_CLIENTS per second. Every operation
+    goes into ``trace``."""
     rng = random.Random(index)
     urls = cluster.urls_from(index)
     conn = await connect([urls[0], *rng.sample(urls[1:], len(urls) - 1)], f"{unique}-c{index}")
     publisher = await conn.publisher(
         max_in_flight=1_000, republish_unconfirmed=True, nack_retry=NACK_RETRY
     )
-    publishing = Publishing(publisher, queue, checker, stalls)
+    publishing = Publishing(publisher, queue, checker, stalls, trace, index)
     channel = await conn.channel()
     interval = SOAK_CLIENTS / SOAK_RATE
     try:
@@ -311,15 +316,21 @@ async def _soak_client(
                 await publishing.publish(next(ids))
                 counts["enqueue"] += 1
             else:
+                where = {"client": index, "port": conn.params.port, "channel": channel.channel_id}
                 try:
                     if channel.is_closed:
                         channel = await conn.channel(timeout=5)
+                        where["channel"] = channel.channel_id
                     message = await channel.basic_get(queue, timeout=5)
                     if message is not None:
+                        trace.add("dequeue", id=int(message.body), **where)
                         checker.record(message)
                         message.ack()
+                    else:
+                        trace.add("empty", **where)
                     counts["dequeue" if message is not None else "empty"] += 1
                 except (AMQPError, TimeoutError) as exc:
+                    trace.add("dequeue failed", error=repr(exc), **where)
                     counts[f"dequeue failed: {type(exc).__name__}"] += 1
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - tick)))
         await publishing.settle(90)
@@ -328,7 +339,7 @@ async def _soak_client(
     return publishing
 
 
-async def _nemesis(cluster: RabbitCluster, stalls: Stalls) -> list[str]:
+async def _nemesis(cluster: RabbitCluster, stalls: Stalls, trace: Trace) -> list[str]:
     """SOAK_FAULTS faults, half kill -9 and restart, half a 10 s freeze, each on a random
     node after SOAK_HEALTHY seconds of health, in a random order."""
     rng = random.Random()
@@ -338,6 +349,7 @@ async def _nemesis(cluster: RabbitCluster, stalls: Stalls) -> list[str]:
     for kind in kinds:
         await asyncio.sleep(SOAK_HEALTHY)
         victim = rng.choice(cluster.nodes)
+        trace.add(kind, port=victim.port)
         if kind == "kill":
             stalls.fault(f"kill -9 {victim.short_name}")
             await asyncio.to_thread(cluster.kill, victim)
@@ -350,33 +362,90 @@ async def _nemesis(cluster: RabbitCluster, stalls: Stalls) -> list[str]:
                 await asyncio.sleep(10)
             finally:
                 cluster.resume(victim)
+        trace.add(f"{kind} over", port=victim.port)
         done.append(f"{kind} {victim.short_name}")
     await asyncio.sleep(SOAK_HEALTHY)
     return done
 
 
-@pytest.mark.timeout(SOAK_FAULTS * 40 + 240)
-async def test_k5_soak_of_random_kills_and_freezes(rmq_cluster: RabbitCluster, unique: str) -> None:
+def _queue_counts(cluster: RabbitCluster, queue: str) -> tuple[int, int, int]:
+    """(messages, ready, unacknowledged) of ``queue``, as ``rabbitmqctl list_queues``
+    on a running member reports them."""
+    out = cluster.any_running().ctl(
+        "list_queues",
+        "--no-table-headers",
+        "name",
+        "messages",
+        "messages_ready",
+        "messages_unacknowledged",
+    )
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) == 4 and fields[0] == queue:
+            return int(fields[1]), int(fields[2]), int(fields[3])
+    raise AssertionError(f"list_queues does not show {queue}: {out!r}")
+
+
+async def _drain(
+    cluster: RabbitCluster, unique: str, queue: str, checker: Checker, trace: Trace
+) -> tuple[int, int, int]:
+    """Take every message from the queue through each member in turn, until the queue
+    holds none, ready or unacknowledged; returns the last counts.
+
+    A message can still be checked out to a channel that is gone when the drain starts
+    (a basic.get-ok that came after its caller's timeout stays unacknowledged until its
+    channel ends, and the queue returns it when it processes that end): such a message
+    is ready again only later, so the drain waits for the count to reach 0, up to
+    DRAIN_SETTLE seconds.
+    """
+    deadline = time.monotonic() + DRAIN_SETTLE
+    while True:
+        for node in cluster.nodes:
+            conn = await connect([node.url], f"{unique}-drain")
+            try:
+                channel = await conn.channel()
+                while (message := await channel.basic_get(queue, timeout=10)) is not None:
+                    trace.add("drained", id=int(message.body), port=node.port)
+                    checker.record(message)
+                    message.ack()
+            finally:
+                await conn.close()
+        counts = await asyncio.to_thread(_queue_counts, cluster, queue)
+        trace.add("queue after drain", counts=counts)
+        if counts[0] == 0 or time.monotonic() >= deadline:
+            return counts
+        await asyncio.sleep(0.5)
+
+
+#: How long the drain waits for messages still checked out to reach the queue again.
+DRAIN_SETTLE = 60.0
+
+
+@pytest.mark.timeout(SOAK_FAULTS * 40 + 240 + DRAIN_SETTLE)
+async def test_k5_soak_of_random_kills_and_freezes(
+    rmq_cluster: RabbitCluster, unique: str, tmp_path: Path
+) -> None:
     """Jepsen-lite: 3 clients enqueue and dequeue at 50 ops/s on a quorum queue while
     the nemesis kills and restarts, or freezes for 10 s, a random node SOAK_FAULTS times
-    (half of each kind); then the cluster heals and every node is drained. lost = 0
-    and unexpected = 0."""
+    (half of each kind); then the cluster heals and every node is drained until the
+    queue is empty. lost = 0 and unexpected = 0; on a failure the message names the
+    history of each lost id (the whole trace is in ``tmp_path``)."""
     cluster = rmq_cluster
     started = time.monotonic()
     queue = f"{unique}-k5"
     admin = await connect(cluster.urls, f"{unique}-admin")
     await declare_quorum(admin, queue)
     await admin.close()
-    checker, stalls, counts = Checker(), Stalls(), Counter[str]()
+    checker, stalls, counts, trace = Checker(), Stalls(), Counter[str](), Trace()
     ids = itertools.count()
     stop = asyncio.Event()
     clients = [
         asyncio.create_task(
-            _soak_client(cluster, unique, i, queue, checker, stalls, ids, stop, counts)
+            _soak_client(cluster, unique, i, queue, checker, stalls, ids, stop, counts, trace)
         )
         for i in range(SOAK_CLIENTS)
     ]
-    nemesis = asyncio.create_task(_nemesis(cluster, stalls))
+    nemesis = asyncio.create_task(_nemesis(cluster, stalls, trace))
     try:
         faults = await nemesis
     finally:
@@ -388,21 +457,20 @@ async def test_k5_soak_of_random_kills_and_freezes(rmq_cluster: RabbitCluster, u
             raise result
         assert not result.errors, result.errors[:5]
 
-    # Heal, then drain every node.
+    # Heal, then drain every node until the queue is empty.
     await asyncio.to_thread(cluster.heal)
-    for node in cluster.nodes:
-        conn = await connect([node.url], f"{unique}-drain")
-        try:
-            channel = await conn.channel()
-            while (message := await channel.basic_get(queue, timeout=10)) is not None:
-                checker.record(message)
-                message.ack()
-        finally:
-            await conn.close()
+    left = await _drain(cluster, unique, queue, checker, trace)
 
     report("K5", checker, stalls, started, faults=faults, ops=dict(counts))
+    trace.dump(tmp_path / "k5-trace.jsonl")
     assert len(faults) == SOAK_FAULTS, faults
     assert counts["enqueue"] > 0
     assert counts["dequeue"] > 0
     assert not checker.unknown(), "publishes without outcome after healing"
+    lost = sorted(checker.lost())
+    assert not lost, (
+        f"lost {len(lost)}: {lost[:20]}; queue (messages, ready, unacked) {left}; "
+        + "; ".join(f"id {n}: {trace.about(n)}" for n in lost[:5])
+        + f"; trace: {tmp_path / 'k5-trace.jsonl'}"
+    )
     assert_total_queue(checker)

@@ -17,6 +17,7 @@ stopped around a fault.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ from rabbitry.recovery import NackRetry, RecoveryPolicy, State
 from rabbitry.topology import Queue, Topology
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from rabbitry.message import Message
     from rabbitry.publisher import AsyncPublisher
 
@@ -139,13 +142,43 @@ class Stalls:
         return max((gap for _, gap in self.gaps), default=0.0)
 
 
+class Trace:
+    """A time-stamped log of a soak's operations, to explain a failed check: who
+    published each id and when its outcome came, every dequeue's outcome with its node
+    and channel, what each drain found. One dict per event; an id, if any, under "id"."""
+
+    def __init__(self) -> None:
+        self._t0 = time.monotonic()
+        self.events: list[dict[str, Any]] = []
+
+    def add(self, kind: str, **fields: Any) -> None:
+        self.events.append({"t": round(time.monotonic() - self._t0, 3), "kind": kind, **fields})
+
+    def about(self, n: int) -> list[dict[str, Any]]:
+        """The events of id ``n``."""
+        return [e for e in self.events if e.get("id") == n]
+
+    def dump(self, path: Path) -> None:
+        """Write the log as JSON lines."""
+        path.write_text("".join(json.dumps(e, default=repr) + "\n" for e in self.events))
+
+
 class Publishing:
     """Publishes ids on ``publisher`` (made with ``nack_retry=NACK_RETRY``, so nacks
-    are re-sent by the publisher itself) and records each outcome."""
+    are re-sent by the publisher itself) and records each outcome (also in ``trace``,
+    if given, as coming from ``client``)."""
 
     def __init__(
-        self, publisher: AsyncPublisher, queue: str, checker: Checker, stalls: Stalls
+        self,
+        publisher: AsyncPublisher,
+        queue: str,
+        checker: Checker,
+        stalls: Stalls,
+        trace: Trace | None = None,
+        client: int | None = None,
     ) -> None:
+        self.trace = trace
+        self.client = client
         self.publisher = publisher
         self.queue = queue
         self.checker = checker
@@ -156,6 +189,8 @@ class Publishing:
 
     async def publish(self, n: int) -> None:
         self.checker.attempted.add(n)
+        if self.trace is not None:
+            self.trace.add("publish", id=n, client=self.client)
         future = await self.publisher.publish(
             str(n).encode(), routing_key=self.queue, persistent=True
         )
@@ -169,6 +204,9 @@ class Publishing:
         if future.cancelled():
             return
         exc = future.exception()
+        if self.trace is not None:
+            outcome = "confirmed" if exc is None else repr(exc)
+            self.trace.add("outcome", id=n, client=self.client, outcome=outcome)
         if exc is None:
             self.checker.confirmed.add(n)
             self.stalls.confirmed()

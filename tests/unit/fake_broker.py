@@ -76,6 +76,7 @@ class FakeBroker:
 
     ``hold_confirm_select``: while True, confirm.select puts the channel in confirm mode
     but gets no answer; a test sends ``ConfirmSelectOk`` itself when it wants.
+    ``hold_channel_open``: while True, channel.open opens the channel but gets no answer.
     """
 
     def __init__(self, *, auto_ack: bool = False) -> None:
@@ -83,6 +84,7 @@ class FakeBroker:
         #: Answer connection.close with close-ok (False: a peer that never does).
         self.answer_close = True
         self.hold_confirm_select = False
+        self.hold_channel_open = False
         self.published: list[Published] = []
         self.methods: list[tuple[int, Method]] = []
         self.connections = 0
@@ -204,6 +206,31 @@ class FakeBroker:
 
         self._call(run)
 
+    def get_ok(
+        self,
+        channel: int,
+        delivery_tag: int,
+        body: bytes,
+        *,
+        then_close: tuple[int, str] | None = None,
+    ) -> None:
+        """basic.get-ok with ``body``; with ``then_close`` (code, text), a connection.close
+        follows in the same write, so the client reads both at once."""
+        method = spec.BasicGetOk(
+            delivery_tag=delivery_tag,
+            redelivered=False,
+            exchange="",
+            routing_key="q",
+            message_count=0,
+        )
+        frames = content_frames(channel, 60, spec.BasicProperties().encode(), body, 131072)
+        data = method_frame(channel, method) + b"".join(frames)
+        if then_close is not None:
+            code, text = then_close
+            close = spec.ConnectionClose(reply_code=code, reply_text=text, class_id=0, method_id=0)
+            data += method_frame(0, close)
+        self._call(lambda: self._write(data))
+
     def block(self, reason: str = "low on memory") -> None:
         self.send(0, spec.ConnectionBlocked(reason=reason))
 
@@ -311,7 +338,8 @@ class FakeBroker:
                 write(method_frame(0, spec.ConnectionCloseOk()))
         elif kind is spec.ChannelOpen:
             conn.channels[channel] = _Channel()
-            write(method_frame(channel, spec.ChannelOpenOk()))
+            if not self.hold_channel_open:
+                write(method_frame(channel, spec.ChannelOpenOk()))
         elif kind is spec.ConfirmSelect:
             conn.channels[channel].confirm = True
             if not self.hold_confirm_select:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import threading
 import time
 from datetime import timedelta
@@ -33,6 +34,7 @@ from rabbitry.exceptions import (
 )
 from rabbitry.pool import AsyncChannelPool
 from rabbitry.protocol import spec
+from rabbitry.protocol.channel import ChannelState
 from rabbitry.publisher import AsyncPublisher, OutgoingMessage, expiration_ms
 from rabbitry.sync.pool import ChannelPool
 from rabbitry.sync.publisher import Publisher
@@ -448,6 +450,74 @@ async def test_connection_lost_fails_in_flight_with_outcome_unknown(
         await asyncio.wait_for(waiting, WAIT)
     with pytest.raises(InvalidStateError):
         await pub.publish(b"z", routing_key="q")
+
+
+async def test_a_publish_as_recovery_reopens_the_channel_is_still_confirmed(
+    broker: FakeBroker,
+) -> None:
+    """Recovery re-opens the publisher's channel, then selects confirm mode on it again.
+    A message published in the first loop iteration that sees the new channel open
+    (before the recovery task has run again) must be numbered for confirms like any
+    other: it is sent in confirm mode and its future waits for the broker's ack. Sent
+    ahead of confirm.select, the broker would never confirm (or nack) it, and the
+    publisher would report it delivered at once."""
+    policy = rabbitry.RecoveryPolicy(initial_delay=0.01, max_delay=0.05, jitter=0)
+    conn = rabbitry.AsyncConnection(broker.url, heartbeat=0, connection_timeout=5, recovery=policy)
+    await conn.connect()
+    try:
+        pub = await conn.publisher()
+        channel = pub._channel
+        assert channel is not None
+        broker.drop()
+        # Look every loop iteration: the first look at the re-opened channel comes
+        # before the recovery task resumes (its wake-up is queued behind ours).
+        deadline = time.monotonic() + WAIT
+        while not (channel._suspended and channel._proto.state is ChannelState.OPEN):
+            assert time.monotonic() < deadline, "the channel was not re-opened in time"
+            await asyncio.sleep(0)
+        future = await pub.publish(b"m", routing_key="q")
+        assert not future.done()
+        sent = await published(broker, 1)
+        assert (sent[0].body, sent[0].seq) == (b"m", 1)
+        assert broker.connections == 2
+        broker.ack(1)
+        assert await settle(future) is None
+    finally:
+        await conn.close(timeout=2)
+
+
+async def test_confirm_mode_survives_a_recovery_attempt_that_fails_while_reopening(
+    broker: FakeBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The connection drops again while recovery waits for channel.open-ok: the next
+    attempt must still select confirm mode on the channel (the failed attempt's channel
+    never got that far), so later publishes wait for the broker's ack. The failed
+    attempt's requests all fail; none is left with an exception nobody retrieved."""
+    policy = rabbitry.RecoveryPolicy(initial_delay=0.01, max_delay=0.05, jitter=0)
+    conn = rabbitry.AsyncConnection(broker.url, heartbeat=0, connection_timeout=5, recovery=policy)
+    await conn.connect()
+    try:
+        pub = await conn.publisher()
+        opens = lambda: len(broker.sent(spec.ChannelOpen))  # noqa: E731
+        assert opens() == 1
+        broker.hold_channel_open = True
+        broker.drop()
+        await asyncio.to_thread(broker.wait_for, lambda: opens() == 2)
+        broker.hold_channel_open = False
+        broker.drop()
+        await asyncio.to_thread(broker.wait_for, lambda: opens() == 3)
+        await conn.wait_recovered(timeout=WAIT)
+        assert broker.connections == 3
+        future = await pub.publish(b"m", routing_key="q")
+        sent = await published(broker, 1)
+        assert (sent[0].body, sent[0].seq) == (b"m", 1)
+        assert not future.done()
+        broker.ack(1)
+        assert await settle(future) is None
+    finally:
+        await conn.close(timeout=2)
+    gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
 
 
 # --------------------------------------------------------------------------- batch

@@ -125,7 +125,9 @@ class ChannelLifecycle:
 
         def _register_rpc(self, hook: Callable[[Any], None] | None) -> asyncio.Future[Any]: ...
 
-        async def _await_rpc(self, name: str, timeout: float | None) -> Any: ...
+        async def _await_rpc(
+            self, name: str, timeout: float | None, future: asyncio.Future[Any] | None = None
+        ) -> Any: ...
 
         def _drop_consumer(self, tag: str) -> _Consumer | None: ...
 
@@ -134,6 +136,15 @@ class ChannelLifecycle:
             logger.warning("channel %s: reply %s with no request", self.channel_id, method.NAME)
             return
         future, hook = self._rpcs.popleft()
+        if message is not None:
+            # basic.get-ok: the delivery belongs to the connection it arrived on, so it
+            # gets that connection's epoch and tag numbering now; the connection may end
+            # (and a new epoch start) before the caller runs again.
+            message.channel = self
+            message.epoch = self.epoch
+            tag = message.delivery_tag = message.delivery_tag + self._tag_offset
+            if tag > self._max_tag:
+                self._max_tag = tag
         if hook is not None:
             try:
                 hook(method)
@@ -267,22 +278,36 @@ class ChannelLifecycle:
         self._fail_pending(exc, keep_resendable=True)
 
     async def _resume(self, protocol: ChannelProtocol) -> None:
-        """Recovery: adopt the re-opened channel; replay QoS and confirm/tx modes."""
+        """Recovery: adopt the re-opened channel; replay QoS and confirm/tx modes.
+
+        The modes are requested at once, queued behind channel.open, before the first
+        await: the protocol is open as soon as channel.open-ok is read, and a publisher
+        sending then (before this coroutine runs again) must find confirm mode (or the
+        transaction) already selected, or its messages would go out unconfirmed. This
+        also puts the modes on the new protocol before anything can fail, so a later
+        attempt, if this one fails, reads them from it.
+        """
         confirm = self._proto.confirm_mode
         transactional = self._proto.transactional
         self._proto = self._pipe.protocol = protocol
-        self._register_rpc(None)  # channel.open, queued by the protocol
-        await self._await_rpc("channel.open", 30.0)
-        # Still suspended: the application's calls wait until the modes are back (a
-        # publish in between would miss confirm mode).
+        replies = [("channel.open", self._register_rpc(None))]  # queued by the protocol
+        modes: list[Method] = []
         if self._qos is not None:
             count, size, global_ = self._qos
-            qos = spec.BasicQos(prefetch_size=size, prefetch_count=count, global_=global_)
-            await self._replay_rpc(qos)
+            modes.append(spec.BasicQos(prefetch_size=size, prefetch_count=count, global_=global_))
         if confirm:
-            await self._replay_rpc(spec.ConfirmSelect())
+            modes.append(spec.ConfirmSelect())
         if transactional:
-            await self._replay_rpc(spec.TxSelect())
+            modes.append(spec.TxSelect())
+        for method in modes:
+            protocol.send_method(method)
+            replies.append((method.NAME, self._register_rpc(None)))
+        for _, reply in replies:
+            # If one fails, the connection failed them all; the first one is raised.
+            reply.add_done_callback(_seen)
+        # Still suspended until every reply is in: the application's requests wait.
+        for name, reply in replies:
+            await self._await_rpc(name, 30.0, reply)
         self._suspended = False
 
     async def _replay_rpc(self, method: Method) -> Any:
@@ -340,6 +365,12 @@ class ChannelLifecycle:
                 consumer.on_close(exc)
         if not isinstance(exc, ChannelClosedByClient):
             logger.debug("channel %s closed: %r", self.channel_id, exc)
+
+
+def _seen(future: asyncio.Future[Any]) -> None:
+    """Mark a reply's failure as retrieved (another reply's failure reports it)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _settle(future: Settleable, tag: int, ack: bool) -> None:

@@ -221,8 +221,12 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         self._rpcs.append((future, hook))
         return future
 
-    async def _await_rpc(self, name: str, timeout: float | None) -> Any:
-        future = self._rpcs[-1][0]
+    async def _await_rpc(
+        self, name: str, timeout: float | None, future: asyncio.Future[Any] | None = None
+    ) -> Any:
+        """Wait for the reply to ``future`` (by default the last request registered)."""
+        if future is None:
+            future = self._rpcs[-1][0]
         self._pipe.kick()
         if timeout is None:
             return await future
@@ -520,14 +524,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
             NotFound: there is no such queue (the channel closes).
         """
         reply = await self._rpc(spec.BasicGet(queue=queue, no_ack=no_ack), timeout)
-        if isinstance(reply, Message):
-            reply.channel = self
-            reply.epoch = self.epoch
-            tag = reply.delivery_tag = reply.delivery_tag + self._tag_offset
-            if tag > self._max_tag:
-                self._max_tag = tag
-            return reply
-        return None
+        return reply if isinstance(reply, Message) else None
 
     def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
         """Acknowledge a delivery (``multiple``: and every earlier one).
