@@ -14,6 +14,7 @@ from orders_pipeline import (
     FAULT_HEADER,
     Mix,
     PipelineConfig,
+    PipelineError,
     Summary,
     build_topology,
     generate,
@@ -21,7 +22,7 @@ from orders_pipeline import (
 )
 from orders_pipeline._events import RATES_TO_EUR
 from orders_pipeline._partitions import routing_key
-from orders_pipeline._pipeline import source_options
+from orders_pipeline._pipeline import _check_partitions_read, source_options
 from orders_pipeline._report import summary_rows
 from rabbitry.exceptions import ConfigurationError
 from rabbitry.topology import SuperStream
@@ -253,3 +254,14 @@ def test_the_summary_names_the_super_stream_of_a_partitioned_run() -> None:
         "p.abc.orders",
     )
     assert len(rows) == len(default) + 1
+
+
+def test_a_partitioned_run_fails_when_routed_messages_were_not_read() -> None:
+    config = PipelineConfig(run_id="abc", prefix="p", partitions=2)
+    layout = config.super_stream
+    assert layout is not None
+    summary = Summary("abc", config.names, confirmed=100, unroutable=3, retried=5, consumed=102)
+    _check_partitions_read(summary, layout)  # 97 orders + 5 retries, all read
+    summary.consumed = 101
+    with pytest.raises(PipelineError, match=r"^1 of the 102 message\(s\) routed to the partitions"):
+        _check_partitions_read(summary, layout)
