@@ -22,7 +22,7 @@ LOAD ?= 0
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv broker broker4 test-rmq4 lint types test flake-hunt demo demo-quick java docs docs-serve format bench
+.PHONY: help venv broker broker4 test-rmq4 lint types test flake-hunt demo demo-quick java docs docs-serve format bench bench-spark
 
 help:
 	@echo "Targets:"
@@ -49,11 +49,15 @@ help:
 	@echo "  bench    peer benchmarks (bench/peers, own venv bench/peers/.venv) -> $(BENCH_OUT);"
 	@echo "           e.g. make bench BENCH_ARGS='--repeats 1 --scale 0.3 --clients raw,rabbitry_async'"
 	@echo "           and rewrites the generated section of $(BENCH_DOC)"
+	@echo "  bench-spark  venv + Java check + broker, then rows/s written and read through"
+	@echo "           format('rabbitmq') (classic queue, stream, super streams) next to rabbitry's"
+	@echo "           own rate, on local[2]; prints a table, writes no file (bench/spark_bench.py)"
 	@echo "Variables: PY=$(PY)  PYTEST_ARGS=...  PYTEST_WORKERS=$(PYTEST_WORKERS)  RABBITMQ_URL=..."
 	@echo "           BROKER_WAIT_SECONDS=...  N=$(N)  LOAD=$(LOAD)"
 	@echo "           RMQ4=0|1  RMQ4_TESTS=...  RABBITRY_RMQ4_CACHE=... (scripts/rabbitmq4.sh)"
 	@echo "           DEMO_ARGS=... (e.g. '-n 20000 --keep'; see PYTHONPATH=examples python -m orders_pipeline -h)"
 	@echo "           BENCH_ARGS=... (run_peers.py options)  BENCH_OUT=$(BENCH_OUT)"
+	@echo "           SPARK_BENCH_ARGS=... (e.g. '--rows 10000'; bench/spark_bench.py -h)"
 
 venv: $(STAMP)
 
@@ -170,6 +174,13 @@ $(BENCH_STAMP): bench/peers/requirements.txt pyproject.toml
 bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python bench/peers/run_peers.py --out $(BENCH_OUT) $(BENCH_ARGS)
 	$(BENCH_VENV)/bin/python bench/bench_report.py --latest --doc $(BENCH_DOC)
+
+# The data source's throughput next to the broker's own single-connection rate, in one
+# run on local[2] (bench/spark_bench.py): it prints a Markdown table and writes no file.
+# A quick run: `make bench-spark SPARK_BENCH_ARGS='--rows 10000'`.
+SPARK_BENCH_ARGS ?=
+bench-spark: venv java broker
+	$(BIN)/python bench/spark_bench.py $(SPARK_BENCH_ARGS)
 
 # The model-based fault test (tests/faults/test_model_based_faults.py) run for as long as
 # asked, seed after seed; its figures are printed at the end. Replay a failure with the

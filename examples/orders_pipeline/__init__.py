@@ -6,9 +6,11 @@
 2. Publishes a generated stream of order events with publisher confirms (asyncio
    API), a few percent of them malformed, invalid, failing, unroutable or duplicated.
 3. Runs a PySpark Structured Streaming job (local mode) reading the work queue through
-   ``format("rabbitmq")``: parse and validate, drop duplicates by ``message_id``,
-   convert to EUR (the step whose transient failures are retried), write the orders
-   to Parquet, send retries and parked records back through the ``rabbitmq`` sink.
+   ``format("rabbitmq")`` (or, with ``--partitions N``, every partition of a super
+   stream the orders are published to by customer): parse and validate, drop
+   duplicates by ``message_id``, convert to EUR (the step whose transient failures are
+   retried), write the orders to Parquet, send retries and parked records back through
+   the ``rabbitmq`` sink.
 4. Aggregates revenue per category per minute into Parquet and prints a summary.
 
 It is an application built on rabbitry, not part of the installed package: it lives in
@@ -82,6 +84,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--master", default=defaults.master, help="Spark master")
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        metavar="N",
+        help="orders through a super stream of N partitions (keyed by customer) instead "
+        "of the work queue",
+    )
     return parser
 
 
@@ -116,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             keep_topology=args.keep,
             progress=not args.quiet,
             master=args.master,
+            partitions=args.partitions,
             **({"run_id": args.run_id} if args.run_id else {}),
         )
     except ValueError as exc:

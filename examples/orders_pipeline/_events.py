@@ -70,6 +70,9 @@ class Event:
         amount_eur: the order's value in EUR (``ok`` and ``transient`` orders only).
         category: the order's category.
         minute: the event-time minute (UTC) of the order.
+        customer: the customer id (``c-01234``), the natural key a partitioned run
+            routes by (:mod:`orders_pipeline._partitions`); known for every event, also
+            when its body is not JSON.
     """
 
     message_id: str
@@ -81,6 +84,7 @@ class Event:
     amount_eur: float | None = None
     category: str | None = None
     minute: datetime | None = None
+    customer: str = ""
 
 
 @dataclass
@@ -196,6 +200,7 @@ def generate(
                     original.amount_eur,
                     original.category,
                     original.minute,
+                    original.customer,
                 )
             )
             kinds["duplicate"] += 1
@@ -206,9 +211,10 @@ def generate(
         category = rng.choice(CATEGORIES)
         currency = rng.choices(list(RATES_TO_EUR), weights=[50, 25, 10, 5, 5, 5])[0]
         amount = round(rng.lognormvariate(3.5, 0.8), 2)
+        customer = f"c-{rng.randrange(5000):05d}"
         order: dict[str, object] = {
             "order_id": f"o-{n:07d}",
-            "customer": f"c-{rng.randrange(5000):05d}",
+            "customer": customer,
             "category": category,
             "amount": amount,
             "currency": currency,
@@ -234,6 +240,7 @@ def generate(
                 amount * RATES_TO_EUR[currency] if valid else None,
                 category,
                 ts.replace(second=0, microsecond=0) if valid else None,
+                customer,
             )
         )
         kinds[kind] += 1

@@ -29,9 +29,10 @@ from rabbitry import (
     parse_urls,
 )
 from rabbitry.config import default_url
-from rabbitry.topology import ATTEMPTS_HEADER
+from rabbitry.topology import ATTEMPTS_HEADER, SuperStream
 
 from ._events import FAULT_HEADER, RATES_TO_EUR, EventPlan, Mix, generate
+from ._partitions import routing_key, super_stream_topology
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -102,6 +103,9 @@ class PipelineConfig:
         progress: show progress bars and the summary table (needs ``rich``).
         timeout: seconds the whole run may take.
         master: the Spark master when the pipeline creates its own session.
+        partitions: ``None`` (the default): orders go through the work queue. A number
+            N >= 1: through a super stream of N partitions instead, keyed by customer
+            (:mod:`orders_pipeline._partitions`).
     """
 
     url: str = field(default_factory=default_url)
@@ -118,6 +122,7 @@ class PipelineConfig:
     progress: bool = True
     timeout: float = 1800.0
     master: str = "local[2]"
+    partitions: int | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ConfigurationError:
@@ -141,6 +146,12 @@ class PipelineConfig:
             raise bad("prefix", "must not be empty")
         if not (isinstance(self.timeout, int | float) and self.timeout > 0):
             raise bad("timeout", "must be a positive number of seconds")
+        if self.partitions is not None and (
+            isinstance(self.partitions, bool)
+            or not isinstance(self.partitions, int)
+            or self.partitions < 1
+        ):
+            raise bad("partitions", "must be an integer >= 1 (partitions of the super stream)")
         parse_urls(self.url)  # a bad URL fails here, with the URL parser's message
         RetryPolicy(delays=self.retry_delays, max_attempts=self.max_attempts)
 
@@ -157,6 +168,13 @@ class PipelineConfig:
     @property
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.run_id
+
+    @property
+    def super_stream(self) -> SuperStream | None:
+        """The super stream the orders go through, when ``partitions`` is set."""
+        if self.partitions is None:
+            return None
+        return SuperStream(self.names.exchange, self.partitions)
 
 
 @dataclass
@@ -192,6 +210,7 @@ class Summary:
     orders_path: Path = Path()
     revenue_path: Path = Path()
     parked_ids: set[str] = field(default_factory=set, repr=False)
+    partitions: int | None = None  # the super stream's, when the run used one
 
     @property
     def parked(self) -> int:
@@ -210,8 +229,14 @@ class Summary:
 # --------------------------------------------------------------------------- topology
 
 
-def build_topology(names: Names, policy: RetryPolicy) -> Topology:
-    """A topic exchange with an alternate exchange, the work queue and its retry tiers."""
+def build_topology(names: Names, policy: RetryPolicy, partitions: int | None = None) -> Topology:
+    """A topic exchange with an alternate exchange, the work queue and its retry tiers.
+
+    With ``partitions``, a super stream of that many partitions replaces the exchange and
+    the work queue (:func:`orders_pipeline._partitions.super_stream_topology`).
+    """
+    if partitions is not None:
+        return super_stream_topology(names, policy, partitions)
     return Topology(
         exchanges=[
             Exchange(names.exchange, "topic", alternate_exchange=names.unrouted_exchange),
@@ -231,12 +256,20 @@ def build_topology(names: Names, policy: RetryPolicy) -> Topology:
 class _Publisher(threading.Thread):
     """Publishes the plan's events with confirms (asyncio API) on a thread of its own."""
 
-    def __init__(self, url: str, names: Names, plan: EventPlan, display: Display) -> None:
+    def __init__(
+        self,
+        url: str,
+        names: Names,
+        plan: EventPlan,
+        display: Display,
+        layout: SuperStream | None = None,
+    ) -> None:
         super().__init__(name="orders-publisher", daemon=True)
         self.url, self.names, self.plan, self.display = url, names, plan, display
+        self.layout = layout  # a super stream: orders go to their customer's partition
         self.confirmed = 0
         self.confirmed_unroutable = 0
-        self.routed_ids: set[str] = set()  # confirmed and bound for the work queue
+        self.routed_ids: set[str] = set()  # confirmed and routed to the Spark job's source
         self.failures: list[BaseException] = []
         self.seconds = 0.0
         self.finished = threading.Event()
@@ -260,7 +293,11 @@ class _Publisher(threading.Thread):
                     messages = [
                         OutgoingMessage(
                             event.body,
-                            routing_key=event.routing_key,
+                            routing_key=(
+                                event.routing_key
+                                if self.layout is None
+                                else routing_key(self.layout, event)
+                            ),
                             properties=Properties(
                                 message_id=event.message_id,
                                 content_type="application/json",
@@ -300,6 +337,29 @@ def _rate(currency: Column) -> Column:
     return expr  # null for any other currency
 
 
+def source_options(config: PipelineConfig) -> list[dict[str, str]]:
+    """Where the Spark job reads: one ``rabbitmq`` source per item, their union.
+
+    Args:
+        config: the run.
+
+    Returns:
+        The work queue's options; with a super stream, first those of every partition of
+        it (the orders), then the work queue's (only the retries come back there).
+    """
+    work = {"queue": config.names.work, "maxMessagesPerBatch": str(config.batch_size)}
+    layout = config.super_stream
+    if layout is None:
+        return [work]
+    orders = {
+        "superStream": layout.name,
+        "superStreamPartitions": str(layout.partitions),
+        # Offsets per micro-batch, shared by the partitions.
+        "maxRecordsPerTrigger": str(config.batch_size),
+    }
+    return [orders, work]
+
+
 @dataclass
 class _Counters:
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -337,25 +397,32 @@ class _Job:
         self.checkpoint = config.run_dir / "checkpoint"
         self.counters = _Counters()
         self.failure: BaseException | None = None
+        self.layout = config.super_stream
 
     def start(self) -> StreamingQuery:
         from pyspark.sql import functions as F
 
         config = self.config
-        raw = (
+        first, *others = [
             self.spark.readStream.format("rabbitmq")
             .option("url", config.url)
-            .option("queue", self.names.work)
-            .option("maxMessagesPerBatch", str(config.batch_size))
+            .options(**options)
             .option("connectionName", "rabbitry-demo-pipeline")
             .load()
-        )
+            for options in source_options(config)
+        ]
+        raw = first
+        for other in others:
+            raw = raw.unionByName(other)
         attempt = F.coalesce(
             F.expr(f"try_cast(headers['{ATTEMPTS_HEADER}'] AS INT)"), F.lit(0)
         ).alias("attempt")
-        # A message without an id is still kept: it is keyed by its offset (unique).
+        # A message without an id is still kept: it is keyed by its offset, unique in its
+        # queue (each partition of a super stream, and the work queue, count their own).
+        where = [] if self.layout is None else [F.col("queue"), F.lit(":")]
         key = F.coalesce(
-            F.col("message_id"), F.concat(F.lit("no-id:"), F.col("offset").cast("string"))
+            F.col("message_id"),
+            F.concat(F.lit("no-id:"), *where, F.col("offset").cast("string")),
         ).alias("message_id")
         order = F.from_json(
             F.col("body").cast("string"), ORDER_DDL, {"columnNameOfCorruptRecord": "_corrupt"}
@@ -612,19 +679,29 @@ def run(
     names, policy = config.names, config.policy
     started = time.monotonic()
     deadline = started + config.timeout
-    summary = Summary(config.run_id, names)
+    summary = Summary(config.run_id, names, partitions=config.partitions)
     plan = generate(config.events, run_id=config.run_id, seed=config.seed, mix=config.mix)
     summary.expected_duplicates = plan.duplicates
-    topology = build_topology(names, policy)
+    topology = build_topology(names, policy, config.partitions)
+    layout = config.super_stream
     config.run_dir.mkdir(parents=True, exist_ok=True)
     with Connection(config.url, connection_name="rabbitry-demo-admin") as admin:
         topology.apply(admin)
-        display.step(
-            f"topology: exchange {names.exchange!r} (topic, alternate exchange "
-            f"{names.unrouted_exchange!r}) -> {names.work!r}, retry tiers "
-            f"{', '.join(policy.names().retry_queues)}, parking lot "
+        retries = (
+            f"retry tiers {', '.join(policy.names().retry_queues)}, parking lot "
             f"{policy.names().parking_lot!r}"
         )
+        if layout is None:
+            display.step(
+                f"topology: exchange {names.exchange!r} (topic, alternate exchange "
+                f"{names.unrouted_exchange!r}) -> {names.work!r}, {retries}"
+            )
+        else:
+            display.step(
+                f"topology: super stream {layout.name!r} ({layout.partitions} partitions "
+                f"{layout.queues[0]!r} ..; alternate exchange {names.unrouted_exchange!r}), "
+                f"{retries} back to {names.work!r}; Spark reads both"
+            )
         own_spark = spark is None
         query: StreamingQuery | None = None
         try:
@@ -634,7 +711,7 @@ def run(
             job = _Job(spark, config)
             query = running = job.start()
             display.step(f"streaming query {query.name!r} started; publishing {len(plan.events)}")
-            publisher = _Publisher(config.url, names, plan, display)
+            publisher = _Publisher(config.url, names, plan, display, layout)
             publisher.start()
             progress: dict[int, tuple[int, float]] = {}  # batch id: rows, seconds
             first_batch: list[float] = []
@@ -681,6 +758,8 @@ def run(
             left = admin.channel().queue_declare(names.work, passive=True).message_count
             if left:
                 raise PipelineError(f"{left} message(s) left in {names.work!r} after the run")
+            if layout is not None:
+                _check_partitions_read(summary, layout)
         finally:
             display.close()
             if query is not None and query.isActive:
@@ -690,6 +769,18 @@ def run(
             if not config.keep_topology:
                 topology.delete(admin)
     return summary
+
+
+def _check_partitions_read(summary: Summary, layout: SuperStream) -> None:
+    """A super stream keeps what was read, so no depth says whether all of it was: the
+    query must have read every order routed to a partition, and every retry."""
+    routed = summary.confirmed - summary.unroutable + summary.retried
+    if summary.consumed < routed:
+        raise PipelineError(
+            f"{routed - summary.consumed} of the {routed} message(s) routed to the "
+            f"partitions of {layout.name!r} and to the work queue (orders and retries) "
+            "were not read"
+        )
 
 
 def _finish(

@@ -22,6 +22,11 @@ def summary_rows(summary: Summary) -> list[tuple[str, str, str]]:
         ("confirmed by the broker", f"{s.confirmed:,}", _rate(s.confirmed, s.publish_seconds)),
         ("unroutable (alternate exchange)", f"{s.unroutable:,}", s.names.unrouted),
         ("consumed by Spark", f"{s.consumed:,}", f"retries included, {s.batches} batches"),
+        *(
+            [("  source: super stream", f"{s.partitions} partitions", s.names.exchange)]
+            if s.partitions is not None
+            else []
+        ),
         ("  source: body bytes", f"{s.body_bytes:,}", "of the rows after dedup"),
         ("  source: redelivered", f"{s.redelivered:,}", "rows the broker flagged redelivered"),
         ("  sink: moves published", f"{s.moves_published:,}", "retries and parked, all confirmed"),

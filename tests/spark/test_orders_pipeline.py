@@ -3,23 +3,27 @@
 Checks the outcome against the generator's own plan and against the broker: every valid
 order aggregated exactly once (Parquet totals equal totals computed here), every invalid
 or still-failing one in the parking lot once, every deliberate duplicate dropped,
-unroutable messages kept by the alternate exchange, no queue left with messages.
+unroutable messages kept by the alternate exchange, no queue left with messages. The
+same run through a super stream of 4 partitions (``--partitions 4``) also checks that
+each order is in its customer's partition.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from orders_pipeline import PipelineConfig, build_topology, generate, run
-from rabbitry.topology import ATTEMPTS_HEADER, PARKED_REASON_HEADER
+from rabbitry.topology import ATTEMPTS_HEADER, PARKED_REASON_HEADER, SuperStream
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     import rabbitry
+    from orders_pipeline import EventPlan
 
 
 def _drain(conn: rabbitry.Connection, queue: str) -> list[Any]:
@@ -40,6 +44,38 @@ def _drain(conn: rabbitry.Connection, queue: str) -> list[Any]:
 def test_orders_pipeline_accounts_for_every_message(
     spark: Any, conn: rabbitry.Connection, url: str, tmp_path: Path
 ) -> None:
+    _run_and_check(spark, conn, url, tmp_path, partitions=None)
+
+
+@pytest.mark.timeout(420)
+def test_orders_pipeline_on_a_super_stream_accounts_for_every_message(
+    spark: Any, conn: rabbitry.Connection, url: str, tmp_path: Path
+) -> None:
+    _run_and_check(spark, conn, url, tmp_path, partitions=4)
+
+
+def _check_partitions(spark: Any, url: str, layout: SuperStream, plan: EventPlan) -> None:
+    """Every routed event, duplicates included, is in its customer's partition, once."""
+    rows = (
+        spark.read.format("rabbitmq")
+        .option("url", url)
+        .option("superStream", layout.name)
+        .option("superStreamPartitions", str(layout.partitions))
+        .load()
+        .select("queue", "message_id")
+        .collect()
+    )
+    routed = [e for e in plan.events if e.kind != "unroutable"]
+    customers = {e.message_id: e.customer for e in routed}
+    for row in rows:
+        assert row["queue"] == layout.queue_for(customers[row["message_id"]])
+    assert Counter(row["message_id"] for row in rows) == Counter(e.message_id for e in routed)
+    assert {row["queue"] for row in rows} == set(layout.queues)
+
+
+def _run_and_check(
+    spark: Any, conn: rabbitry.Connection, url: str, tmp_path: Path, partitions: int | None
+) -> None:
     config = PipelineConfig(
         url=url,
         events=2000,
@@ -51,12 +87,14 @@ def test_orders_pipeline_accounts_for_every_message(
         keep_topology=True,
         progress=False,
         timeout=240,
+        partitions=partitions,
     )
     plan = generate(config.events, run_id=config.run_id, seed=config.seed, mix=config.mix)
     names, policy = config.names, config.policy
     assert plan.duplicates and plan.unroutable and plan.parked_ids  # the mix has every fault
     try:
         summary = run(config, spark=spark)
+        assert summary.partitions == partitions
 
         assert summary.published == summary.confirmed == len(plan.events) == 2000
         assert summary.unroutable == plan.unroutable
@@ -120,5 +158,7 @@ def test_orders_pipeline_accounts_for_every_message(
         assert len(_drain(conn, names.unrouted)) == plan.unroutable
         for queue in (names.work, *policy.names().retry_queues):
             assert _drain(conn, queue) == [], queue
+        if config.super_stream is not None:
+            _check_partitions(spark, url, config.super_stream, plan)
     finally:
-        build_topology(names, policy).delete(conn)
+        build_topology(names, policy, partitions).delete(conn)

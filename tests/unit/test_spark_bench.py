@@ -1,0 +1,95 @@
+"""``bench/spark_bench.py`` (``make bench-spark``) without Spark or a broker: its arguments,
+the targets it measures and the table it prints. A run itself needs a JVM start (about a
+minute here), too slow for a test; docs/benchmarks.md ("Spark") has one run's table."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "spark_bench.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("spark_bench", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["spark_bench"] = module  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules["spark_bench"]
+    return module
+
+
+def test_defaults_are_100k_rows_of_128_bytes_on_local_2(bench: ModuleType) -> None:
+    options = bench.parse_args([])
+    assert (options.rows, options.body_bytes, options.partitions) == (100_000, 128, (2, 4))
+    assert (options.batch, options.master, options.url) == (25_000, "local[2]", None)
+    labels = [t.label for t in bench.targets(options)]
+    assert labels == [
+        "classic queue",
+        "stream queue",
+        "super stream, 2 partitions",
+        "super stream, 4 partitions",
+    ]
+
+
+def test_options_scale_a_quick_run(bench: ModuleType) -> None:
+    options = bench.parse_args(
+        ["--rows", "10_000", "--body-bytes", "16", "--partitions", "3", "--batch", "65535"]
+    )
+    assert (options.rows, options.body_bytes, options.partitions, options.batch) == (
+        10_000,
+        16,
+        (3,),
+        65535,
+    )
+    assert [t.partitions for t in bench.targets(options)] == [0, 0, 3]
+    assert bench.parse_args(["--partitions", "1, 8"]).partitions == (1, 8)
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--rows", "0"], "--rows"),
+        (["--rows", "many"], "--rows"),
+        (["--body-bytes", "-1"], "--body-bytes"),
+        (["--partitions", "0"], "--partitions"),
+        (["--partitions", "2,x"], "--partitions"),
+        (["--partitions", "2,2"], "--partitions"),
+        (["--partitions", ","], "--partitions"),
+        (["--batch", "65536"], "--batch"),
+        (["--master", " "], "--master"),
+    ],
+)
+def test_a_bad_value_exits_2_naming_the_option(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str], argv: list[str], named: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        bench.parse_args(argv)
+    assert exited.value.code == 2
+    assert f"argument {named}" in capsys.readouterr().err
+
+
+def test_the_table_gives_each_rate_and_its_ratio_to_the_broker(bench: ModuleType) -> None:
+    reference = bench.Result("broker", 20_000.0, 40_000.0)
+    results = [
+        bench.Result("classic queue", 10_000.0, 5_000.0, 8_000.0, 4),
+        bench.Result("super stream, 2 partitions", 30_000.0, 400.0, None, 1),
+    ]
+    text = bench.render(reference, results, ["100 rows", "load 1.0"])
+    lines = text.splitlines()
+    assert lines[:3] == ["100 rows", "load 1.0", ""]
+    assert lines[5] == "| broker | 20.0k | 1.00 | 40.0k | 1.00 | - | - |"
+    assert lines[6] == "| classic queue | 10.0k | 0.50 | 5.0k | 0.12 | 8.0k | 4 |"
+    assert lines[7] == "| super stream, 2 partitions | 30.0k | 1.50 | 400 | 0.01 | - | 1 |"
+    assert len(lines) == 8
