@@ -497,7 +497,9 @@ with TcpProxy("127.0.0.1", port) as proxy, rabbitry.Connection(proxy.url()) as c
             if time.monotonic() > deadline:
                 os._exit(3)
             time.sleep(0.005)
-        os.kill(os.getpid(), signal.SIGINT)
+        # To the main thread itself: a process-directed signal may be taken by another
+        # thread, and the main thread, asleep in a lock wait, would not see it then.
+        signal.pthread_kill(main, signal.SIGINT)
 
     threading.Thread(target=interrupt_when_blocked, daemon=True).start()
     try:

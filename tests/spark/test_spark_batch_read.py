@@ -199,7 +199,12 @@ def test_a_cancelled_job_leaves_the_queue_as_it_was(
     job.start()
     try:
         _wait_for(started.exists, 120, "the job to reach the UDF")
-        _wait_for(lambda: consumers(conn, queue) == 1, 60, "the read to hold the queue")
+        _wait_for(
+            lambda: consumers(conn, queue) == 1,
+            60,
+            "the read to hold the queue",
+            seen=lambda: f"{consumers(conn, queue)} consumer(s), {depth(conn, queue)} ready",
+        )
         spark.sparkContext.cancelJobGroup(group)
         job.join(120)
     finally:
@@ -211,9 +216,11 @@ def test_a_cancelled_job_leaves_the_queue_as_it_was(
     assert sorted(int(bytes(r.body).split(b":")[0]) for r in rows) == list(range(total))
 
 
-def _wait_for(predicate: Any, timeout: float, what: str) -> None:
+def _wait_for(predicate: Any, timeout: float, what: str, *, seen: Any = None) -> None:
+    """Wait for ``predicate``; on timeout, say what ``seen()`` (if given) shows then."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            now = f" (now: {seen()})" if seen is not None else ""
+            raise AssertionError(f"timed out waiting for {what}{now}")
         time.sleep(0.2)

@@ -19,7 +19,12 @@ if TYPE_CHECKING:
     from ..protocol.frames import Method
     from ._consumers import _Connection
 
-__all__ = ["DeclareMethods"]
+__all__ = [
+    "DeclareMethods",
+    "bind_described",
+    "declare_described_exchange",
+    "declare_described_queue",
+]
 
 
 class DeclareMethods:
@@ -349,3 +354,101 @@ class DeclareMethods:
         if self._records:
             self._conn.topology_record.forget_queue(queue)
         return result
+
+
+# ------------------------------------------------------------ declare from a description
+#
+# One way to declare what a description says, for everything that declares from one:
+# Topology.apply (from its model, through the description it records), recovery's
+# replay of the topology record, and a consumer re-declaring its vanished queue.
+
+
+async def declare_described_exchange(
+    channel: DeclareMethods,
+    exchange: RecordedExchange,
+    *,
+    passive: bool = False,
+    timeout: float | None,
+) -> spec.ExchangeDeclareOk:
+    """Declare the exchange ``exchange`` describes.
+
+    Args:
+        channel: an open channel.
+        exchange: the description (name, type, flags, arguments).
+        passive: only check that it exists (an ``amq.*`` exchange).
+        timeout: seconds to wait for the broker (``None``: no limit).
+
+    Returns:
+        The broker's exchange.declare-ok.
+
+    Raises:
+        PreconditionFailed: it exists with other properties (the channel closes).
+    """
+    result: spec.ExchangeDeclareOk = await channel.exchange_declare(
+        exchange.name,
+        exchange.type,
+        passive=passive,
+        durable=exchange.durable,
+        auto_delete=exchange.auto_delete,
+        internal=exchange.internal,
+        arguments=dict(exchange.arguments) or None,
+        timeout=timeout,
+    )
+    return result
+
+
+async def declare_described_queue(
+    channel: DeclareMethods,
+    queue: RecordedQueue,
+    *,
+    passive: bool = False,
+    timeout: float | None,
+) -> spec.QueueDeclareOk:
+    """Declare the queue ``queue`` describes; a server-named one asks for a new name.
+
+    Args:
+        channel: an open channel.
+        queue: the description (name, flags, arguments, whether the server names it).
+        passive: only check that it exists.
+        timeout: seconds to wait for the broker (``None``: no limit).
+
+    Returns:
+        The broker's queue.declare-ok (the name in use, message and consumer counts).
+
+    Raises:
+        PreconditionFailed: it exists with other properties (the channel closes).
+        ResourceLocked: it is another connection's exclusive queue (the channel closes).
+    """
+    result: spec.QueueDeclareOk = await channel.queue_declare(
+        "" if queue.server_named else queue.name,
+        passive=passive,
+        durable=queue.durable,
+        exclusive=queue.exclusive,
+        auto_delete=queue.auto_delete,
+        arguments=dict(queue.arguments) or None,
+        timeout=timeout,
+    )
+    return result
+
+
+async def bind_described(
+    channel: DeclareMethods, binding: RecordedBinding, *, timeout: float | None
+) -> None:
+    """Bind what ``binding`` describes (a queue or an exchange destination).
+
+    Args:
+        channel: an open channel.
+        binding: the description (source, destination and its type, key, arguments).
+        timeout: seconds to wait for the broker (``None``: no limit).
+
+    Raises:
+        NotFound: the source or the destination does not exist (the channel closes).
+    """
+    bind = channel.exchange_bind if binding.destination_type == "exchange" else channel.queue_bind
+    await bind(
+        binding.destination,
+        binding.source,
+        binding.routing_key,
+        arguments=dict(binding.arguments) or None,
+        timeout=timeout,
+    )

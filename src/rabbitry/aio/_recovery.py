@@ -37,6 +37,7 @@ from ..exceptions import (
     ResourceLocked,
 )
 from ..recovery import RecoveryPolicy, is_permanent
+from ._declare import bind_described, declare_described_exchange, declare_described_queue
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -44,11 +45,11 @@ if TYPE_CHECKING:
     from ..config import ConnectionParameters
     from ..protocol import spec
     from ..protocol.channel import ChannelProtocol
-    from ..record import RecordedBinding, RecordedExchange, RecordedQueue, TopologyRecord
+    from ..record import RecordedBinding, RecordedQueue, TopologyRecord
     from ._lifecycle import ChannelHooks
     from .channel import AsyncChannel
 
-__all__ = ["Recovery", "declare_binding", "declare_exchange", "declare_queue", "redeclare_queue"]
+__all__ = ["Recovery", "redeclare_queue"]
 
 logger = logging.getLogger("rabbitry.connection")
 
@@ -293,7 +294,7 @@ class Recovery:
                     channel,
                     "exchange",
                     exchange.name,
-                    lambda ch, e=exchange: declare_exchange(ch, e),  # type: ignore[misc]
+                    lambda ch, e=exchange: declare_described_exchange(ch, e, timeout=_STEP_TIMEOUT),  # type: ignore[misc]
                 )
             for queue in record.queues:
                 replies: list[spec.QueueDeclareOk] = []
@@ -303,7 +304,7 @@ class Recovery:
                     q: RecordedQueue = queue,
                     replies: list[spec.QueueDeclareOk] = replies,
                 ) -> None:
-                    replies.append(await declare_queue(ch, q))
+                    replies.append(await declare_described_queue(ch, q, timeout=_STEP_TIMEOUT))
 
                 channel = await self._declare_entity(channel, "queue", queue.name, declare)
                 if replies and replies[0].queue != queue.name:
@@ -317,7 +318,7 @@ class Recovery:
                     channel,
                     "binding",
                     label,
-                    lambda ch, b=binding: declare_binding(ch, b),  # type: ignore[misc]
+                    lambda ch, b=binding: bind_described(ch, b, timeout=_STEP_TIMEOUT),  # type: ignore[misc]
                     restore=lambda ch, b=binding: self._redeclare_ends(ch, b),  # type: ignore[misc]
                 )
         finally:
@@ -372,52 +373,11 @@ class Recovery:
             if kind == "exchange":
                 exchange = record.exchange(name)
                 if exchange is not None and name and not name.startswith("amq."):
-                    await declare_exchange(channel, exchange)
+                    await declare_described_exchange(channel, exchange, timeout=_STEP_TIMEOUT)
             else:
                 queue = record.queue(name)
                 if queue is not None and not queue.server_named:
-                    await declare_queue(channel, queue)
-
-
-async def declare_exchange(channel: AsyncChannel, exchange: RecordedExchange) -> None:
-    """Declare a recorded exchange again."""
-    await channel.exchange_declare(
-        exchange.name,
-        exchange.type,
-        durable=exchange.durable,
-        auto_delete=exchange.auto_delete,
-        internal=exchange.internal,
-        arguments=dict(exchange.arguments) or None,
-        timeout=_STEP_TIMEOUT,
-    )
-
-
-async def declare_queue(
-    channel: AsyncChannel, queue: RecordedQueue, *, timeout: float | None = _STEP_TIMEOUT
-) -> spec.QueueDeclareOk:
-    """Declare a recorded queue again; a server-named one asks for a new name."""
-    return await channel.queue_declare(
-        "" if queue.server_named else queue.name,
-        durable=queue.durable,
-        exclusive=queue.exclusive,
-        auto_delete=queue.auto_delete,
-        arguments=dict(queue.arguments) or None,
-        timeout=timeout,
-    )
-
-
-async def declare_binding(
-    channel: AsyncChannel, binding: RecordedBinding, *, timeout: float | None = _STEP_TIMEOUT
-) -> None:
-    """Bind a recorded binding again (queue or exchange destination)."""
-    bind = channel.exchange_bind if binding.destination_type == "exchange" else channel.queue_bind
-    await bind(
-        binding.destination,
-        binding.source,
-        binding.routing_key,
-        arguments=dict(binding.arguments) or None,
-        timeout=timeout,
-    )
+                    await declare_described_queue(channel, queue, timeout=_STEP_TIMEOUT)
 
 
 async def redeclare_queue(
@@ -440,10 +400,10 @@ async def redeclare_queue(
     queue = record.queue(name)
     if queue is None:
         return None
-    reply = await declare_queue(channel, queue, timeout=timeout)
+    reply = await declare_described_queue(channel, queue, timeout=timeout)
     current: str = reply.queue
     record.rename_queue(name, current)
     for binding in record.bindings_of(current):
         if binding.destination_type == "queue" and binding.destination == current:
-            await declare_binding(channel, binding, timeout=timeout)
+            await bind_described(channel, binding, timeout=timeout)
     return current

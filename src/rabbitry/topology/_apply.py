@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Literal
 
+from ..aio._declare import bind_described, declare_described_exchange, declare_described_queue
 from ..exceptions import (
     ChannelClosedByBroker,
     ConfigurationError,
@@ -212,16 +213,10 @@ async def apply_topology(
             arguments = x.declare_arguments()
             channel = await session.channel()
             reserved = is_reserved(x.name)
+            described = recorded_exchange(x)
             try:
-                await channel.exchange_declare(
-                    x.name,
-                    x.type,
-                    passive=reserved,
-                    durable=x.durable,
-                    auto_delete=x.auto_delete,
-                    internal=x.internal,
-                    arguments=arguments or None,
-                    timeout=timeout,
+                await declare_described_exchange(
+                    channel, described, passive=reserved, timeout=timeout
                 )
             except PreconditionFailed as exc:
                 raise await _conflict(session, x, arguments, exc) from exc
@@ -229,20 +224,14 @@ async def apply_topology(
                 exc.add_note(f"while declaring {x.label}{_PASSIVE if reserved else ''}")
                 raise
             if not reserved:  # the broker's own: it exists, nothing to replay
-                record.add_exchange(recorded_exchange(x))
+                record.add_exchange(described)
         for q in topology.queues:
             arguments = q.declare_arguments()
             channel = await session.channel()
             reserved = is_reserved(q.name)
             try:
-                reply = await channel.queue_declare(
-                    q.name,
-                    passive=reserved,
-                    durable=q.durable,
-                    exclusive=q.exclusive,
-                    auto_delete=q.auto_delete,
-                    arguments=arguments or None,
-                    timeout=timeout,
+                reply = await declare_described_queue(
+                    channel, recorded_queue(q, q.name), passive=reserved, timeout=timeout
                 )
             except PreconditionFailed as exc:
                 raise await _conflict(session, q, arguments, exc) from exc
@@ -257,27 +246,13 @@ async def apply_topology(
         for b in topology.bindings:
             destination = _resolve(b, topology.queues, assigned)
             channel = await session.channel()
+            described_binding = recorded_binding(b, destination)
             try:
-                if b.destination_type == "queue":
-                    await channel.queue_bind(
-                        destination,
-                        b.source,
-                        b.routing_key,
-                        arguments=b.arguments or None,
-                        timeout=timeout,
-                    )
-                else:
-                    await channel.exchange_bind(
-                        destination,
-                        b.source,
-                        b.routing_key,
-                        arguments=b.arguments or None,
-                        timeout=timeout,
-                    )
+                await bind_described(channel, described_binding, timeout=timeout)
             except ChannelClosedByBroker as exc:
                 exc.add_note(f"while declaring {_label(b, destination)}")
                 raise
-            record.add_binding(recorded_binding(b, destination))
+            record.add_binding(described_binding)
             resolved_bindings.append(
                 Binding(
                     b.source,
