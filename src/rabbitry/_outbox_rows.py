@@ -6,9 +6,7 @@ and the writer-side start."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import InvalidStateError, LocalProtocolError, OutboxFull
@@ -147,7 +145,8 @@ class OutboxRoom:
     # Rows and bytes reserved: stored, or being stored.
     _rows: int
     _bytes: int
-    _room_waiters: deque[tuple[int, int, asyncio.Future[None]]]
+    # Reservations waiting for room, each with its (rows, bytes); handed that grant.
+    _room_waiters: Waiters[tuple[int, int]]
     # Told when no row is left.
     _idle_waiters: Waiters[None]
 
@@ -170,12 +169,9 @@ class OutboxRoom:
             return
         if timeout is None:
             timeout = self._timeout
-        waiter: asyncio.Future[None] = self._loop.create_future()
-        item = (rows, size, waiter)
-        self._room_waiters.append(item)
         try:
             async with asyncio.timeout(timeout):
-                await waiter
+                await self._room_waiters.wait((rows, size))
         except TimeoutError:
             raise OutboxFull(
                 f"outbox {outbox.name}: full ({self._rows}/{outbox.max_rows} rows, "
@@ -184,41 +180,41 @@ class OutboxRoom:
                 rows=self._rows,
                 size=self._bytes,
             ) from None
-        except BaseException:
-            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                self._release(rows, size)  # granted as we were cancelled: give it back
-            else:
-                with contextlib.suppress(ValueError):
-                    self._room_waiters.remove(item)
-            raise
+        finally:
+            # A waiter that left the head may have held back smaller ones behind it.
+            self._serve_room()
+
+    def _give_back_room(self, grant: tuple[int, int]) -> None:
+        """Take back room granted to a reservation that was cancelled before it resumed."""
+        self._release(*grant)
 
     def _release(self, rows: int, size: int) -> None:
         self._rows -= rows
         self._bytes -= size
+        self._serve_room()
+        if not self._rows:
+            self._idle_waiters.wake_all(None)
+
+    def _serve_room(self) -> None:
+        """Grant room to the waiting reservations, oldest first, while the next one fits."""
         outbox = self._outbox
         waiters = self._room_waiters
         while waiters:
-            need_rows, need_size, waiter = waiters[0]
-            if waiter.done():
-                waiters.popleft()
-                continue
+            need = waiters.next_need()
+            if need is None:
+                break
+            need_rows, need_size = need
             if (
                 self._rows + need_rows > outbox.max_rows
                 or self._bytes + need_size > outbox.max_bytes
             ):
                 break
-            waiters.popleft()
             self._rows += need_rows
             self._bytes += need_size
-            waiter.set_result(None)
-        if not self._rows:
-            self._idle_waiters.wake_all(None)
+            waiters.hand(need)
 
     def _wake_room_waiters(self, exc: BaseException) -> None:
-        waiters, self._room_waiters = self._room_waiters, deque()
-        for _rows, _size, waiter in waiters:
-            if not waiter.done():
-                waiter.set_exception(exc)
+        self._room_waiters.fail_all(exc)
 
 
 def _open_store(outbox: Outbox) -> tuple[OutboxStatus, list[OutboxRecord]]:

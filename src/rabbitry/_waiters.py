@@ -3,7 +3,8 @@
 The library's asyncio code waits in such queues for a window slot (the publisher), a
 pooled channel or the right to open one (the channel pool), the end of the transport's
 back-pressure, or a state (a publisher with nothing in flight, a channel with no
-unconfirmed publish). The queue holds one future per waiting task, oldest first.
+unconfirmed publish), or for room of a size of its own (the outbox publisher reserves
+rows and bytes). The queue holds one future per waiting task, oldest first.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ class _Waiter(asyncio.Future[T]):
     """The future of one waiting task: cancelling it takes it out of its queue at once,
     so the queue's length never counts a task that stopped waiting."""
 
-    __slots__ = ("_queue",)
+    __slots__ = ("_queue", "need")
 
     _queue: Waiters[T]
+    need: Any
 
     def cancel(self, msg: Any | None = None) -> bool:
         if not super().cancel(msg):
@@ -57,6 +59,12 @@ class Waiters(deque[_Waiter[T]]):
     Without it the queue only notifies (every waiter gets the same news), and a
     cancelled waiter's item is dropped.
 
+    Sized waits: a task may say what it waits for (``wait(need)``, e.g. a number of rows
+    and bytes). The owner serves the queue in order: while :meth:`next_need` fits, it
+    sets that much aside and calls :meth:`hand`. An item handed to a sized waiter that
+    is cancelled before it resumes was measured for that waiter alone, so it goes
+    straight to ``on_unclaimed`` (which gives it back and serves the queue again).
+
     Args:
         on_unclaimed: takes back an item a cancelled waiter could not pass on.
     """
@@ -67,8 +75,11 @@ class Waiters(deque[_Waiter[T]]):
         super().__init__()
         self._on_unclaimed = on_unclaimed
 
-    async def wait(self) -> T:
+    async def wait(self, need: Any = None) -> T:
         """Join the end of the queue and wait to be handed an item.
+
+        Args:
+            need: what this task waits for (see *Sized waits*); ``None`` for any item.
 
         Returns:
             The item given to :meth:`hand` or :meth:`wake_all`.
@@ -78,6 +89,7 @@ class Waiters(deque[_Waiter[T]]):
         """
         waiter: _Waiter[T] = _Waiter(loop=asyncio.get_running_loop())
         waiter._queue = self
+        waiter.need = need
         self.append(waiter)
         try:
             return await waiter
@@ -91,9 +103,19 @@ class Waiters(deque[_Waiter[T]]):
             ):
                 # Handed an item in the pass that cancelled us: it goes on.
                 item = waiter.result()
-                if not self.hand(item):
+                if need is not None or not self.hand(item):
                     on_unclaimed(item)
             raise
+
+    def next_need(self) -> Any:
+        """What the oldest waiting task waits for (its ``wait(need)``); ``None`` when no
+        task waits."""
+        while self:
+            waiter = self[0]
+            if not waiter.done():
+                return waiter.need
+            self.popleft()
+        return None
 
     def hand(self, item: T) -> bool:
         """Give ``item`` to the oldest waiting task.

@@ -146,7 +146,7 @@ class AsyncOutboxPublisher(OutboxRoom):
         self._in_flight: dict[int, _Entry] = {}
         self._retry_heap: list[tuple[float, _Entry]] = []
         self._retry_timer: asyncio.TimerHandle | None = None
-        self._room_waiters: deque[tuple[int, int, asyncio.Future[None]]] = deque()
+        self._room_waiters: Waiters[tuple[int, int]] = Waiters(self._give_back_room)
         self._idle_waiters: Waiters[None] = Waiters()
         # Changes gathered on the loop during one iteration, handed to the writer at once.
         self._batch = OutboxBatch()

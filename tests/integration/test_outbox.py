@@ -220,6 +220,32 @@ async def test_a_full_outbox_blocks_then_raises_outbox_full(
     assert SQLiteOutbox(tmp_path / "o.db").status().pending == 5  # kept for later
 
 
+async def test_a_reservation_that_times_out_lets_a_smaller_one_behind_it_in(
+    conn: rabbitry.AsyncConnection, channel: rabbitry.AsyncChannel, names: Names, tmp_path: Path
+) -> None:
+    # Nothing leaves the outbox (every publish is nacked), so room only changes hands.
+    queue = names.queue()
+    await channel.queue_declare(
+        queue, arguments={"x-max-length": 0, "x-overflow": "reject-publish"}
+    )
+    outbox = SQLiteOutbox(tmp_path / "o.db", max_rows=5, max_bytes=10_000, retry_delay=0.05)
+    publisher = await conn.publisher(outbox=outbox)
+    try:
+        await publisher.publish_many([b"x"] * 3, routing_key=queue)
+        big = asyncio.create_task(
+            publisher.publish_many([b"y"] * 3, routing_key=queue, timeout=0.2)
+        )
+        await asyncio.sleep(0)  # the three rows wait first: 3 + 3 > 5
+        small = asyncio.create_task(publisher.publish(b"z", routing_key=queue, timeout=60))
+        with pytest.raises(OutboxFull):
+            await big
+        # The one row fits beside the three; it waited only behind the bigger batch.
+        await asyncio.wait_for(small, 30)
+        assert publisher.stats().pending == 4
+    finally:
+        await publisher.close()
+
+
 async def test_corrupt_or_locked_outbox_fails_at_start(
     conn: rabbitry.AsyncConnection, tmp_path: Path
 ) -> None:

@@ -168,3 +168,32 @@ async def test_a_failed_waiter_cancelled_in_the_same_pass_passes_nothing_on() ->
     assert not later.done() and unclaimed == []
     waiters.hand("x")
     assert await later == "x"
+
+
+async def test_sized_waiters_say_what_they_wait_for_oldest_first() -> None:
+    waiters: Waiters[tuple[int, int]] = Waiters(lambda grant: None)
+    assert waiters.next_need() is None
+    big = asyncio.create_task(waiters.wait((3, 300)))
+    small = asyncio.create_task(waiters.wait((1, 10)))
+    await _yield_to_loop()
+    assert waiters.next_need() == (3, 300)
+    big.cancel()
+    assert waiters.next_need() == (1, 10)  # the cancelled one left the head at once
+    assert waiters.hand((1, 10)) is True
+    assert await small == (1, 10)
+    assert waiters.next_need() is None
+
+
+async def test_a_sized_grant_to_a_cancelled_waiter_goes_back_to_its_owner() -> None:
+    returned: list[tuple[int, int]] = []
+    waiters: Waiters[tuple[int, int]] = Waiters(returned.append)
+    first = asyncio.create_task(waiters.wait((3, 300)))
+    second = asyncio.create_task(waiters.wait((1, 10)))
+    await _yield_to_loop()
+    waiters.hand((3, 300))
+    first.cancel()  # same pass: the grant was measured for the first waiter alone
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert returned == [(3, 300)]
+    assert len(waiters) == 1 and waiters.next_need() == (1, 10)
+    second.cancel()
