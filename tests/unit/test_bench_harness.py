@@ -39,10 +39,33 @@ CELLS = {
 }
 
 
-def write_raw(path: Path) -> Path:
+# A second run for the goals table: S5 with latencies, S4 with no raw cell (S4m has one),
+# S1 with the AsyncPublisher but not its "future each" variant, which has no S1.
+GOAL_CELLS = {
+    ("raw", "s5"): (5_000.0, 30.0),
+    ("rabbitry_async", "s5"): (4_500.0, 20.0),
+    ("rabbitry_sync", "s5"): (3_000.0, 60.0),
+    ("raw", "s1"): (50_000.0, 0.1),
+    ("rabbitry_async", "s1"): (48_000.0, 2.0),
+    ("rabbitry_sync", "s1"): (40_000.0, 2.4),
+    ("rabbitry_publisher", "s1"): (45_000.0, 2.2),
+    ("pika_select", "s1"): (30_000.0, 13.2),
+    ("rabbitry_async", "s4"): (30_000.0, 10.0),
+    ("raw", "s4m"): (40_000.0, 4.0),
+    ("rabbitry_async", "s4m"): (38_000.0, 8.0),
+}
+# (client, scenario): (p50 µs, p99 µs) of the S5 cells
+LATENCY = {
+    ("raw", "s5"): (150.0, 300.0),
+    ("rabbitry_async", "s5"): (180.0, 400.0),
+    ("rabbitry_sync", "s5"): (300.0, 600.0),
+}
+
+
+def write_raw(path: Path, cells: dict[tuple[str, str], tuple[float, float]] = CELLS) -> Path:
     with path.open("w") as f:
-        for (client, scenario), (rate, cpu) in CELLS.items():
-            result = {
+        for (client, scenario), (rate, cpu) in cells.items():
+            result: dict[str, object] = {
                 "client": client,
                 "scenario": scenario,
                 "n": 1000,
@@ -52,6 +75,9 @@ def write_raw(path: Path) -> Path:
                 "other_cores": 0.5,
                 "notes": [],
             }
+            if (client, scenario) in LATENCY:
+                p50, p99 = LATENCY[(client, scenario)]
+                result.update(lat_p50_us=p50, lat_p99_us=p99)
             f.write(json.dumps(result) + "\n")
         f.write(json.dumps({"meta": META}) + "\n")
     return path
@@ -127,3 +153,64 @@ def test_report_never_takes_a_rabbitry_row_for_the_best_peer(tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stderr
     assert "| S2B | rabbitry AsyncConnection | 1.20 | pika SelectConnection 7.00k |" in proc.stdout
     assert "| S4 | rabbitry Connection (sync) | 0.75 | pika SelectConnection 9.00k |" in proc.stdout
+
+
+def test_report_lists_every_goal_with_its_ratio_and_whether_it_is_met(tmp_path: Path) -> None:
+    proc = run(REPORT, write_raw(tmp_path / "run.raw"), "--print")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "### Goals in this run" in out
+    assert "targets" not in out
+    assert "Goal 4's reference peer is\npika SelectConnection (`pika_select`)" in out
+    goal_3 = "S2B AsyncPublisher (future each) CPU ≤ 1.2× async channel API"
+    assert (
+        f"| 3 | {goal_3} | 2.00× | rabbitry_publisher_each 6.0 ÷ rabbitry_async 3.0 µs | no |"
+        in out
+    )
+    goal_4 = "S2B AsyncPublisher (future each): pika CPU ≥ 3× its CPU"
+    assert (
+        f"| 4 | {goal_4} | 3.00× | pika_select 18.0 ÷ rabbitry_publisher_each 6.0 µs | yes |" in out
+    )
+    goal_5 = "S4 sync msgs/s ≥ 0.9× raw | 0.75× | rabbitry_sync 15.0k ÷ raw 20.0k msgs/s | no |"
+    assert f"| 5 | {goal_5}" in out
+    # A goal whose cells the run lacks is listed, not dropped.
+    goal_1 = (
+        "S5 async p50 ≤ 1.15× raw p50 | no rabbitry_async cell; no raw cell |  | not measured |"
+    )
+    assert f"| 1 | {goal_1}" in out
+    assert (
+        "| 2 | sync ≤ 1.3× async client CPU, every scenario | no scenario with both APIs |" in out
+    )
+    assert out.count("| 3 | ") == 8
+    assert out.count("| 4 | ") == 8
+    assert out.count("| 5 | ") == 10
+
+
+def test_goals_use_the_raw_cell_of_the_same_scenario_and_the_s1_publisher(
+    tmp_path: Path,
+) -> None:
+    proc = run(REPORT, write_raw(tmp_path / "run.raw", GOAL_CELLS), "--print")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "| 1 | S5 async msgs/s ≥ 0.85× raw | 0.90× | rabbitry_async 4.50k ÷ raw 5.00k" in out
+    assert (
+        "| 1 | S5 async p50 ≤ 1.15× raw p50 | 1.20× | rabbitry_async 180 ÷ raw 150 µs | no |" in out
+    )
+    assert "| 1 | S5 sync msgs/s ≥ 0.75× raw | 0.60× |" in out
+    assert (
+        "| 1 | S5 async client CPU ≤ 25 µs per round trip | 20.0 µs | rabbitry_async | yes |" in out
+    )
+    assert "| 1 | S5 sync client CPU ≤ 35 µs per round trip | 60.0 µs | rabbitry_sync | no |" in out
+    # S1 1.20, S5 3.00: one over.
+    sync_cpu = (
+        "| 2 | sync ≤ 1.3× async client CPU, every scenario | max 3.00× (S5) | over in S5 (of 2"
+    )
+    assert sync_cpu in out
+    # No S4 raw cell: not measured, and the S4m limit is not taken instead.
+    assert "| 5 | S4 async msgs/s ≥ 0.9× raw | no raw cell |  | not measured |" in out
+    assert "| 5 | S4M async msgs/s ≥ 0.9× raw | 0.95× | rabbitry_async 38.0k ÷ raw 40.0k" in out
+    # "future each" has no S1: the AsyncPublisher's S1 cell stands for it.
+    s1_part = "S1 AsyncPublisher (future each) CPU ≤ 1.2× async channel API | 1.10× |"
+    assert f"| 3 | {s1_part} rabbitry_publisher 2.2 ÷ rabbitry_async 2.0 µs | yes |" in out
+    s1_pika = "S1 AsyncPublisher (future each): pika CPU ≥ 3× its CPU | 6.00× |"
+    assert f"| 4 | {s1_pika} pika_select 13.2 ÷ rabbitry_publisher 2.2 µs | yes |" in out
