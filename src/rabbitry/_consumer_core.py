@@ -352,6 +352,10 @@ class _ConsumerCore(EnvelopeHandling):
         """The inbox was emptied (stop, or the channel ended): read again."""
         self._waiting = 0
         self._waiting_bytes = 0
+        self._resume_reads()
+
+    def _resume_reads(self) -> None:
+        """Undo this consumer's pause of the connection's reading, if it paused it."""
         if self._reads_paused:
             self._reads_paused = False
             self._conn.read_flow.resume()

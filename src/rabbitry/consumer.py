@@ -365,6 +365,9 @@ class AsyncConsumer(_ConsumerCore):
         self._failures.flush()
         if self._resubscribe_task is not None:
             self._resubscribe_task.cancel()
+        # A full inbox may have paused the connection's reading: the cancel-ok below
+        # must get through. What arrives from now on is released (_on_delivery).
+        self._resume_reads()
         channel = self._channel
         if channel is not None and not channel.is_closed and self.consumer_tag is not None:
             # Cancelled now, or (connection recovering) forgotten so that recovery does

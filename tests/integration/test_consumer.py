@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from tests.integration.test_memory_bounds import reading_paused
 from tests.support.broker_ctl import rabbitmqctl
 from tests.support.proxy import TcpProxy
 
@@ -1979,13 +1980,95 @@ async def test_auto_ack_consumer_buffers_at_most_prefetch_messages(
     await consumer.start(timeout=WAIT)
     try:
         # docs/consuming.md: "Prefetch bounds how many unacknowledged messages, and so
-        # how much memory, the consumer holds."
-        overflowed = await eventually(lambda: len(consumer._inbox) > consumer.prefetch)
+        # how much memory, the consumer holds." Once the inbox is full the connection
+        # stops reading, so nothing more can arrive after this point.
+        assert await eventually(lambda: reading_paused(conn)), "reading never paused"
         held = len(consumer._inbox)
     finally:
         release.set()
         await consumer.stop(drain=False, timeout=WAIT)
-    assert not overflowed, f"{held} messages buffered with prefetch=10"
+    assert held <= consumer.prefetch, f"{held} messages buffered with prefetch=10"
+
+
+async def test_an_auto_ack_handler_gets_replies_on_its_own_connection_with_a_full_inbox(
+    conn: AsyncConnection, names: Names
+) -> None:
+    # The inbox fills (prefetch 10, 300 waiting) while every handler declares and
+    # publishes with a confirm on the consumer's own connection: the replies must be
+    # read although the full inbox pauses reading.
+    queue = await declare(conn, names)
+    sink = await declare(conn, names, "sink")
+    await publish(conn, queue, *(b"%d" % i for i in range(300)))
+    other = await conn.channel()
+    await other.confirm_select()
+    handled: list[bytes] = []
+
+    async def handler(message: Message) -> None:
+        await other.queue_declare(queue, passive=True, timeout=WAIT)
+        confirm = await other.basic_publish("", sink, message.body)
+        assert confirm is not None
+        await asyncio.wait_for(confirm, WAIT)
+        handled.append(message.body)
+
+    async with running(conn.consumer(queue, handler, ack="auto", prefetch=10)) as consumer:
+        assert await eventually(lambda: len(handled) == 300, 6 * WAIT), (
+            f"{len(handled)} of 300 handled"
+        )
+    assert consumer.stats.failed == 0
+    assert sorted(handled, key=int) == [b"%d" % i for i in range(300)]
+    await wait_ready(conn, sink, 300)
+
+
+async def test_a_coroutine_callback_gets_replies_on_its_own_connection_with_a_full_queue(
+    conn: AsyncConnection, names: Names
+) -> None:
+    # No basic_qos: the channel's own queue for the callback fills (1,024 messages) and
+    # pauses reading, while the callback waits for a reply on the same connection.
+    queue = await declare(conn, names)
+    total = 1500
+    await publish(conn, queue, *(b"%d" % i for i in range(total)))
+    other = await conn.channel()
+    handled: list[bytes] = []
+
+    async def callback(message: Message) -> None:
+        await other.queue_declare(queue, passive=True, timeout=WAIT)
+        handled.append(message.body)
+
+    ch = await conn.channel()
+    tag = await ch.basic_consume(queue, callback, no_ack=True)
+    try:
+        assert await eventually(lambda: len(handled) == total, 6 * WAIT), (
+            f"{len(handled)} of {total} handled"
+        )
+    finally:
+        await ch.basic_cancel(tag, timeout=WAIT)
+        await ch.close()
+    assert sorted(handled, key=int) == [b"%d" % i for i in range(total)]
+
+
+async def test_stop_returns_while_a_full_inbox_pauses_reading(
+    conn: AsyncConnection, names: Names
+) -> None:
+    # prefetch=0: the consumer bounds its inbox itself (1,024 messages) by pausing the
+    # connection's reading; stop() must still get its cancel-ok through.
+    queue = await declare(conn, names)
+    await publish(conn, queue, *(b"%d" % i for i in range(1100)))
+    release = asyncio.Event()
+
+    async def handler(message: Message) -> None:
+        await release.wait()
+
+    consumer = conn.consumer(queue, handler, prefetch=0)
+    await consumer.start(timeout=WAIT)
+    try:
+        assert await eventually(lambda: reading_paused(conn)), "reading never paused"
+        # A deadline that fails a hang, far above the round trips a stop needs; the
+        # stop's own timeout is longer still, so only a reply that never came ends it.
+        await asyncio.wait_for(consumer.stop(drain=False, timeout=600), 60)
+    finally:
+        release.set()
+    assert consumer.stats.failed == 0
+    await wait_ready(conn, queue, 1100)  # manual ack: everything went back to the queue
 
 
 async def test_ack_of_a_delivery_from_before_recovery_is_not_sent(

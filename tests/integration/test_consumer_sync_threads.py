@@ -283,6 +283,29 @@ def test_auto_ack_consumer_hands_every_message_to_its_threads_in_order(
     assert ready(sync_conn, queue) == 0
 
 
+def test_an_auto_ack_handler_thread_gets_replies_on_its_own_connection_with_a_full_inbox(
+    sync_conn: Connection, names: Names
+) -> None:
+    # The inbox fills (prefetch 5, 200 waiting) while each handler thread makes a
+    # request on the consumer's own connection: its reply must be read although the
+    # full inbox pauses reading.
+    queue = names.queue()
+    declare(sync_conn, queue)
+    publish(sync_conn, queue, *plain(*bodies(200)))
+    other = sync_conn.channel(timeout=WAIT)
+    seen: list[bytes] = []
+
+    def handler(message: Message) -> None:
+        other.queue_declare(queue, passive=True, timeout=WAIT)
+        seen.append(message.body)
+
+    with sync_conn.consumer(queue, handler, ack="auto", prefetch=5) as consumer:
+        assert wait_until(lambda: len(seen) == 200, 6 * WAIT), f"{len(seen)} of 200 handled"
+    assert seen == bodies(200)
+    assert consumer.stats.failed == 0
+    other.close(timeout=WAIT)
+
+
 class _FailingStore(MemoryDedupStore):
     """A dedup store whose ``seen`` fails for one id and whose ``add`` always fails."""
 

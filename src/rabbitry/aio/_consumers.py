@@ -126,6 +126,8 @@ class _ReadFlow(Protocol):
 
     def resume(self) -> None: ...
 
+    def recheck(self) -> None: ...
+
 
 class _Connection(Protocol):
     """What a channel uses of its :class:`~rabbitry.aio.connection.AsyncConnection`.

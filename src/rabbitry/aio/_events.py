@@ -72,15 +72,23 @@ class ReadFlow:
     too, so a full queue grows by at most the message that filled it; a pause still held
     when the connection reconnects keeps the new socket unread.
 
+    A pause never holds back a reply somebody waits for: while a channel of the
+    connection waits for the answer to a request, or for the confirms of its publishes,
+    the socket is read (and the full queues grow for that long); reading stops again
+    once nothing is awaited. A handler that declares, gets or publishes with confirms on
+    its own connection therefore never waits for ever behind its own full queue.
+
     Get it from the connection's ``read_flow``. Its members are the connection's own
     bound methods: calling one costs what calling the connection would.
     """
 
-    __slots__ = ("pause", "resume")
+    __slots__ = ("pause", "recheck", "resume")
 
     def __init__(self, connection: ConnectionEvents) -> None:
         self.pause: Callable[[], None] = connection._pause_reading
         self.resume: Callable[[], None] = connection._resume_reading
+        #: A channel now waits for a reply (it sent a request): read again if paused.
+        self.recheck: Callable[[], None] = connection._update_reading
 
 
 class LoopHooks(NamedTuple):
@@ -125,6 +133,8 @@ class ConnectionEvents:
     _tick_handle: asyncio.TimerHandle | None
     _close_deadline: asyncio.TimerHandle | None
     _read_pauses: int
+    # Whether the transport is paused now: _read_pauses > 0 and no reply is awaited.
+    _reading_paused: bool
     _held_events: list[Event]
     _update_secret_waiter: asyncio.Future[None] | None
     _blocked_callbacks: list[BlockedCallback]
@@ -167,24 +177,41 @@ class ConnectionEvents:
         one); reading resumes when the last is released by :meth:`_resume_reading`.
         Deliveries already read in the same chunk are held back too (see
         :meth:`_handle_events`), so a queue grows by at most the message that filled it.
+        While a reply is awaited the socket is read anyway (:meth:`_update_reading`).
         """
         self._read_pauses += 1
-        if self._read_pauses == 1 and self._transport is not None and self._proto is not None:
-            self._proto.rx_paused = True
-            self._transport.pause_reading()
+        if not self._reading_paused:
+            self._update_reading()
 
     def _resume_reading(self) -> None:
         """Release one :meth:`_pause_reading` (loop thread)."""
         if not self._read_pauses:
             return
         self._read_pauses -= 1
-        if self._read_pauses:
+        if not self._read_pauses:
+            self._update_reading()
+
+    def _update_reading(self) -> None:
+        """Pause or resume the transport's reading (loop thread).
+
+        Paused while some consumer holds a pause and no channel waits for a reply (the
+        answer to a request, or confirms); a reply somebody waits for is always read.
+        """
+        hold = bool(self._read_pauses) and not any(
+            hooks.awaits_reply() for hooks in self._channels.values()
+        )
+        if hold is self._reading_paused:
+            return
+        transport, proto = self._transport, self._proto
+        if transport is None or proto is None:
+            return  # the next socket starts from _read_pauses (_on_connection_made)
+        self._reading_paused = proto.rx_paused = hold
+        if hold:
+            transport.pause_reading()
             return
         if self._held_events and self._loop is not None:
             self._loop.call_soon(self._release_held)
-        if self._transport is not None and self._proto is not None:
-            self._proto.rx_paused = False
-            self._transport.resume_reading()
+        transport.resume_reading()
 
     def _release_held(self) -> None:
         """Handle the events held back while reading was paused (in order)."""
@@ -280,7 +307,11 @@ class ConnectionEvents:
                         event.message.delivery_tag,
                         event.channel,
                     )
-                if self._read_pauses and proto is not None and proto.state is ConnectionState.OPEN:
+                if (
+                    self._reading_paused
+                    and proto is not None
+                    and proto.state is ConnectionState.OPEN
+                ):
                     # A consumer's queue just filled: the rest of this chunk waits as
                     # if it had not been read yet (released with the last pause).
                     rest = events[index + 1 :]

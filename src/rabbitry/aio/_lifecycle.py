@@ -91,6 +91,8 @@ class ChannelHooks(Generic[C]):
     mark_lost: Callable[[AMQPError], None]
     #: Recovery: send the kept unconfirmed publishes again; returns how many.
     republish: Callable[[], int]
+    #: Whether the channel waits for the broker: a request's reply, or confirms.
+    awaits_reply: Callable[[], bool]
 
 
 class ChannelLifecycle:

@@ -86,6 +86,7 @@ class SocketIO:
     _in_batch: bool
     _writes: WritePath
     _read_pauses: int
+    _reading_paused: bool
     _held_events: list[Event]
     _handshake_tls_error: ssl.SSLError | None
 
@@ -94,6 +95,8 @@ class SocketIO:
         def _handle_events(self, events: list[Event]) -> None: ...
 
         def _release_held(self) -> None: ...
+
+        def _update_reading(self) -> None: ...
 
         def _arm_close_deadline(self) -> None: ...
 
@@ -141,6 +144,11 @@ class SocketIO:
         proto = self._proto
         if proto is None:
             return
+        if self._reading_paused and self._loop is not None:
+            # Frames sent while a full queue holds reading may await replies (a request,
+            # publishes to confirm): their answers must be read. Checked after the code
+            # that sent them has registered what it waits for (a publish's confirm).
+            self._loop.call_soon(self._update_reading)
         out = proto.buffers_to_send()
         transport = self._transport
         if not out or transport is None or transport.is_closing():
@@ -166,10 +174,9 @@ class SocketIO:
     def _on_connection_made(self, transport: asyncio.Transport) -> None:
         self._transport = transport
         self._held_events = []  # deliveries of an earlier socket: the broker requeued them
-        if self._read_pauses and self._proto is not None:
-            # A consumer queue is still full from before a reconnect.
-            self._proto.rx_paused = True
-            transport.pause_reading()
+        self._reading_paused = False
+        if self._read_pauses:
+            self._update_reading()  # a consumer queue is still full from before a reconnect
         self._flush()  # the protocol header
 
     def _on_connection_lost(self, exc: Exception | None) -> None:
@@ -206,6 +213,8 @@ class SocketIO:
             events = proto.events_received()
             if events:
                 self._handle_events(events)
+            if self._read_pauses and not self._reading_paused:
+                self._update_reading()  # read for a reply: pause again once none is awaited
         finally:
             self._in_batch = self._corked = False
         if proto.send_queue:

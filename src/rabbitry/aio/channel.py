@@ -80,6 +80,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         forget: Callable[[int], object],
     ) -> None:
         self._conn = connection
+        self._read_flow = connection.read_flow
         self._proto = protocol
         self.channel_id = protocol.channel_id
         loop = connection._loop
@@ -150,6 +151,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
             lose_consumer=self._lose_consumer,
             mark_lost=self._mark_lost,
             republish=self._republish,
+            awaits_reply=self._awaits_reply,
         )
 
     def __repr__(self) -> str:
@@ -219,7 +221,11 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
     def _register_rpc(self, hook: Callable[[Any], None] | None) -> asyncio.Future[Any]:
         future: asyncio.Future[Any] = self._loop.create_future()
         self._rpcs.append((future, hook))
+        self._read_flow.recheck()  # a full consumer queue must not hold the reply back
         return future
+
+    def _awaits_reply(self) -> bool:
+        return bool(self._rpcs) or bool(self._confirms)
 
     async def _await_rpc(
         self, name: str, timeout: float | None, future: asyncio.Future[Any] | None = None

@@ -128,6 +128,7 @@ class AsyncConnection(ConnectionEvents, SocketIO):
         # Read back-pressure: how many holders paused reading, and the events already
         # read (the rest of a chunk) that wait until the last pause is released.
         self._read_pauses = 0
+        self._reading_paused = False
         self._held_events: list[Event] = []
         self._update_secret_waiter: asyncio.Future[None] | None = None
         # An ssl.SSLError that ended the socket before connection.open-ok (see connect).
