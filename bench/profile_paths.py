@@ -3,8 +3,9 @@
     PYTHONPATH=src .venv/bin/python bench/profile_paths.py [path ...] [--n 2000] [--top 25]
 
 Paths: async.publish, async.publish_confirm, async.publish_batch, async.consume_ack and
-the same with ``sync.``; needs the broker at RABBITMQ_URL (default localhost). Counts
-are calls per message over the measured phase, summed over every thread involved.
+the same with ``sync.``; async.publisher_each, async.consumer_handler and
+sync.consumer_handler. Needs the broker at RABBITMQ_URL (default localhost). Counts are
+calls per message over the measured phase, summed over every thread involved.
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
-"""The hot paths measured by ``test_perf_budget.py`` (and ``bench/profile_paths.py``).
+"""The hot paths measured by ``test_perf_budget.py`` (and ``bench/profile_paths.py``):
+the channel API's, and those of the publisher and consumers that applications use.
 
 Each path runs against the real broker: a warm-up (caches, dict and deque sizes, the
 first consumer), then a phase of ``n`` messages under ``cProfile`` (Python function
 calls, C calls included, summed over every thread that does the work: the caller, and
-for the sync API the IO and dispatcher threads), then two more phases under
-``tracemalloc``: the traced memory that the second one adds (after a ``gc.collect()``)
-is what messages leave behind, without the one-off growth of the first.
+for the sync API the IO, dispatcher and ``Consumer`` handler threads), then phases under
+``tracemalloc``: what messages leave allocated after a ``gc.collect()``, without the
+one-off growth of the first phase.
 
 The numbers are counts, not times, so a busy machine does not move them much; what
-does vary with timing is how many messages share one socket read, loop iteration or
-flush, which is why every path is measured over thousands of messages and budgets
-carry headroom.
+varies with timing is how many messages share one socket read, loop iteration or flush,
+hence thousands of messages per path, and budgets with headroom.
 """
 
 from __future__ import annotations
@@ -338,12 +338,24 @@ SYNC_PATHS = {
 
 
 class _on_all_threads:
-    """Profile the caller, the connection's IO thread and its dispatcher thread."""
+    """Profile the caller, the connection's IO thread, its dispatcher thread, and every
+    thread started meanwhile (a ``Consumer``'s handler threads, started with it).
+
+    An existing thread enables its profile in a function run on it (through the portal,
+    or the dispatcher's queue); a new thread enables its own when it starts
+    (``threading.setprofile``), and is joined at the end so that its counts are complete.
+    """
 
     def __init__(self, conn: rabbitry.Connection, profiles: _Profiles) -> None:
         self._portal = conn._portal
         self._dispatcher = conn._dispatcher
         self._profiles = profiles
+        self._started: list[threading.Thread] = []
+
+    def _on_thread_start(self, *_event: object) -> None:
+        """The first profile event of a thread started in the window: profile it."""
+        self._started.append(threading.current_thread())
+        self._profiles.new().enable()  # replaces this hook on this thread
 
     def _on_io(self, fn: Callable[[], Any]) -> None:
         assert self._portal is not None
@@ -373,6 +385,7 @@ class _on_all_threads:
         self._io = self._profiles.new()
         self._disp = self._profiles.new()
         self._main = self._profiles.new()
+        threading.setprofile(self._on_thread_start)
         self._on_io(self._io.enable)
         self._on_dispatcher(self._disp.enable)
         self._main.enable()
@@ -381,6 +394,11 @@ class _on_all_threads:
         self._main.disable()
         self._on_dispatcher(self._disp.disable)
         self._on_io(self._io.disable)
+        threading.setprofile(None)
+        for thread in self._started:
+            thread.join(10)
+            if thread.is_alive():
+                raise RuntimeError(f"{thread.name} did not end within 10 s of the phase")
 
 
 def measure_sync(path: str, url: str, queue: str, n: int, warmup: int) -> Measurement:
@@ -410,6 +428,99 @@ def measure_sync(path: str, url: str, queue: str, n: int, warmup: int) -> Measur
         ch.close()
         return result
 
+
+# --------------------------------------- high-level API: AsyncPublisher and consumers
+
+
+async def _async_publisher_each(conn: rabbitry.AsyncConnection, queue: str) -> Any:
+    """``await publisher.publish(...)`` with the publisher's defaults (confirms on, a
+    window of 1000), every message's confirm future awaited: gathered per chunk of
+    ``WINDOW`` messages, as an application that wants each outcome does."""
+    ch = await conn.channel()
+    await ch.queue_declare(queue)
+    publisher = await conn.publisher()
+
+    async def phase(n: int) -> None:
+        publish = publisher.publish
+        left = n
+        while left:
+            k = min(WINDOW, left)
+            futures = [await publish(BODY, routing_key=queue) for _ in range(k)]
+            outcomes = await asyncio.gather(*futures, return_exceptions=True)
+            assert not any(outcomes), outcomes
+            left -= k
+
+    return phase
+
+
+async def _async_consumer_handler(conn: rabbitry.AsyncConnection, queue: str) -> Any:
+    """An ``AsyncConsumer`` (manual ack, default prefetch) whose async handler returns:
+    the consumer acks each message. One consumer per phase, started and stopped in it."""
+    ch = await conn.channel()
+    await ch.queue_declare(queue)
+    loop = asyncio.get_running_loop()
+
+    async def fill(n: int) -> None:
+        for _ in range(n):
+            await ch.basic_publish("", queue, BODY)
+        while (await ch.queue_declare(queue, passive=True)).message_count < n:
+            await asyncio.sleep(0.01)
+
+    async def phase(n: int) -> None:
+        done = loop.create_future()
+        count = 0
+
+        async def handler(message: rabbitry.Message) -> None:
+            nonlocal count
+            count += 1
+            if count == n:
+                done.set_result(None)
+
+        consumer = conn.consumer(queue, handler)
+        await consumer.start()
+        await done
+        await consumer.stop()  # barrier: the last ack, then cancel and channel.close
+
+    phase.fill = fill  # type: ignore[attr-defined]
+    return phase
+
+
+def _sync_consumer_handler(conn: rabbitry.Connection, queue: str) -> Any:
+    """A ``Consumer`` (manual ack, default prefetch) whose plain handler returns, on the
+    consumer's handler thread: the consumer acks each message on the IO thread. One
+    consumer (and handler thread) per phase, started and stopped in it."""
+    ch = conn.channel()
+    ch.queue_declare(queue)
+
+    def fill(n: int) -> None:
+        for _ in range(n):
+            ch.basic_publish("", queue, BODY)
+        while ch.queue_declare(queue, passive=True).message_count < n:
+            threading.Event().wait(0.01)
+
+    def phase(n: int) -> None:
+        done = threading.Event()
+        count = 0
+
+        def handler(message: rabbitry.Message) -> None:
+            nonlocal count
+            count += 1
+            if count == n:
+                done.set()
+
+        consumer = conn.consumer(queue, handler)
+        consumer.start()
+        if not done.wait(60):
+            raise TimeoutError(f"consumed {count} of {n} messages in 60 s")
+        consumer.stop()  # barrier: the last ack, then cancel and channel.close
+
+    phase.fill = fill  # type: ignore[attr-defined]
+    return phase
+
+
+ASYNC_PATHS["async.publisher_each"] = _async_publisher_each
+ASYNC_PATHS["async.consumer_handler"] = _async_consumer_handler
+SYNC_PATHS["sync.consumer_handler"] = _sync_consumer_handler
 
 PATHS = [*ASYNC_PATHS, *SYNC_PATHS]
 

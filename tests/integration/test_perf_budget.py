@@ -1,13 +1,25 @@
 """Benchmark regression check that is not a timing assertion.
 
-Every hot path of ``perf_paths.py`` (publish without confirms, confirmed publish,
-``publish_batch``, consume with an ack of each; async and sync API) is measured against
-the real broker over 2,000 messages in steady state, and two counts per message are
-compared with the budget recorded in ``perf_budget.json``:
+Every hot path of ``perf_paths.py`` is measured against the real broker over 2,000
+messages in steady state:
+
+* on a channel, async and sync API: publish without confirms (``*.publish``), confirmed
+  publish (``*.publish_confirm``), ``publish_batch`` (``*.publish_batch``), consume with
+  an ack of each (``*.consume_ack``);
+* ``AsyncPublisher.publish`` with every message's confirm future awaited
+  (``async.publisher_each``);
+* a handler that returns, the consumer acking each message: ``AsyncConsumer`` with an
+  async handler (``async.consumer_handler``), ``Consumer`` with a plain one on its
+  handler thread (``sync.consumer_handler``).
+
+Two counts per message are compared with the budget recorded in ``perf_budget.json``:
 
 * Python function calls (C calls included, every thread that does the work), within
-  ``HEADROOM`` of the recorded figure: a change that adds a call or two per message
-  to a path of 20-100 fails here, however fast or busy the machine is.
+  ``HEADROOM`` of the recorded figure, however fast or busy the machine is. Timing
+  moves some paths' figures by a few percent (how many confirms or deliveries share a
+  frame or a read), hence the headroom: the check catches growth of a fifth (some 4
+  calls per message on a path of 20, 14 on one of 70); ``bench/profile_paths.py``
+  shows smaller changes function by function.
 * Bytes left allocated per message after ``gc.collect()`` (tracemalloc): at most
   ``LEAK_BYTES_PER_MSG``, less than the smallest object, so a per-message leak fails.
 
@@ -16,8 +28,8 @@ After a deliberate change (an optimisation, or a feature worth its cost), re-rec
     RABBITRY_PERF_BUDGET_RECORD=1 PYTHONPATH=src .venv/bin/python -m pytest \\
         tests/integration/test_perf_budget.py
 
-which takes the highest of three measurements of each path and rewrites the file. The
-whole module takes 10-20 s.
+which takes the highest of three measurements of each path and rewrites its entry (with
+``-k``, only the selected paths' entries change). The whole module takes 10-20 s.
 """
 
 from __future__ import annotations
