@@ -176,10 +176,13 @@ class ChannelLifecycle:
         logger.info("channel %s: broker flow %s", self.channel_id, "on" if active else "off")
 
     def _on_confirm(self, tag: int, multiple: bool, ack: bool) -> None:
-        confirms = self._confirms
-        confirms.confirm(tag, multiple, ack)  # settles through _settle
-        if self._settled_waiters and not confirms:
-            self._notify_settled()
+        if self._confirms.confirm(tag, multiple, ack):  # settles through _settle
+            # Nothing is unconfirmed: the heads kept for unconfirmed publishes (pruned
+            # every _HEADS_PRUNE publishes otherwise) are all stale.
+            if self._heads:
+                self._heads = {}
+            if self._settled_waiters:
+                self._notify_settled()
 
     def _notify_settled(self) -> None:
         """The confirm table is empty (every publish settled, or failed with the channel)."""

@@ -322,8 +322,12 @@ class ConfirmTracker(Generic[W]):
         self._pending[tag] = waiter
         self._order.append(tag)
 
-    def confirm(self, tag: int, multiple: bool, ack: bool) -> None:
-        """Apply a ``basic.ack`` (``ack``) or ``basic.nack`` of ``tag`` from the broker."""
+    def confirm(self, tag: int, multiple: bool, ack: bool) -> bool:
+        """Apply a ``basic.ack`` (``ack``) or ``basic.nack`` of ``tag`` from the broker.
+
+        Returns:
+            ``True`` when no publish is left unconfirmed afterwards.
+        """
         pending = self._pending
         order = self._order
         settle = self._settle
@@ -338,6 +342,7 @@ class ConfirmTracker(Generic[W]):
                 settle(waiter, tag, ack)
             while order and order[0] not in pending:
                 order.popleft()
+        return not self._pending  # a settle callback may have published again
 
     def get(self, tag: int) -> W | None:
         """The waiter of ``tag``, if it is still unconfirmed."""

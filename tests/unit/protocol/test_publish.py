@@ -245,6 +245,22 @@ def test_multiple_ack_settles_every_tag_up_to_its_own() -> None:
     assert list(confirms) == [(4, "p4"), (5, "p5")]
 
 
+def test_a_confirm_says_whether_anything_is_left_unconfirmed() -> None:
+    confirms, _ = tracker()
+    assert confirms.confirm(3, True, True) is False
+    assert confirms.confirm(5, False, True) is False
+    assert confirms.confirm(4, False, False) is True  # a nack settles too
+
+
+def test_a_settle_that_publishes_again_leaves_something_unconfirmed() -> None:
+    confirms: ConfirmTracker[str] = ConfirmTracker(
+        lambda waiter, tag, ack: confirms.add(9, "again") if waiter == "p1" else None
+    )
+    confirms.add(1, "p1")
+    assert confirms.confirm(1, False, True) is False
+    assert list(confirms) == [(9, "again")]
+
+
 def test_out_of_order_confirms() -> None:
     confirms, settled = tracker()
     confirms.confirm(4, False, True)
