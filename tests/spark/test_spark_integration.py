@@ -21,6 +21,22 @@ def _bodies(rows: list[Any]) -> list[int]:
     return [int(bytes(r.body)) for r in rows]
 
 
+def _left_in(conn: rabbitry.Connection, queue: str) -> str:
+    """What a queue that should be empty still holds: bodies, redelivered flags (for a
+    failure message; takes the messages off the queue)."""
+    channel = conn.channel()
+    try:
+        left = []
+        while (message := channel.basic_get(queue, no_ack=True)) is not None:
+            left.append((int(bytes(message.body)), message.redelivered))
+    finally:
+        channel.close()
+    bodies = sorted(body for body, _ in left)
+    again = sum(1 for _, redelivered in left if redelivered)
+    span = f"bodies {bodies[0]}..{bodies[-1]}" if bodies else "nothing"
+    return f"{span} ({len(bodies)}, {again} flagged redelivered)"
+
+
 def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -182,7 +198,8 @@ def test_sink_failure_then_restart_loses_nothing_quorum(
     # the failed batch and the prefetched rest came back flagged
     assert set(range(400, 800)) <= set(_bodies(redelivered))
     assert all(r.delivery_count and r.delivery_count >= 1 for r in redelivered)
-    assert settled_depth(conn, queue) == 0
+    left = settled_depth(conn, queue)
+    assert left == 0, f"{left} message(s) left unacknowledged: {_left_in(conn, queue)}"
 
 
 def test_stream_queue_partitioned_read(
