@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from tests.spark.conftest import depth, publish, spark_env
+from tests.spark.conftest import publish, settled_depth, spark_env
 
 import rabbitry
 
@@ -88,7 +88,7 @@ def crashed(url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict
                         results[kind] = future.result()
                     except Exception as exc:  # reported by the test of that kind
                         results[kind] = exc
-            results["classic-depth"] = depth(conn, queues["classic"])
+            results["classic-depth"] = settled_depth(conn, queues["classic"])
             yield results
         finally:
             for name in queues.values():

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from tests.spark.conftest import consumers, depth, publish
+from tests.spark.conftest import consumers, depth, publish, settled_depth
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -57,6 +59,41 @@ def test_replay_of_a_batch_still_held_raises(
     assert depth(conn, queue) == 10
 
 
+# The last read of an AvailableNow run, as Spark's source process makes it, and then the
+# end Spark gives that process: it is killed (SIGTERM, no handler) as soon as the read
+# has returned. SIGKILL right after the return is the same, without the luck of timing.
+_FINAL_READ_THEN_KILLED = """
+import os, signal, sys
+from rabbitry.spark._core import QueueConsumer
+from rabbitry.spark._options import parse_read_options
+
+consumer = QueueConsumer(parse_read_options(
+    {"url": sys.argv[1], "queue": sys.argv[2], "maxMessagesPerBatch": "400"}
+))
+assert consumer.prepare_available_now() == 400
+_, end = consumer.read(0)
+assert end == 400
+assert consumer.read(end) == ([], end)  # acks the batch; nothing is left to read
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_acks_of_a_read_are_applied_by_the_broker_before_it_returns(
+    url: str, conn: rabbitry.Connection, make_queue: Any
+) -> None:
+    queue = make_queue()
+    publish(conn, queue, 400)
+    child = subprocess.run(
+        [sys.executable, "-c", _FINAL_READ_THEN_KILLED, url, queue],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == -9, child.stderr
+    # the batch was in Spark's commit log when the read acked it: it must not come back
+    assert settled_depth(conn, queue) == 0
+
+
 def test_graceful_stop_and_restart_lose_nothing(
     spark: Any, conn: rabbitry.Connection, make_queue: Any, tmp_path: Path
 ) -> None:
@@ -101,5 +138,4 @@ def test_graceful_stop_and_restart_lose_nothing(
     # again, flagged; at most that one batch
     assert len(twice) <= 300
     assert twice <= {body for body, redelivered in rows if redelivered}
-    time.sleep(1)
-    assert depth(conn, queue) == 0
+    assert settled_depth(conn, queue) == 0

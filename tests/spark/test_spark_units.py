@@ -250,7 +250,7 @@ class _FakeChannel:
         self.qos = 0
         self.epoch = 0
 
-    def basic_qos(self, prefetch: int) -> None:
+    def basic_qos(self, prefetch: int, **_: Any) -> None:
         self.qos = prefetch
 
     def basic_consume(self, queue: str, callback: Any, on_cancel: Any = None) -> str:

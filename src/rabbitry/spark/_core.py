@@ -42,6 +42,9 @@ logger = logging.getLogger("rabbitry.spark")
 
 Row = tuple[Any, ...]
 
+#: Seconds a read or commit waits for the broker to answer the round trip after its ack.
+_ACK_APPLIED_TIMEOUT = 30.0
+
 
 class DataLossError(RuntimeError):
     """Offsets of a stream queue were asked for that retention already removed."""
@@ -295,8 +298,11 @@ class QueueConsumer:
     def ack_through(self, seq: int) -> None:
         """Acknowledge every batch ending at or before ``seq`` (idempotent).
 
-        Batches received before the connection recovered are not acked (their tags are
-        void; the broker requeued those deliveries and redelivers them).
+        The ack is applied by the broker when this returns (a round trip on the channel
+        follows it): Spark kills the source's process right after its last call, without
+        calling ``stop()``. Batches received before the connection recovered are not
+        acked (their tags are void; the broker requeued those deliveries and redelivers
+        them).
         """
         done = [batch for batch in self._unacked if batch[0] <= seq]
         self._unacked = [batch for batch in self._unacked if batch[0] > seq]
@@ -320,10 +326,24 @@ class QueueConsumer:
             return
         try:
             self._channel.basic_ack(tag, multiple=True)
+            # Spark ends the source's process by killing it as soon as the last call
+            # returned (its stop() never runs), so an ack still in this client's buffers
+            # would die with it and the batch come back. A round trip on the same channel
+            # settles that: the broker handles a channel's frames in order, so once it
+            # answers, the ack is applied.
+            self._channel.basic_qos(self.options.prefetch, timeout=_ACK_APPLIED_TIMEOUT)
         except AMQPError as exc:
-            logger.warning("rabbitmq source: ack of tag %d failed: %s", tag, exc)
-        else:
-            self.acked += sum(count for _end, count, when in done if when == epoch)
+            logger.warning(
+                "rabbitmq source %r: ack of tag %d not confirmed as applied (%r); if it was "
+                "lost its messages are redelivered (redelivered=true)",
+                self.options.queue,
+                tag,
+                exc,
+            )
+            return
+        if self._channel.epoch != epoch:
+            return  # recovered in between: those deliveries were requeued if not acked
+        self.acked += sum(count for _end, count, when in done if when == epoch)
 
     def read(self, start: int) -> tuple[list[Row], int]:
         """Ack through ``start``, then take up to one batch: ``(rows, end)`` as tuples.
@@ -386,10 +406,9 @@ class QueueConsumer:
     def close(self) -> None:
         """Close the connection; unacknowledged deliveries go back to the queue.
 
-        The consumer is cancelled first, and its cancel-ok awaited: the broker handles a
-        channel's frames in order, so once it answers, every ack sent before (the last
-        batch's, sent by the final ``read``) is applied. Closing the socket cannot lose
-        them then, even if the close itself times out and drops the connection.
+        Every ack was already applied when the read or commit that sent it returned
+        (see :meth:`ack_through`). The consumer is cancelled first, and its cancel-ok
+        awaited, so no delivery arrives while the connection closes.
         """
         conn, channel, tag = self._conn, self._channel, self._consumer_tag
         self._conn, self._channel, self._inbox, self._consumer_tag = None, None, None, None
