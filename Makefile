@@ -36,8 +36,9 @@ help:
 	@echo "           then $(RMQ4_TESTS) again against a RabbitMQ 4.x node (RMQ4=0 skips that)"
 	@echo "  broker4  build (once; cached) the Debian 13 root the RabbitMQ 4.x test node runs in"
 	@echo "  test-rmq4  only the RabbitMQ 4.x run: $(RMQ4_TESTS) against a node started for it"
-	@echo "  flake-hunt  the whole pytest suite N=$(N) times on a fresh clone of HEAD, LOAD=1 with"
-	@echo "           one core kept busy; lists every test that failed (tools/flake_hunt.py)"
+	@echo "  flake-hunt  the pytest part of make test (the 4.x pass too unless RMQ4=0) N=$(N)"
+	@echo "           times on a fresh clone of HEAD, LOAD=1 with one core kept busy; lists"
+	@echo "           every test that failed (tools/flake_hunt.py)"
 	@echo "  demo     venv + Java check + broker, then the reference pipeline (docs/pipeline.md),"
 	@echo "           examples/orders_pipeline: orders published with confirms, a Spark stream,"
 	@echo "           retries, parking lot, Parquet"
@@ -104,9 +105,10 @@ test: venv lint types docs broker $(if $(filter 0,$(RMQ4)),,broker4)
 test-rmq4: venv broker4
 	$(BIN)/python tools/run_pytest.py --workers $(PYTEST_WORKERS) -- --rabbitmq4 $(RMQ4_TESTS) $(PYTEST_ARGS)
 
-flake-hunt: venv
+flake-hunt: venv $(if $(filter 0,$(RMQ4)),,broker4)
 	$(BIN)/python tools/flake_hunt.py --runs $(N) --workers $(PYTEST_WORKERS) \
-	    $(if $(filter 1,$(LOAD)),--load) -- $(PYTEST_ARGS)
+	    $(if $(filter 1,$(LOAD)),--load) \
+	    $(if $(filter 0,$(RMQ4)),,--rabbitmq4 "$(RMQ4_TESTS)") -- $(PYTEST_ARGS)
 
 # The reference pipeline, an application in examples/ (not part of the installed package):
 # it is imported as `orders_pipeline` with examples/ on PYTHONPATH (an absolute path, so

@@ -10,6 +10,10 @@ The clone reuses this tree's virtualenv instead of building its own: its own ``s
 put first on ``PYTHONPATH``, and the script checks that ``import rabbitry`` really loads
 the clone's code before it starts.
 
+``--rabbitmq4 PATHS`` makes each run also do what ``make test`` does next: the tests under
+PATHS again against a RabbitMQ 4.x node (``pytest --rabbitmq4``); a run passes only if
+both passes do, and a test that failed in the 4.x pass is listed with ``[4.x]``.
+
 ``--load`` keeps one core busy for the whole hunt (a process spinning in a loop, pinned
 to the last CPU), the way a busy CI machine would. It is killed at the end.
 
@@ -20,7 +24,7 @@ stay in the hunt's directory, printed at the start.
 Usage::
 
     python tools/flake_hunt.py [--runs N] [--load] [--workers W] [--keep-clone]
-                               [-- PYTEST_ARGS...]
+                               [--rabbitmq4 PATHS] [-- PYTEST_ARGS...]
 """
 
 from __future__ import annotations
@@ -104,13 +108,18 @@ def start_load() -> subprocess.Popen[bytes]:
 
 
 def read_junit(directory: Path) -> tuple[collections.Counter[str], list[str]]:
-    """Outcome counts and the ids of failed tests from the JUnit reports of one run."""
+    """Outcome counts and the ids of failed tests from the JUnit reports of one run.
+
+    Reports of the RabbitMQ 4.x pass are in the subdirectory ``rabbitmq4``; their tests
+    are named with a ``[4.x]`` prefix.
+    """
     counts: collections.Counter[str] = collections.Counter()
     failed: list[str] = []
-    for report in sorted(directory.glob("*.xml")):
+    for report in sorted(directory.rglob("*.xml")):
+        prefix = "[4.x] " if report.parent.name == "rabbitmq4" else ""
         for case in ET.parse(report).getroot().iter("testcase"):
             name = case.get("name", "?").split("@", 1)[0]  # drop the xdist_group suffix
-            test = f"{case.get('classname', '?')}::{name}"
+            test = f"{prefix}{case.get('classname', '?')}::{name}"
             kinds = {child.tag for child in case}
             skipped = case.find("skipped")
             if kinds & {"failure", "error"}:
@@ -130,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", action="store_true", help="keep one core busy meanwhile")
     parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers")
     parser.add_argument("--keep-clone", action="store_true", help="keep the clone afterwards")
+    parser.add_argument(
+        "--rabbitmq4",
+        metavar="PATHS",
+        help="then these tests (space-separated paths) against a RabbitMQ 4.x node, each run",
+    )
     parser.add_argument("pytest_args", nargs="*", help="passed to every pytest session")
     args = parser.parse_args(argv)
 
@@ -146,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run(["bash", "scripts/ensure-broker.sh"], cwd=clone, env=env, check=True)
     print(
         f"flake-hunt: {args.runs} run(s) of {commit[:10]} in {clone}, "
-        f"{args.workers} worker(s), load: {'one core busy' if args.load else 'none'}; "
+        f"{args.workers} worker(s), load: {'one core busy' if args.load else 'none'}, "
+        f"RabbitMQ 4.x pass: {args.rabbitmq4 or 'none'}; "
         f"logs in {workdir}",
         flush=True,
     )
@@ -165,11 +180,29 @@ def main(argv: list[str] | None = None) -> int:
                 "--",
                 *args.pytest_args,
             ]
+            passes = [command]
+            if args.rabbitmq4:
+                passes.append(
+                    [
+                        str(python),
+                        "tools/run_pytest.py",
+                        f"--workers={args.workers}",
+                        f"--junit-dir={reports / 'rabbitmq4'}",
+                        "--",
+                        "--rabbitmq4",
+                        *args.rabbitmq4.split(),
+                        *args.pytest_args,
+                    ]
+                )
             started = time.monotonic()
             with (workdir / f"run-{number}.log").open("wb") as log:
-                run.status = subprocess.run(
-                    command, cwd=clone, env=env, stdout=log, stderr=subprocess.STDOUT, check=False
-                ).returncode
+                statuses = [
+                    subprocess.run(
+                        one, cwd=clone, env=env, stdout=log, stderr=subprocess.STDOUT, check=False
+                    ).returncode
+                    for one in passes
+                ]
+            run.status = next((status for status in statuses if status), 0)
             run.seconds = time.monotonic() - started
             run.counts, run.failed = read_junit(reports)
             runs.append(run)
