@@ -491,15 +491,30 @@ with TcpProxy("127.0.0.1", port) as proxy, rabbitry.Connection(proxy.url()) as c
             frame = frame.f_back
         return False
 
+    # Ctrl-C once: later SIGINTs are ignored, so the interrupter can repeat its signal.
+    raised = []
+
+    def on_sigint(signum, frame):
+        if not raised:
+            raised.append(signum)
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+
     def interrupt_when_blocked():
         deadline = time.monotonic() + 60
-        while not waiting_for_the_window():
+        while not raised:
             if time.monotonic() > deadline:
                 os._exit(3)
-            time.sleep(0.005)
-        # To the main thread itself: a process-directed signal may be taken by another
-        # thread, and the main thread, asleep in a lock wait, would not see it then.
-        signal.pthread_kill(main, signal.SIGINT)
+            if waiting_for_the_window():
+                # To the main thread itself: a process-directed signal may be taken by
+                # another thread, and the main thread, asleep in a lock wait, would not
+                # see it then. Repeated until the handler has run: a signal that lands
+                # after the main thread's last check for signals but before it blocks
+                # in the lock wait is only handled once it wakes up, and nothing else
+                # would wake it.
+                signal.pthread_kill(main, signal.SIGINT)
+            time.sleep(0.05)
 
     threading.Thread(target=interrupt_when_blocked, daemon=True).start()
     try:
