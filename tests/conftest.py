@@ -16,8 +16,13 @@ if TYPE_CHECKING:
 PHASES = ("all", "parallel", "serial")
 
 #: Tests that share a session fixture which must exist once per run, not once per
-#: pytest-xdist worker: each group runs on one worker (path prefix -> group).
+#: pytest-xdist worker, or broker entities with fixed names: each group runs on one
+#: worker, so its tests never run at the same time (path prefix -> group).
 XDIST_GROUPS = (
+    # The documentation's programs, the README's quick start among them, declare, use
+    # and delete fixed names on the shared broker ("hello", "jobs", ...).
+    ("tests/integration/test_docs_snippets.py", "doc-programs"),
+    ("tests/integration/test_install.py", "doc-programs"),
     ("tests/cluster/", "cluster"),  # the 3-node throw-away cluster
     ("tests/spark/test_spark_crash.py", "spark-crash"),  # Spark drivers in subprocesses
     ("tests/spark/", "spark"),  # the SparkSession (one JVM)
