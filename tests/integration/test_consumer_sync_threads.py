@@ -159,17 +159,21 @@ def test_channel_closed_under_the_consumer_forgets_the_queued_messages(
     queue = names.queue()
     declare(sync_conn, queue)
     publish(sync_conn, queue, *plain(*bodies(5)))
-    release = threading.Event()
+    started, release = threading.Event(), threading.Event()
     seen: list[tuple[bytes, bool]] = []
 
     def handler(message: Message) -> None:
         if not seen:
+            started.set()
             assert release.wait(WAIT)
         seen.append((message.body, message.redelivered))
 
     with sync_conn.consumer(queue, handler, prefetch=100) as consumer:
         try:
             assert wait_until(lambda: consumer.stats.delivered == 5)
+            # m0 is in the handler (a delivery still queued when its channel dies is
+            # forgotten, m0 too if the handler has not taken it yet)
+            assert started.wait(WAIT)
             first = consumer.channel
             # An unknown delivery tag: the broker closes the channel (406).
             portal_of(sync_conn).submit(first.basic_ack, 999)
