@@ -93,6 +93,30 @@ class _Profiles:
 # ---------------------------------------------------------------------- async paths
 
 
+def _async_filler(ch: Any, queue: str) -> Any:
+    """``fill(n)``: publish ``n`` messages to ``queue`` and wait until all are ready."""
+
+    async def fill(n: int) -> None:
+        for _ in range(n):
+            await ch.basic_publish("", queue, BODY)
+        while (await ch.queue_declare(queue, passive=True)).message_count < n:
+            await asyncio.sleep(0.01)
+
+    return fill
+
+
+def _sync_filler(ch: Any, queue: str) -> Any:
+    """``fill(n)``: publish ``n`` messages to ``queue`` and wait until all are ready."""
+
+    def fill(n: int) -> None:
+        for _ in range(n):
+            ch.basic_publish("", queue, BODY)
+        while ch.queue_declare(queue, passive=True).message_count < n:
+            threading.Event().wait(0.01)
+
+    return fill
+
+
 async def _async_publish(conn: rabbitry.AsyncConnection, queue: str) -> Any:
     ch = await conn.channel()
     await ch.queue_declare(queue)
@@ -147,11 +171,7 @@ async def _async_consume_ack(conn: rabbitry.AsyncConnection, queue: str) -> Any:
     await ch.basic_qos(WINDOW)
     loop = asyncio.get_running_loop()
 
-    async def fill(n: int) -> None:
-        for _ in range(n):
-            await ch.basic_publish("", queue, BODY)
-        while (await ch.queue_declare(queue, passive=True)).message_count < n:
-            await asyncio.sleep(0.01)
+    fill = _async_filler(ch, queue)
 
     async def phase(n: int) -> None:
         done = loop.create_future()
@@ -302,11 +322,7 @@ def _sync_consume_ack(conn: rabbitry.Connection, queue: str) -> Any:
     ch.queue_declare(queue)
     ch.basic_qos(WINDOW)
 
-    def fill(n: int) -> None:
-        for _ in range(n):
-            ch.basic_publish("", queue, BODY)
-        while ch.queue_declare(queue, passive=True).message_count < n:
-            threading.Event().wait(0.01)
+    fill = _sync_filler(ch, queue)
 
     def phase(n: int) -> None:
         done = threading.Event()
@@ -460,11 +476,7 @@ async def _async_consumer_handler(conn: rabbitry.AsyncConnection, queue: str) ->
     await ch.queue_declare(queue)
     loop = asyncio.get_running_loop()
 
-    async def fill(n: int) -> None:
-        for _ in range(n):
-            await ch.basic_publish("", queue, BODY)
-        while (await ch.queue_declare(queue, passive=True)).message_count < n:
-            await asyncio.sleep(0.01)
+    fill = _async_filler(ch, queue)
 
     async def phase(n: int) -> None:
         done = loop.create_future()
@@ -492,11 +504,7 @@ def _sync_consumer_handler(conn: rabbitry.Connection, queue: str) -> Any:
     ch = conn.channel()
     ch.queue_declare(queue)
 
-    def fill(n: int) -> None:
-        for _ in range(n):
-            ch.basic_publish("", queue, BODY)
-        while ch.queue_declare(queue, passive=True).message_count < n:
-            threading.Event().wait(0.01)
+    fill = _sync_filler(ch, queue)
 
     def phase(n: int) -> None:
         done = threading.Event()
