@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -106,6 +108,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     phase = config.getoption("phase")
     if phase == "all":
         return
+    if phase == "parallel":
+        _check_serial_marks_are_in_their_modules(items)
     want_serial = phase == "serial"
     keep = [
         item for item in items if (item.get_closest_marker("serial") is not None) == want_serial
@@ -114,6 +118,43 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         kept = set(keep)
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = keep
+
+
+def names_serial(source: str) -> bool:
+    """Whether a test module's source can mark a test ``serial``.
+
+    The serial phase collects only such modules (:func:`pytest_ignore_collect`): every
+    other module would be imported and collected by it just to be deselected, which
+    costs seconds of CPU for nothing. A ``serial`` mark must therefore be written in the
+    test's own module (``pytestmark = pytest.mark.serial`` or a decorator), never added
+    from a conftest or a plugin: the parallel phase checks this and fails otherwise.
+    """
+    return re.search(r"\bserial\b", source) is not None
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if config.getoption("phase") != "serial" or collection_path.suffix != ".py":
+        return None
+    if not collection_path.name.startswith("test_"):
+        return None
+    return not names_serial(collection_path.read_text(encoding="utf-8"))
+
+
+def _check_serial_marks_are_in_their_modules(items: list[pytest.Item]) -> None:
+    """Fail the parallel phase on a serial test whose module the serial phase skips."""
+    missed = sorted(
+        {
+            str(item.path)
+            for item in items
+            if item.get_closest_marker("serial") is not None
+            and not names_serial(Path(item.path).read_text(encoding="utf-8"))
+        }
+    )
+    if missed:
+        raise pytest.UsageError(
+            "tests marked serial in modules that do not name the mark (the serial phase "
+            "collects only modules that do; mark them in the module itself): " + ", ".join(missed)
+        )
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown without the plugin
