@@ -14,8 +14,10 @@ STAMP := $(VENV)/.installed
 LINT_PATHS := src tests tools examples
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS='-k proxy -x'`.
 PYTEST_ARGS ?=
-# pytest-xdist workers for the parallel phase of the suite (0: one process).
-PYTEST_WORKERS ?= 2
+# pytest-xdist workers for the parallel phase of the suite (0: one process). Three on two
+# cores: much of the suite waits (node restarts, freezes, Spark), so a third worker fills
+# that time (docs/testing.md, "Wall time of the pytest part").
+PYTEST_WORKERS ?= 3
 # make flake-hunt: how many runs, and LOAD=1 to keep one core busy meanwhile.
 N ?= 5
 LOAD ?= 0

@@ -137,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="how many runs (default 5)")
     parser.add_argument("--load", action="store_true", help="keep one core busy meanwhile")
-    parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers")
+    parser.add_argument(
+        "--workers", type=int, default=3, help="pytest-xdist workers (default 3, as make test)"
+    )
     parser.add_argument("--keep-clone", action="store_true", help="keep the clone afterwards")
     parser.add_argument(
         "--rabbitmq4",
