@@ -14,7 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from tests.support.proxy import TcpProxy
@@ -145,6 +145,101 @@ def test_a_signal_stops_the_service_cleanly_and_closes_every_connection(
     assert process.returncode == 0, f"exit {process.returncode}\n{out}\n{err}"
     lines = out.splitlines()
     assert lines == ["UNWOUND", "RESULT None", "CLOSED True True"], err
+
+
+#: A sync service whose signal is raised from inside the portal, while the main thread
+#: hands ``consumer.wait()`` to the IO thread: at line LINE of function FUNC of
+#: ``rabbitry.sync._portal.Portal``, the first time it runs.
+INJECTED_SERVICE = """
+import signal, sys
+import rabbitry
+from rabbitry.sync._portal import Portal
+
+URL, QUEUE, FUNC, LINE = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+code = getattr(Portal, FUNC).__code__
+armed = []
+
+def local(frame, event, arg):
+    if armed and event == "line" and frame.f_lineno == LINE:
+        armed.clear()
+        signal.raise_signal(signal.SIGINT)  # handled at the next instruction
+    return local
+
+def tracer(frame, event, arg):
+    return local if frame.f_code is code else None
+
+def main():
+    with rabbitry.Connection(URL) as conn:
+        conn.channel().queue_declare(QUEUE, auto_delete=True)
+        with conn.consumer(QUEUE, lambda message: None) as consumer:
+            try:
+                armed.append(True)
+                sys.settrace(tracer)
+                consumer.wait(timeout=20)  # returns only if LINE never ran
+                print("NOT INTERRUPTED", flush=True)
+            finally:
+                sys.settrace(None)
+    return "main returned"
+
+print("RESULT", rabbitry.run(main), flush=True)
+"""
+
+
+def _portal_lines_of_a_call(url: str) -> dict[str, list[int]]:
+    """The lines of ``Portal.submit`` and ``Portal._call`` that a blocking call runs."""
+    from rabbitry.sync._portal import Portal
+
+    codes = {Portal.submit.__code__: "submit", Portal._call.__code__: "_call"}
+    ran: dict[str, set[int]] = {name: set() for name in codes.values()}
+
+    def tracer(frame: Any, event: str, arg: object) -> Any:
+        name = codes.get(frame.f_code)
+        if name is None:
+            return None
+
+        def local(frame: Any, event: str, arg: object) -> Any:
+            if event == "line":
+                ran[name].add(frame.f_lineno)
+            return local
+
+        return local
+
+    with Connection(url) as conn:
+        channel = conn.channel()
+        sys.settrace(tracer)
+        try:
+            channel.queue_declare("", exclusive=True)
+        finally:
+            sys.settrace(None)
+    return {name: sorted(lines) for name, lines in ran.items()}
+
+
+def test_a_signal_at_any_point_of_a_blocking_call_stops_the_service(
+    tmp_path: Path, url: str, names: Names
+) -> None:
+    """The signal handler raises ServiceStopped wherever the main thread is, also inside
+    the portal's own bookkeeping: the service must stop cleanly from every such point,
+    never hang with an operation queued that the IO thread is not told about."""
+    script = tmp_path / "service.py"
+    script.write_text(textwrap.dedent(INJECTED_SERVICE), encoding="utf-8")
+    points = [(f, line) for f, lines in _portal_lines_of_a_call(url).items() for line in lines]
+    assert len(points) > 10, points
+    failures = []
+    for func, line in points:
+        try:
+            done = subprocess.run(
+                [sys.executable, str(script), url, names.queue(), func, str(line)],
+                capture_output=True,
+                text=True,
+                timeout=DEADLINE,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            failures.append(f"{func}:{line} hung: {exc.stdout!r}")
+            continue
+        if done.returncode != 0 or done.stdout.splitlines()[-1:] != ["RESULT None"]:
+            failures.append(f"{func}:{line} exit {done.returncode}: {done.stdout!r} {done.stderr}")
+    assert not failures, failures
 
 
 def test_without_a_signal_run_returns_what_main_returned(url: str) -> None:

@@ -367,20 +367,41 @@ class Portal:
         elif len(ops) >= self._max_pending and not self.in_io_thread():
             self._wait_for_room(timeout, 0)
         item = (fn, args, size)
-        ops.append(item)
-        if self.stopped:
-            # The IO thread may have swept the deque already: take the item back if it
-            # is still there (then it never runs, and the caller learns it here).
-            try:
-                ops.remove(item)
-            except ValueError:
-                return  # the sweep ran it
+        try:
+            ops.append(item)
+            stopped = self.stopped
+            # Order matters: append first, then look at the flag. _drain clears the flag
+            # before it pops, so an item is always seen by a drain that is still to run.
+            if not stopped and not self._wake_pending:
+                self._wake_pending = True
+                self._loop.call_soon_threadsafe(self._drain)
+        except BaseException:
+            # An exception raised by a signal handler (rabbitry.run's ServiceStopped,
+            # KeyboardInterrupt) can land anywhere here. The caller sees it, so the item
+            # must not run; and the flag must not stay set without a drain scheduled, or
+            # no later operation would wake the IO thread and they would wait for ever.
+            self._wake_pending = False
+            self._take_back(item)
+            raise
+        if stopped and self._take_back(item):
+            # The IO thread may have swept the deque already; if the item was still
+            # there, it never runs, and the caller learns it here.
             raise self.stopped_error()
-        # Order matters: append first, then look at the flag. _drain clears the flag
-        # before it pops, so an item is always seen by a drain that is still to run.
-        if not self._wake_pending:
-            self._wake_pending = True
-            self._loop.call_soon_threadsafe(self._drain)
+
+    def _take_back(self, item: tuple[Callable[..., Any], tuple[Any, ...], int]) -> bool:
+        """Remove a submitted ``item`` that has not run yet, and give back the bytes it
+        held; False if a drain took it."""
+        try:
+            self._ops.remove(item)
+        except ValueError:
+            return False
+        if item[2]:
+            with self._bytes_lock:
+                self._bytes -= item[2]
+            if self._room_waiters:
+                with self._room:
+                    self._room.notify_all()
+        return True
 
     def _reserve(self, size: int) -> bool:
         """Count ``size`` more bytes as queued if they fit (and an operation does)."""
