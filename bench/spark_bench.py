@@ -5,14 +5,16 @@ Usage (``make bench-spark`` runs it with ``SPARK_BENCH_ARGS``)::
     PYTHONPATH=src .venv/bin/python bench/spark_bench.py                 # 100,000 rows
     PYTHONPATH=src .venv/bin/python bench/spark_bench.py --rows 10000    # a quick run
 
-One SparkSession (``--master``, default ``local[2]``) and one broker. In this order:
+One broker; the targets are measured on ``--master`` (default ``local[2]``), then on a
+Spark standalone cluster of ``--cluster`` one-core workers (default 2; 0 leaves it out)
+started on 127.0.0.1 for the run (``tests/support/spark_standalone.py``). In this order:
 
-1. A warm-up: a small write and a streaming read of a scratch queue, so that Spark's
-   Python workers and the streaming machinery are started before anything is timed.
-2. The reference, rabbitry's channel API on one connection: ROWS persistent messages
+1. The reference, rabbitry's channel API on one connection: ROWS persistent messages
    published to a classic queue with pipelined confirms (window 1000, the sink's
    ``maxInFlight``), then consumed from it (prefetch as the source's, multiple acks).
-3. For each target (a classic queue, a stream queue, a super stream of each
+2. On each master, a warm-up: a small write and a streaming read of a scratch queue, so
+   that Spark's executors, Python workers and streaming machinery are started before
+   anything is timed. Then, for each target (a classic queue, a stream queue, a super stream of each
    ``--partitions`` count): a batch write of ROWS rows (bodies of ``--body-bytes``,
    2 Spark partitions; a super stream is written by a key column,
    ``partitionKeyColumn``), then a streaming read of them with ``Trigger.AvailableNow``
@@ -22,8 +24,9 @@ One SparkSession (``--master``, default ``local[2]``) and one broker. In this or
 Rates are rows over wall-clock seconds: the write's ``save()``; the read from
 ``start()`` to the end of ``awaitTermination()`` (query start-up included). "steady" is
 the read without its first micro-batch (rows over the later batches' triggerExecution).
-The table is printed as Markdown with each rate's ratio to the reference; nothing is
-written to a file. Every entity is deleted at the end.
+The table is printed as Markdown with each rate's ratio to the reference, then, for
+each master, the read rate of each super stream over the single stream's (what the
+partitions scale to); nothing is written to a file. Every entity is deleted at the end.
 """
 
 from __future__ import annotations
@@ -38,12 +41,15 @@ import sys
 import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     import rabbitry
+
+ROOT = Path(__file__).resolve().parents[1]
 
 #: Unconfirmed messages of the reference publisher: the sink's ``maxInFlight`` default.
 CONFIRM_WINDOW = 1000
@@ -62,6 +68,7 @@ class Options:
     partitions: tuple[int, ...] = (2, 4)
     batch: int = 25_000
     master: str = "local[2]"
+    cluster: int = 2
     url: str | None = None
 
 
@@ -145,6 +152,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         help="rows per micro-batch of the reads (at most 65535)",
     )
     parser.add_argument("--master", default=defaults.master, help="Spark master")
+    parser.add_argument(
+        "--cluster",
+        type=int,
+        default=defaults.cluster,
+        help="workers (one core each) of the standalone cluster measured after --master; "
+        "0: none (default 2)",
+    )
     parser.add_argument("--url", help="broker URL (default: RABBITMQ_URL or the local broker)")
     args = parser.parse_args(argv)
     if args.batch > 65535:
@@ -152,12 +166,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         parser.error(f"argument --batch: at most 65535 (the prefetch limit), got {args.batch}")
     if not args.master.strip():
         parser.error("argument --master: must not be empty")
+    if args.cluster < 0:
+        parser.error(f"argument --cluster: must be >= 0, got {args.cluster}")
     return Options(
         rows=args.rows,
         body_bytes=args.body_bytes,
         partitions=args.partitions,
         batch=args.batch,
         master=args.master,
+        cluster=args.cluster,
         url=args.url,
     )
 
@@ -199,7 +216,24 @@ def render(reference: Result, results: Sequence[Result], header: Sequence[str]) 
             f"| {_rate(r.read)} | {_ratio(r.read, reference.read)} | {_rate(r.steady)} "
             f"| {r.batches} |"
         )
+    scaling = [
+        f"* {label}: read ÷ the stream queue's read {_ratio(r.read, single.read)}"
+        for r in results
+        for label, single in _single_stream_of(r, results)
+    ]
+    if scaling:
+        lines += ["", *scaling]
     return "\n".join(lines)
+
+
+def _single_stream_of(result: Result, results: Sequence[Result]) -> list[tuple[str, Result]]:
+    """``result`` (a super stream's) with the stream queue's of the same master, if any."""
+    where, _, what = result.label.rpartition(": ")
+    if not what.startswith("super stream"):
+        return []
+    prefix = f"{where}: " if where else ""
+    single = [r for r in results if r.label == f"{prefix}stream queue"]
+    return [(result.label, single[0])] if single else []
 
 
 # ---------------------------------------------------------------- the broker's own rate
@@ -274,6 +308,7 @@ def _session(master: str) -> Any:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.executor.memory", "512m")  # a cluster's executors (local: unused)
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -358,6 +393,47 @@ def _frame(spark: Any, rows: int, size: int) -> Any:
     return frame.cache()
 
 
+def measure(
+    master: str, where: str, conn: rabbitry.Connection, url: str, options: Options, run_id: str
+) -> list[Result]:
+    """Warm up a session on ``master``, then write and read every target with it."""
+    spark = _session(master)
+    try:
+        warm = Target("classic")
+        warm_name = f"bench-spark.{run_id}.{where}.warmup"
+        topology = _declare(conn, warm, warm_name)
+        try:
+            warm_frame = _frame(spark, WARMUP_ROWS, options.body_bytes).select("body")
+            spark_write(warm_frame, WARMUP_ROWS, warm, warm_name, url)
+            warm_options = dataclasses.replace(options, rows=WARMUP_ROWS)
+            spark_read(spark, warm, warm_name, url, warm_options)
+        finally:
+            topology.delete(conn)
+        print(f"{where}: warm-up done", flush=True)
+        frame = _frame(spark, options.rows, options.body_bytes)
+        frame.count()
+        results = []
+        for target in targets(options):
+            name = f"bench-spark.{run_id}.{where}.{target.kind}{target.partitions or ''}"
+            topology = _declare(conn, target, name)
+            try:
+                rows = frame if target.kind == "super" else frame.select("body")
+                write = spark_write(rows, options.rows, target, name, url)
+                result = spark_read(spark, target, name, url, options)
+            finally:
+                topology.delete(conn)
+            result.write = write
+            result.label = f"{where}: {target.label}"
+            results.append(result)
+            print(
+                f"{result.label}: write {_rate(write)}/s, read {_rate(result.read)}/s",
+                flush=True,
+            )
+        return results
+    finally:
+        spark.stop()
+
+
 def run(options: Options) -> str:
     """Run everything once; returns the table."""
     import pyspark
@@ -369,57 +445,33 @@ def run(options: Options) -> str:
     run_id = uuid.uuid4().hex[:8]
     load_before = os.getloadavg()
     started = time.monotonic()
-    spark = _session(options.master)
-    try:
-        with rabbitry.Connection(url, connection_name="rabbitry-spark-bench") as conn:
-            version = ".".join(map(str, conn.server_version)) or "?"
-            warm = Target("classic")
-            warm_name = f"bench-spark.{run_id}.warmup"
-            topology = _declare(conn, warm, warm_name)
-            try:
-                warm_frame = _frame(spark, WARMUP_ROWS, options.body_bytes).select("body")
-                spark_write(warm_frame, WARMUP_ROWS, warm, warm_name, url)
-                warm_options = dataclasses.replace(options, rows=WARMUP_ROWS)
-                spark_read(spark, warm, warm_name, url, warm_options)
-            finally:
-                topology.delete(conn)
-            print("warm-up done", flush=True)
+    with rabbitry.Connection(url, connection_name="rabbitry-spark-bench") as conn:
+        version = ".".join(map(str, conn.server_version)) or "?"
+        ref_name = f"bench-spark.{run_id}.reference"
+        topology = _declare(conn, Target("classic"), ref_name)
+        try:
+            publish = broker_publish(conn, ref_name, options.rows, options.body_bytes)
+            prefetch = min(65535, max(2 * options.batch, 1000))  # the source's default
+            consume = broker_consume(conn, ref_name, options.rows, prefetch)
+        finally:
+            topology.delete(conn)
+        reference = Result("broker: rabbitry channel API, 1 connection", publish, consume)
+        print(f"reference: publish {_rate(publish)}/s, consume {_rate(consume)}/s", flush=True)
 
-            ref_name = f"bench-spark.{run_id}.reference"
-            topology = _declare(conn, Target("classic"), ref_name)
-            try:
-                publish = broker_publish(conn, ref_name, options.rows, options.body_bytes)
-                prefetch = min(65535, max(2 * options.batch, 1000))  # the source's default
-                consume = broker_consume(conn, ref_name, options.rows, prefetch)
-            finally:
-                topology.delete(conn)
-            reference = Result("broker: rabbitry channel API, 1 connection", publish, consume)
-            print(f"reference: publish {_rate(publish)}/s, consume {_rate(consume)}/s", flush=True)
+        results = measure(options.master, options.master, conn, url, options, run_id)
+        where = [options.master]
+        if options.cluster:
+            sys.path.insert(0, str(ROOT))
+            from tests.support.spark_standalone import SparkStandalone
 
-            frame = _frame(spark, options.rows, options.body_bytes)
-            frame.count()
-            results = []
-            for target in targets(options):
-                name = f"bench-spark.{run_id}.{target.kind}{target.partitions or ''}"
-                topology = _declare(conn, target, name)
-                try:
-                    rows = frame if target.kind == "super" else frame.select("body")
-                    write = spark_write(rows, options.rows, target, name, url)
-                    result = spark_read(spark, target, name, url, options)
-                finally:
-                    topology.delete(conn)
-                result.write = write
-                results.append(result)
-                print(
-                    f"{target.label}: write {_rate(write)}/s, read {_rate(result.read)}/s",
-                    flush=True,
-                )
-    finally:
-        spark.stop()
+            label = f"cluster of {options.cluster}"
+            with SparkStandalone(workers=options.cluster, cores=1) as cluster:
+                results += measure(cluster.master_url, label, conn, url, options, run_id)
+            where.append(f"{label} ({options.cluster} standalone workers of 1 core)")
     load_after = os.getloadavg()
     header = [
         f"{options.rows:,} rows of {options.body_bytes} bytes per target, "
-        f"{options.batch:,} rows per micro-batch, {options.master}; "
+        f"{options.batch:,} rows per micro-batch, on {' then '.join(where)}; "
         f"{time.monotonic() - started:.0f} s in all",
         f"pyspark {pyspark.__version__}, Python {platform.python_version()}, RabbitMQ "
         f"{version}, {os.cpu_count()} CPUs; load average {load_before[0]:.1f} at the start, "

@@ -26,7 +26,7 @@ XDIST_GROUPS = (
     ("tests/integration/test_docs_snippets.py", "doc-programs"),
     ("tests/integration/test_install.py", "doc-programs"),
     ("tests/cluster/", "cluster"),  # the 3-node throw-away cluster
-    ("tests/spark/test_spark_crash.py", "spark-crash"),  # Spark drivers in subprocesses
+    ("tests/spark/test_spark_cluster.py", "spark-cluster"),  # a standalone cluster, drivers
     ("tests/spark/", "spark"),  # the SparkSession (one JVM)
     ("tests/ops/", "ops"),  # the node with the management plugin
 )
@@ -99,12 +99,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)  # after -m and -k, like any other deselection
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.getoption("rabbitmq4"):
-        # Tests of the RabbitMQ 4.x run (pytest --rabbitmq4) are not part of this one.
-        other = [item for item in items if item.get_closest_marker("rabbitmq4") is not None]
-        if other:
-            config.hook.pytest_deselected(items=other)
-            items[:] = [item for item in items if item.get_closest_marker("rabbitmq4") is None]
+    # Tests of the RabbitMQ 4.x run (pytest --rabbitmq4) are not part of the main one, and
+    # the main run's tests marked main_pass_only are not part of the 4.x run.
+    other_run = "main_pass_only" if config.getoption("rabbitmq4") else "rabbitmq4"
+    other = [item for item in items if item.get_closest_marker(other_run) is not None]
+    if other:
+        config.hook.pytest_deselected(items=other)
+        items[:] = [item for item in items if item.get_closest_marker(other_run) is None]
     phase = config.getoption("phase")
     if phase == "all":
         return

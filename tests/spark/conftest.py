@@ -29,6 +29,8 @@ from rabbitry.config import default_url
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
+    from tests.support.spark_standalone import SparkStandalone
+
 _HERE = Path(__file__).resolve().parent
 _ROOT = _HERE.parent.parent
 
@@ -99,6 +101,20 @@ def spark() -> Iterator[Any]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster() -> Iterator[SparkStandalone]:
+    """A Spark standalone master and two workers on 127.0.0.1, for the session.
+
+    Each worker offers 3 cores and 2 GiB: room for the executors (1 core, 512 MiB) of 3
+    applications, also when one worker is down.
+    """
+    from tests.support.spark_standalone import SparkStandalone
+
+    with SparkStandalone(workers=2, cores=3, memory="2g") as cluster:
+        yield cluster
+    assert not cluster.leftovers()
 
 
 @pytest.fixture

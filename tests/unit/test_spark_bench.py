@@ -30,10 +30,14 @@ def bench() -> ModuleType:
     return module
 
 
-def test_defaults_are_100k_rows_of_128_bytes_on_local_2(bench: ModuleType) -> None:
+def test_defaults_are_100k_rows_of_128_bytes_on_local_2_then_a_two_worker_cluster(
+    bench: ModuleType,
+) -> None:
     options = bench.parse_args([])
     assert (options.rows, options.body_bytes, options.partitions) == (100_000, 128, (2, 4))
     assert (options.batch, options.master, options.url) == (25_000, "local[2]", None)
+    assert options.cluster == 2
+    assert bench.parse_args(["--cluster", "0"]).cluster == 0
     labels = [t.label for t in bench.targets(options)]
     assert labels == [
         "classic queue",
@@ -69,6 +73,8 @@ def test_options_scale_a_quick_run(bench: ModuleType) -> None:
         (["--partitions", ","], "--partitions"),
         (["--batch", "65536"], "--batch"),
         (["--master", " "], "--master"),
+        (["--cluster", "-1"], "--cluster"),
+        (["--cluster", "two"], "--cluster"),
     ],
 )
 def test_a_bad_value_exits_2_naming_the_option(
@@ -93,3 +99,23 @@ def test_the_table_gives_each_rate_and_its_ratio_to_the_broker(bench: ModuleType
     assert lines[6] == "| classic queue | 10.0k | 0.50 | 5.0k | 0.12 | 8.0k | 4 |"
     assert lines[7] == "| super stream, 2 partitions | 30.0k | 1.50 | 400 | 0.01 | - | 1 |"
     assert len(lines) == 8
+
+
+def test_each_super_stream_is_compared_with_the_stream_read_on_the_same_master(
+    bench: ModuleType,
+) -> None:
+    reference = bench.Result("broker", 20_000.0, 40_000.0)
+    results = [
+        bench.Result("local[2]: stream queue", 10_000.0, 10_000.0),
+        bench.Result("local[2]: super stream, 2 partitions", 10_000.0, 12_000.0),
+        bench.Result("cluster of 2: stream queue", 10_000.0, 8_000.0),
+        bench.Result("cluster of 2: super stream, 2 partitions", 10_000.0, 14_000.0),
+        bench.Result("cluster of 2: super stream, 4 partitions", 10_000.0, 16_000.0),
+    ]
+    lines = bench.render(reference, results, ["header"]).splitlines()
+    assert lines[-4:] == [
+        "",
+        "* local[2]: super stream, 2 partitions: read ÷ the stream queue's read 1.20",
+        "* cluster of 2: super stream, 2 partitions: read ÷ the stream queue's read 1.75",
+        "* cluster of 2: super stream, 4 partitions: read ÷ the stream queue's read 2.00",
+    ]

@@ -10,7 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tests.conftest import _check_serial_marks_are_in_their_modules, names_serial
+from tests.conftest import (
+    _check_serial_marks_are_in_their_modules,
+    names_serial,
+    pytest_collection_modifyitems,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,3 +84,50 @@ def test_a_serial_mark_from_outside_its_module_fails_the_run(tmp_path: Path) -> 
         _check_serial_marks_are_in_their_modules(items)  # type: ignore[arg-type]
     assert "test_here.py" not in str(raised.value)
     _check_serial_marks_are_in_their_modules([items[0], items[2]])  # type: ignore[list-item]
+
+
+@dataclass
+class _Marked:
+    """An item with the marks it carries."""
+
+    name: str
+    marks: tuple[str, ...] = ()
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return object() if name in self.marks else None
+
+
+@dataclass
+class _Config:
+    """What the collection hook reads of pytest's config, and what it deselects."""
+
+    rabbitmq4: bool
+    deselected: list[_Marked]
+
+    def getoption(self, name: str) -> object:
+        return {"rabbitmq4": self.rabbitmq4, "phase": "all"}[name]
+
+    @property
+    def hook(self) -> _Config:
+        return self
+
+    def pytest_deselected(self, items: list[_Marked]) -> None:
+        self.deselected += items
+
+
+@pytest.mark.parametrize(
+    ("rabbitmq4", "kept", "deselected"),
+    [(False, ["plain", "main"], ["only-4"]), (True, ["plain", "only-4"], ["main"])],
+)
+def test_each_broker_run_deselects_the_tests_of_the_other(
+    rabbitmq4: bool, kept: list[str], deselected: list[str]
+) -> None:
+    items = [
+        _Marked("plain"),
+        _Marked("main", ("main_pass_only",)),
+        _Marked("only-4", ("rabbitmq4",)),
+    ]
+    config = _Config(rabbitmq4, [])
+    pytest_collection_modifyitems(config, items)  # type: ignore[arg-type]
+    assert [item.name for item in items] == kept
+    assert [item.name for item in config.deselected] == deselected
