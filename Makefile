@@ -24,7 +24,7 @@ LOAD ?= 0
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv broker broker4 test-rmq4 lint types test flake-hunt demo demo-quick java docs docs-serve format bench bench-spark
+.PHONY: help venv broker broker4 test-rmq4 test-spark-cluster lint types test flake-hunt demo demo-quick java docs docs-serve format bench bench-spark
 
 help:
 	@echo "Targets:"
@@ -38,6 +38,8 @@ help:
 	@echo "           then $(RMQ4_TESTS) again against a RabbitMQ 4.x node (RMQ4=0 skips that)"
 	@echo "  broker4  build (once; cached) the Debian 13 root the RabbitMQ 4.x test node runs in"
 	@echo "  test-rmq4  only the RabbitMQ 4.x run: $(RMQ4_TESTS) against a node started for it"
+	@echo "  test-spark-cluster  the Spark kill tests on a standalone cluster (a master and two"
+	@echo "           workers on 127.0.0.1; about 3 minutes; not part of make test)"
 	@echo "  flake-hunt  the pytest part of make test (the 4.x pass too unless RMQ4=0) N=$(N)"
 	@echo "           times on a fresh clone of HEAD, LOAD=1 with one core kept busy; lists"
 	@echo "           every test that failed (tools/flake_hunt.py)"
@@ -54,7 +56,8 @@ help:
 	@echo "           and rewrites the generated section of $(BENCH_DOC)"
 	@echo "  bench-spark  venv + Java check + broker, then rows/s written and read through"
 	@echo "           format('rabbitmq') (classic queue, stream, super streams) next to rabbitry's"
-	@echo "           own rate, on local[2]; prints a table, writes no file (bench/spark_bench.py)"
+	@echo "           own rate, on local[2] then a 2-worker standalone cluster; prints a table, writes"
+	@echo "           no file (bench/spark_bench.py)"
 	@echo "Variables: PY=$(PY)  PYTEST_ARGS=...  PYTEST_WORKERS=$(PYTEST_WORKERS)  RABBITMQ_URL=..."
 	@echo "           BROKER_WAIT_SECONDS=...  N=$(N)  LOAD=$(LOAD)"
 	@echo "           RMQ4=0|1  RMQ4_TESTS=...  RABBITRY_RMQ4_CACHE=... (scripts/rabbitmq4.sh)"
@@ -106,6 +109,12 @@ test: venv lint types docs broker $(if $(filter 0,$(RMQ4)),,broker4)
 
 test-rmq4: venv broker4
 	$(BIN)/python tools/run_pytest.py --workers $(PYTEST_WORKERS) -- --rabbitmq4 $(RMQ4_TESTS) $(PYTEST_ARGS)
+
+# The kill tests on a Spark standalone cluster (tests/spark/test_spark_cluster.py): their
+# JVM starts would add about 150 s to make test's parallel phase on 2 cores.
+test-spark-cluster: venv java broker
+	$(BIN)/python -m pytest --spark-cluster -m spark_cluster --fail-on-skip $(PYTEST_ARGS) \
+	    tests/spark/test_spark_cluster.py
 
 flake-hunt: venv $(if $(filter 0,$(RMQ4)),,broker4)
 	$(BIN)/python tools/flake_hunt.py --runs $(N) --workers $(PYTEST_WORKERS) \

@@ -26,6 +26,7 @@ XDIST_GROUPS = (
     ("tests/integration/test_docs_snippets.py", "doc-programs"),
     ("tests/integration/test_install.py", "doc-programs"),
     ("tests/cluster/", "cluster"),  # the 3-node throw-away cluster
+    ("tests/spark/test_spark_crash.py", "spark-crash"),  # Spark drivers in subprocesses
     ("tests/spark/test_spark_cluster.py", "spark-cluster"),  # a standalone cluster, drivers
     ("tests/spark/", "spark"),  # the SparkSession (one JVM)
     ("tests/ops/", "ops"),  # the node with the management plugin
@@ -47,6 +48,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default="all",
         help="all: every selected test; parallel: leave out the tests marked serial; "
         "serial: only those (tools/run_pytest.py runs parallel, then serial)",
+    )
+    parser.addoption(
+        "--spark-cluster",
+        action="store_true",
+        default=False,
+        help="also run the tests marked spark_cluster (a Spark standalone cluster, kills; "
+        "make test-spark-cluster); deselected otherwise",
     )
     parser.addoption(
         "--fail-on-skip",
@@ -99,13 +107,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)  # after -m and -k, like any other deselection
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Tests of the RabbitMQ 4.x run (pytest --rabbitmq4) are not part of the main one, and
-    # the main run's tests marked main_pass_only are not part of the 4.x run.
-    other_run = "main_pass_only" if config.getoption("rabbitmq4") else "rabbitmq4"
-    other = [item for item in items if item.get_closest_marker(other_run) is not None]
+    # Tests of the RabbitMQ 4.x run (pytest --rabbitmq4) are not part of the main one, the
+    # main run's tests marked main_pass_only are not part of the 4.x run, and the Spark
+    # cluster tests run only when asked for (--spark-cluster).
+    other_runs = ["main_pass_only" if config.getoption("rabbitmq4") else "rabbitmq4"]
+    if not config.getoption("spark_cluster"):
+        other_runs.append("spark_cluster")
+    other = [item for item in items if any(item.get_closest_marker(m) for m in other_runs)]
     if other:
         config.hook.pytest_deselected(items=other)
-        items[:] = [item for item in items if item.get_closest_marker(other_run) is None]
+        items[:] = [item for item in items if item not in other]
     phase = config.getoption("phase")
     if phase == "all":
         return

@@ -19,10 +19,7 @@ at-least-once (every message is in the output, every duplicate is flagged
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -33,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from tests.spark.conftest import publish, settled_depth, spark_env
+from tests.support.spark_standalone import kill_process_group
 
 import rabbitry
 from rabbitry import OutgoingMessage
@@ -49,9 +47,11 @@ pytestmark = [
     # What Spark's processes do when killed does not depend on the broker's version; the
     # source's reads on RabbitMQ 4.x are checked by the other Spark tests in that run.
     pytest.mark.main_pass_only,
+    # About 3 minutes of JVM starts on 2 cores: run by make test-spark-cluster, not make test.
+    pytest.mark.spark_cluster,
 ]
 
-_DRIVER = Path(__file__).with_name("cluster_driver.py")
+_DRIVER = Path(__file__).with_name("crash_driver.py")
 _TOTAL = 4000
 _BATCH = 500  # 8 micro-batches per query
 _BLOCK_AT = 6  # the batch the driver is killed in
@@ -209,9 +209,7 @@ def _run_and_kill(
 def _kill(drivers: Iterable[subprocess.Popen[Any]]) -> None:
     """SIGKILL each driver's process group (its JVM and Python workers) and reap it."""
     for driver in drivers:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(driver.pid, signal.SIGKILL)
-        driver.wait(60)
+        kill_process_group(driver, timeout=60)
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,9 @@ and the Python workers under the executors (:meth:`SparkStandalone.kill_python_w
 
 Cleanup: :meth:`SparkStandalone.stop` kills every process group it started and removes
 the directory; an ``atexit`` hook does the same for a cluster still running; and each
-master and worker JVM gets ``PR_SET_PDEATHSIG`` (``SIGKILL``), so a ``kill -9`` of the
-Python process that started them (from its main thread) takes them down too. An
+master and worker JVM is started through ``setpriv --pdeathsig KILL`` (util-linux), so a
+``kill -9`` of the Python process that started them (from its main thread: the signal
+follows the thread that forked) takes them down too. An
 executor exits by itself when its worker is gone.
 
 Usage::
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import os
 import re
 import shutil
@@ -44,16 +44,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
 _ROOT = Path(__file__).resolve().parents[2]
-_PR_SET_PDEATHSIG = 1
 _MASTER_URL = re.compile(r"Starting Spark master at (spark://\S+)")
 _REGISTERED = "Successfully registered with master"
 
 _RUNNING: set[SparkStandalone] = set()
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def spark_home() -> Path:
@@ -98,13 +92,28 @@ class _Process:
 
     def kill(self, *, group: bool = True) -> None:
         """``SIGKILL`` the JVM, with its process group (what it launched) unless not ``group``."""
-        with contextlib.suppress(ProcessLookupError):
-            if group:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            else:
+        if group:
+            kill_process_group(self.popen)
+            return
+        if self.popen.returncode is None:  # not reaped: the pid is still the JVM's
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.popen.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(30)
+
+
+def kill_process_group(popen: subprocess.Popen[Any], timeout: float = 30.0) -> None:
+    """``SIGKILL`` the process group led by ``popen`` (started in a session of its own).
+
+    Only what is still ours is signalled: the group while its leader is not reaped (the
+    pid cannot go to another process before) or while a member lives (Linux does not
+    reuse the id of a live group), so a recycled pid is never hit. Then reaps the leader.
+    """
+    if popen.returncode is None or _group_alive(popen.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        popen.wait(timeout)
 
 
 def _processes() -> dict[int, tuple[int, int]]:
@@ -138,6 +147,11 @@ def _cmdline(pid: int) -> list[str]:
     except OSError:
         return []
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _group_alive(group: int) -> bool:
+    """Whether a live process is in process group ``group``."""
+    return any(pgrp == group for _, pgrp in _processes().values())
 
 
 def _descendants(roots: Iterable[int], tree: dict[int, list[int]]) -> list[int]:
@@ -296,16 +310,18 @@ class SparkStandalone:
 
     def _launch(self, name: str, main_class: str, args: list[str]) -> _Process:
         log = self.base / f"{name}.log"
+        spark_class = str(spark_home() / "bin" / "spark-class")
         with log.open("wb") as out:
             popen = subprocess.Popen(
-                [str(spark_home() / "bin" / "spark-class"), main_class, *args],
+                # setpriv (util-linux) sets the parent-death signal and execs spark-class,
+                # which execs the JVM: no preexec_fn, unsafe in a process with threads.
+                ["setpriv", "--pdeathsig", "KILL", "--", spark_class, main_class, *args],
                 env=cluster_env({"SPARK_LOCAL_DIRS": str(self.base / "local")}),
                 cwd=self.base,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
             )
         process = _Process(name, popen, log)
         self._launched.append(process)

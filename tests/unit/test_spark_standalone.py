@@ -2,24 +2,69 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
+from typing import TYPE_CHECKING
 
+import pytest
 from tests.support import spark_standalone as standalone
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
 
-def test_descendants_follow_the_process_tree_down() -> None:
-    shell = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60 & wait"], start_new_session=True)
-    try:
-        deadline = time.monotonic() + 30
-        while len(standalone._descendants([shell.pid], standalone._children())) < 2:
-            assert time.monotonic() < deadline, "the shell never started its two sleeps"
-            time.sleep(0.05)
-        found = standalone._descendants([shell.pid], standalone._children())
-        assert [standalone._cmdline(pid) for pid in found] == [["sleep", "60"]] * 2
-        groups = {standalone._processes()[pid][1] for pid in found}
-        assert groups == {shell.pid}  # in the shell's process group: what stop() kills
-    finally:
-        shell.kill()
-        subprocess.run(["pkill", "-KILL", "-g", str(shell.pid)], check=False)
-        shell.wait(10)
+_TWO_SLEEPS = ["sh", "-c", "sleep 60 & sleep 60 & wait"]
+
+
+def _until(what: str, done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 30
+    while not done():
+        assert time.monotonic() < deadline, f"no {what} within 30 s"
+        time.sleep(0.05)
+
+
+def _members(group: int) -> list[int]:
+    return [pid for pid, (_, pgrp) in standalone._processes().items() if pgrp == group]
+
+
+@pytest.fixture
+def shell() -> Iterator[subprocess.Popen[bytes]]:
+    """A shell in a session of its own with two ``sleep`` children; all killed afterwards."""
+    proc = subprocess.Popen(_TWO_SLEEPS, start_new_session=True)
+    group = proc.pid
+    _until(
+        "two sleeps", lambda: len(standalone._descendants([proc.pid], standalone._children())) == 2
+    )
+    yield proc
+    for pid in _members(group):
+        os.kill(pid, 9)
+    proc.wait(10)
+
+
+def test_descendants_follow_the_process_tree_down(shell: subprocess.Popen[bytes]) -> None:
+    found = standalone._descendants([shell.pid], standalone._children())
+    assert [standalone._cmdline(pid) for pid in found] == [["sleep", "60"]] * 2
+    assert {standalone._processes()[pid][1] for pid in found} == {shell.pid}
+
+
+def test_a_group_whose_leader_is_gone_is_still_killed_whole(
+    shell: subprocess.Popen[bytes],
+) -> None:
+    shell.kill()  # the leader alone, reaped: its children live on in its group
+    shell.wait(10)
+    assert len(_members(shell.pid)) == 2
+    standalone.kill_process_group(shell)
+    _until("the end of the group", lambda: not _members(shell.pid))
+
+
+def test_a_reaped_leader_of_an_empty_group_is_not_signalled(
+    shell: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for pid in _members(shell.pid):
+        os.kill(pid, 9)
+    shell.wait(10)
+    _until("the end of the group", lambda: not _members(shell.pid))
+    signalled: list[int] = []
+    monkeypatch.setattr(standalone.os, "killpg", lambda pgid, sig: signalled.append(pgid))
+    standalone.kill_process_group(shell)  # its pid may belong to another process by now
+    assert signalled == []

@@ -102,10 +102,13 @@ class _Config:
     """What the collection hook reads of pytest's config, and what it deselects."""
 
     rabbitmq4: bool
+    spark_cluster: bool
     deselected: list[_Marked]
 
     def getoption(self, name: str) -> object:
-        return {"rabbitmq4": self.rabbitmq4, "phase": "all"}[name]
+        return {"rabbitmq4": self.rabbitmq4, "spark_cluster": self.spark_cluster, "phase": "all"}[
+            name
+        ]
 
     @property
     def hook(self) -> _Config:
@@ -116,18 +119,23 @@ class _Config:
 
 
 @pytest.mark.parametrize(
-    ("rabbitmq4", "kept", "deselected"),
-    [(False, ["plain", "main"], ["only-4"]), (True, ["plain", "only-4"], ["main"])],
+    ("rabbitmq4", "spark_cluster", "kept", "deselected"),
+    [
+        (False, False, ["plain", "main"], ["only-4", "cluster"]),
+        (True, False, ["plain", "only-4"], ["main", "cluster"]),
+        (False, True, ["plain", "main", "cluster"], ["only-4"]),
+    ],
 )
-def test_each_broker_run_deselects_the_tests_of_the_other(
-    rabbitmq4: bool, kept: list[str], deselected: list[str]
+def test_each_run_deselects_the_tests_of_the_others(
+    rabbitmq4: bool, spark_cluster: bool, kept: list[str], deselected: list[str]
 ) -> None:
     items = [
         _Marked("plain"),
         _Marked("main", ("main_pass_only",)),
         _Marked("only-4", ("rabbitmq4",)),
+        _Marked("cluster", ("spark_cluster", "main_pass_only")),
     ]
-    config = _Config(rabbitmq4, [])
+    config = _Config(rabbitmq4, spark_cluster, [])
     pytest_collection_modifyitems(config, items)  # type: ignore[arg-type]
     assert [item.name for item in items] == kept
     assert [item.name for item in config.deselected] == deselected

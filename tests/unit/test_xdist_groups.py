@@ -21,5 +21,6 @@ def test_a_test_outside_every_group_has_none() -> None:
 
 def test_the_spark_crash_tests_have_their_own_group() -> None:
     # The first matching prefix decides: the crash tests are not in the session's group.
+    assert xdist_group("tests/spark/test_spark_crash.py::test_a") == "spark-crash"
     assert xdist_group("tests/spark/test_spark_cluster.py::test_a") == "spark-cluster"
     assert xdist_group("tests/spark/test_spark_write.py::test_a") == "spark"

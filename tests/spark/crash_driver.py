@@ -1,6 +1,6 @@
 """A Spark driver run as a subprocess by the crash tests (they SIGKILL it).
 
-Usage: python cluster_driver.py CONFIG.json
+Usage: python crash_driver.py CONFIG.json
 
 CONFIG holds ``master`` (``local[2]`` or a ``spark://`` URL), ``cores`` (the
 application's ``spark.cores.max``), ``block_at`` (a batch id, or -1) and ``queries``: for
