@@ -2,9 +2,9 @@
 
 Each program runs as written, in a fresh interpreter, in page order (several pages build
 on the same queues), with ``RABBITMQ_URL`` pointing at the test broker: the snippets
-connect without a URL. A ``sigterm`` program (a service) gets SIGTERM after a few
-seconds and must exit cleanly. Fragments are only compiled, by
-``tests/unit/test_docs_snippets.py``. The queues and exchanges the programs declare are
+connect without a URL. A ``sigterm`` program (a service) gets SIGTERM a few seconds
+after it has installed a handler for it, and must exit cleanly. Fragments are only
+compiled, by ``tests/unit/test_docs_snippets.py``. The queues and exchanges the programs declare are
 deleted before and after.
 """
 
@@ -15,15 +15,12 @@ import signal
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 import pytest
-from tests.support.docs_snippets import FRAGMENT, SIGTERM, Snippet, snippets
+from tests.support.docs_snippets import FRAGMENT, ROOT, SIGTERM, Snippet, snippets
 
 import rabbitry
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 PROGRAMS = [s for s in snippets() if s.kind != FRAGMENT]
 
@@ -69,6 +66,23 @@ def _delete_everything(url: str) -> None:
             channel.exchange_delete(exchange, timeout=10)
 
 
+def _catches(process: subprocess.Popen[str], signum: int, timeout: float) -> bool:
+    """Wait until ``process`` has a handler for ``signum`` (``SigCgt`` in /proc); False if
+    it exits first or ``timeout`` runs out."""
+    bit = 1 << (signum - 1)
+    deadline = time.monotonic() + timeout
+    while process.poll() is None and time.monotonic() < deadline:
+        try:
+            status = Path(f"/proc/{process.pid}/status").read_text()
+        except OSError:  # gone meanwhile
+            return False
+        caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+        if int(caught.split()[1], 16) & bit:
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def _run(snippet: Snippet, workdir: Path, url: str) -> str:
     """Run one program; return a description of what went wrong, or ``""``."""
     script = workdir / f"snippet_{snippet.path.stem}_{snippet.line}.py"
@@ -83,8 +97,16 @@ def _run(snippet: Snippet, workdir: Path, url: str) -> str:
             stderr=subprocess.STDOUT,
             text=True,
         )
-        time.sleep(SERVICE_SECONDS)
+        # SIGTERM before the program handles it would end it by the default action
+        # (exit code -15): wait until it catches the signal, then let it serve a while.
+        ready = _catches(process, signal.SIGTERM, RUN_TIMEOUT)
+        if ready:
+            time.sleep(SERVICE_SECONDS)
         early = process.poll()
+        if early is None and not ready:
+            process.kill()
+            output, _ = process.communicate()
+            return f"{snippet.id}: no SIGTERM handler within {RUN_TIMEOUT} s\n{output}"
         process.send_signal(signal.SIGTERM)
         try:
             output, _ = process.communicate(timeout=RUN_TIMEOUT)
@@ -129,3 +151,16 @@ def test_runnable_snippets_run(url: str, tmp_path: Path) -> None:
     finally:
         _delete_everything(url)
     assert not failures, "\n\n".join(failures)
+
+
+def test_a_service_gets_sigterm_only_once_it_handles_it(tmp_path: Path, url: str) -> None:
+    # A service that takes longer than SERVICE_SECONDS to start (an import on a busy
+    # machine): a SIGTERM sent on a timer would end it by the default action.
+    code = (
+        "import signal, sys, time\n"
+        f"time.sleep({SERVICE_SECONDS + 1})\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        "time.sleep(60)\n"
+    )
+    slow = Snippet(ROOT / "docs" / "slow_service.md", 1, code, SIGTERM, "")
+    assert _run(slow, tmp_path, url) == ""
