@@ -22,6 +22,7 @@ from rabbitry import (
     Exchange,
     OutgoingMessage,
     Properties,
+    Publisher,
     Queue,
     RetryPolicy,
     Timeout,
@@ -48,7 +49,6 @@ ORDER_DDL = (
     "order_id STRING, customer STRING, category STRING, amount DOUBLE, currency STRING, "
     "items INT, ts STRING, _corrupt STRING"
 )
-MOVE_DDL = "body BINARY, routing_key STRING, message_id STRING, headers MAP<STRING, STRING>"
 # Broker-set headers that must not be sent back: x-death is a table the broker owns
 # (the Spark source hands it over as JSON text).
 _BROKER_HEADERS = ("x-death", "x-first-death-", "x-last-death-")
@@ -90,7 +90,9 @@ class PipelineConfig:
     Attributes:
         url: the broker (default: ``RABBITMQ_URL`` or ``amqp://guest:guest@127.0.0.1/``).
         events: messages to publish, deliberate duplicates included.
-        batch_size: ``maxMessagesPerBatch`` of the Spark source.
+        batch_size: ``maxMessagesPerBatch`` of the Spark source. Spark's cost per
+            micro-batch is mostly fixed (about a second here), so larger batches
+            raise the rate; the default is the maximum.
         mix: the share of each fault, in percent.
         seed: seed of the event generator (same seed, same events).
         output_dir: where the run's directory (``<output_dir>/<run_id>``) is created.
@@ -110,7 +112,7 @@ class PipelineConfig:
 
     url: str = field(default_factory=default_url)
     events: int = 100_000
-    batch_size: int = 10_000
+    batch_size: int = 30_000
     mix: Mix = field(default_factory=Mix)
     seed: int = 7
     output_dir: Path | str = Path("demo-output")
@@ -204,6 +206,10 @@ class Summary:
     publish_seconds: float = 0.0
     first_batch_seconds: float = 0.0
     batch_seconds: float = 0.0
+    # The micro-batches after the first one with rows (which carries Spark's start of
+    # its Python workers and code generation).
+    steady_rows: int = 0
+    steady_seconds: float = 0.0
     elapsed_seconds: float = 0.0
     expected_duplicates: int = 0
     output_dir: Path = Path()
@@ -398,6 +404,9 @@ class _Job:
         self.counters = _Counters()
         self.failure: BaseException | None = None
         self.layout = config.super_stream
+        self._moves_lock = threading.Lock()
+        self._moves_conn: Connection | None = None
+        self._moves_publisher: Publisher | None = None
 
     def start(self) -> StreamingQuery:
         from pyspark.sql import functions as F
@@ -485,6 +494,7 @@ class _Job:
             raise
 
     def _process(self, batch: DataFrame, batch_id: int) -> None:
+        import pyarrow.compute as pc
         from pyspark.sql import functions as F
 
         df = self._classify(batch).persist()
@@ -503,36 +513,45 @@ class _Job:
                 F.lit(batch_id).alias("batch_id"),
             )
             good.write.mode("append").parquet(str(self.orders_path))
-            # One job for the rest: the status of every row (to count) and the details of
-            # the failed ones (few), to decide their moves in the driver.
-            details = F.struct(
+            # One job for the rest, fetched as Arrow columns rather than Row objects: the
+            # status of every row (to count), and the details a move needs, null except
+            # on the failed rows (a few percent), the only ones that become Python dicts.
+            failing = F.col("status") != "ok"
+            details = [
+                F.when(failing, column).alias(name)
+                for name, column in (
+                    ("body", F.col("body")),
+                    ("headers", F.col("headers")),
+                    ("exchange", F.col("exchange")),
+                    ("routing_key", F.col("routing_key")),
+                    ("status", F.col("status")),
+                    ("reason", F.col("reason")),
+                    ("currency", F.col("o.currency")),
+                )
+            ]
+            table = df.select(
                 "message_id",
-                "body",
-                "headers",
-                "exchange",
-                "routing_key",
-                "status",
-                "reason",
+                (~failing).alias("ok"),
                 "attempt",
-                F.col("o.currency").alias("currency"),
-            )
-            rows = df.select(
-                "message_id",
-                (F.col("status") == "ok").alias("ok"),
-                (F.col("attempt") > 0).alias("retried"),
-                F.when(F.col("status") != "ok", details).alias("failed"),
                 F.octet_length("body").alias("size"),
-                "redelivered",
-            ).collect()
-            ok = [row["retried"] for row in rows if row["ok"]]
-            done = [row["message_id"] for row in rows if row["ok"]]
-            counts = {True: sum(ok), False: len(ok) - sum(ok)}
-            failed = [row["failed"] for row in rows if not row["ok"]]
-            moves: list[tuple[bytes, str, str, dict[str, str]]] = []
+                F.coalesce("redelivered", F.lit(False)).alias("redelivered"),
+                *details,
+            ).toArrow()
+            ok_rows = table.filter(table["ok"])
+            done: list[str] = ok_rows["message_id"].to_pylist()
+            recovered = ok_rows.filter(pc.greater(ok_rows["attempt"], 0)).num_rows
+            counts = {True: recovered, False: ok_rows.num_rows - recovered}
+            failed = [
+                {**row, "headers": dict(row["headers"] or ())}
+                for row in table.filter(pc.invert(table["ok"])).to_pylist()
+            ]
+            body_bytes = int(pc.sum(table["size"]).as_py() or 0)
+            redelivered = table.filter(table["redelivered"]).num_rows
+            moves: list[OutgoingMessage] = []
             retried = parked_invalid = parked_failing = 0
             parked: list[str] = []
             for row in failed:
-                move, kind = self._move(row.asDict())
+                move, kind = self._move(row)
                 moves.append(move)
                 if kind == "retry":
                     retried += 1
@@ -543,25 +562,14 @@ class _Job:
                     else:
                         parked_failing += 1
             if moves:
-                # Retries and parked records leave through the sink: confirmed publishes
-                # to the retry hub exchange, mandatory (an unroutable move fails the task).
-                (
-                    self.spark.createDataFrame(moves, MOVE_DDL)
-                    .write.format("rabbitmq")
-                    .option("url", self.config.url)
-                    .option("exchange", self.policy.names().dlx)
-                    .option("mandatory", "true")
-                    .option("connectionName", "rabbitry-demo-moves")
-                    .mode("append")
-                    .save()
-                )
+                self._publish_moves(moves)
         finally:
             df.unpersist()
         c = self.counters
         with c.lock:
-            c.body_bytes += sum(row["size"] or 0 for row in rows)
-            c.redelivered += sum(1 for row in rows if row["redelivered"])
-            # The sink raises unless the broker confirmed every row (mandatory, routed).
+            c.body_bytes += body_bytes
+            c.redelivered += redelivered
+            # _publish_moves raised unless the broker confirmed every move (routed).
             c.moves_published += len(moves)
             c.rows += sum(counts.values()) + len(failed)
             c.aggregated_rows += sum(counts.values())
@@ -572,7 +580,39 @@ class _Job:
             c.parked_ids.update(parked)
             c.done_ids.update(done, parked)
 
-    def _move(self, row: Mapping[str, Any]) -> tuple[tuple[bytes, str, str, dict[str, str]], str]:
+    def _publish_moves(self, moves: list[OutgoingMessage]) -> None:
+        """Send the batch's retries and parked records to the retry hub exchange.
+
+        They are already in the driver, so one long-lived confirmed publisher sends
+        them (a Spark write would start a job and Python processes for a few hundred
+        messages). ``mandatory``: a move that no queue takes comes back as a failure.
+        Returns only when the broker confirmed every one; the batch (and with it the
+        acknowledgement of the originals) fails otherwise.
+        """
+        with self._moves_lock:
+            if self._moves_publisher is None:
+                conn = Connection(self.config.url, connection_name="rabbitry-demo-moves")
+                conn.connect()
+                self._moves_conn = conn
+                self._moves_publisher = conn.publisher(mandatory=True, timeout=60)
+            outcomes = self._moves_publisher.publish_batch(
+                moves, exchange=self.policy.names().dlx, persistent=True
+            )
+        refused = [outcome for outcome in outcomes if outcome is not None]
+        if refused:
+            raise PipelineError(
+                f"{len(refused)} of {len(moves)} retry or parking move(s) were not "
+                f"confirmed: {refused[0]!r}"
+            )
+
+    def close(self) -> None:
+        """Close the publisher of the moves (after the query stopped)."""
+        with self._moves_lock:
+            conn, self._moves_conn, self._moves_publisher = self._moves_conn, None, None
+        if conn is not None:
+            conn.close()
+
+    def _move(self, row: Mapping[str, Any]) -> tuple[OutgoingMessage, str]:
         headers: dict[str, Any] = {
             k: v
             for k, v in (row["headers"] or {}).items()
@@ -592,8 +632,12 @@ class _Job:
         decision = self.policy.plan(message, exc)
         if decision.kind == "drop":  # pragma: no cover - the demo policy has a parking lot
             raise PipelineError("the retry policy has no parking lot")
-        text = {k: str(v) for k, v in decision.headers.items()}
-        return (bytes(row["body"]), decision.routing_key, row["message_id"], text), decision.kind
+        move = OutgoingMessage(
+            bytes(row["body"]),
+            routing_key=decision.routing_key,
+            properties=Properties(message_id=row["message_id"], headers=dict(decision.headers)),
+        )
+        return move, decision.kind
 
 
 # --------------------------------------------------------------------------- the run
@@ -638,6 +682,19 @@ def _spark_session(master: str, work_dir: Path) -> SparkSession:
 
 def _rows(progress: Mapping[int, tuple[int, float]]) -> int:
     return sum(rows for rows, _ in progress.values())
+
+
+def steady_batches(progress: Mapping[int, tuple[int, float]]) -> tuple[int, float]:
+    """Rows and seconds of the micro-batches with rows, leaving out the first of them.
+
+    Args:
+        progress: batch id: (input rows, seconds of its trigger).
+
+    Returns:
+        (rows, seconds); (0, 0) with fewer than two such micro-batches.
+    """
+    with_rows = [progress[batch] for batch in sorted(progress) if progress[batch][0]]
+    return sum(rows for rows, _ in with_rows[1:]), sum(seconds for _, seconds in with_rows[1:])
 
 
 def _wait(
@@ -704,6 +761,7 @@ def run(
             )
         own_spark = spark is None
         query: StreamingQuery | None = None
+        job: _Job | None = None
         try:
             if spark is None:
                 display.step(f"starting Spark ({config.master}) ...")
@@ -764,6 +822,8 @@ def run(
             display.close()
             if query is not None and query.isActive:
                 query.stop()  # after a failure: the broker requeues what it did not ack
+            if job is not None:
+                job.close()
             if own_spark and spark is not None:
                 spark.stop()
             if not config.keep_topology:
@@ -817,6 +877,7 @@ def _finish(
     summary.consumed = _rows(progress)
     summary.batches = sum(1 for rows, _ in progress.values() if rows)
     summary.batch_seconds = sum(seconds for rows, seconds in progress.values() if rows)
+    summary.steady_rows, summary.steady_seconds = steady_batches(progress)
     with c.lock:
         summary.duplicates_dropped = (
             summary.consumed - c.rows + (c.aggregated_rows - len(aggregated_ids))

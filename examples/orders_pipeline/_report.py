@@ -29,7 +29,7 @@ def summary_rows(summary: Summary) -> list[tuple[str, str, str]]:
         ),
         ("  source: body bytes", f"{s.body_bytes:,}", "of the rows after dedup"),
         ("  source: redelivered", f"{s.redelivered:,}", "rows the broker flagged redelivered"),
-        ("  sink: moves published", f"{s.moves_published:,}", "retries and parked, all confirmed"),
+        ("  moves published", f"{s.moves_published:,}", "retries and parked, all confirmed"),
         ("duplicates dropped", f"{s.duplicates_dropped:,}", "by message_id"),
         ("orders aggregated", f"{s.aggregated:,}", f"{s.recovered:,} of them after a retry"),
         ("retries (retry tiers)", f"{s.retried:,}", "transient enrichment failures"),
@@ -40,6 +40,11 @@ def summary_rows(summary: Summary) -> list[tuple[str, str, str]]:
         ("publish time", f"{s.publish_seconds:.1f} s", ""),
         ("first batch done after", f"{s.first_batch_seconds:.1f} s", "Spark start-up included"),
         ("time in micro-batches", f"{s.batch_seconds:.1f} s", _rate(s.consumed, s.batch_seconds)),
+        (
+            "  after the first batch",
+            f"{s.steady_seconds:.1f} s",
+            f"{_rate(s.steady_rows, s.steady_seconds)}, {s.steady_rows:,} rows",
+        ),
         ("elapsed", f"{s.elapsed_seconds:.1f} s", _rate(s.consumed, s.elapsed_seconds)),
     ]
 

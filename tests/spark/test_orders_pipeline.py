@@ -152,7 +152,7 @@ def _run_and_check(
             headers = message.properties.headers or {}
             if kinds[message.properties.message_id] == "poison":
                 assert headers[PARKED_REASON_HEADER] == "max-attempts"
-                assert headers[ATTEMPTS_HEADER] == str(config.max_attempts)
+                assert headers[ATTEMPTS_HEADER] == config.max_attempts
             else:
                 assert headers[PARKED_REASON_HEADER] == "not-retryable"
         assert len(_drain(conn, names.unrouted)) == plan.unroutable

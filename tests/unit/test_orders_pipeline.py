@@ -22,7 +22,7 @@ from orders_pipeline import (
 )
 from orders_pipeline._events import RATES_TO_EUR
 from orders_pipeline._partitions import routing_key
-from orders_pipeline._pipeline import _check_partitions_read, source_options
+from orders_pipeline._pipeline import _check_partitions_read, source_options, steady_batches
 from orders_pipeline._report import summary_rows
 from rabbitry.exceptions import ConfigurationError
 from rabbitry.topology import SuperStream
@@ -265,3 +265,19 @@ def test_a_partitioned_run_fails_when_routed_messages_were_not_read() -> None:
     summary.consumed = 101
     with pytest.raises(PipelineError, match=r"^1 of the 102 message\(s\) routed to the partitions"):
         _check_partitions_read(summary, layout)
+
+
+def test_the_steady_rate_leaves_out_the_first_batch_with_rows() -> None:
+    # Batch 0 had no rows (the query started before publishing); batch 1 carried Spark's
+    # start-up; empty batches count nowhere.
+    progress = {3: (300, 2.0), 0: (0, 0.5), 1: (100, 10.0), 2: (0, 0.3), 4: (200, 1.0)}
+    assert steady_batches(progress) == (500, 3.0)
+    assert steady_batches({}) == (0, 0)
+    assert steady_batches({0: (0, 1.0), 1: (50, 4.0)}) == (0, 0)
+
+
+def test_the_summary_shows_the_rate_after_the_first_batch() -> None:
+    names = PipelineConfig(run_id="abc", prefix="p").names
+    summary = Summary("abc", names, steady_rows=30_000, steady_seconds=2.5)
+    rows = {what.strip(): (number, note) for what, number, note in summary_rows(summary)}
+    assert rows["after the first batch"] == ("2.5 s", "12,000 msg/s, 30,000 rows")
