@@ -78,7 +78,13 @@ async def test_async_envelopes_carry_the_documented_bytes_and_headers(
     publisher = await conn.publisher()
     props = Properties(content_type="application/json", headers={"tenant": "acme"})
     async with AsyncBatchingPublisher(
-        publisher, batch_records=10, linger=0.05, properties=props, persistent=True
+        # A linger no test run reaches: the splits below are decided by batch_records
+        # alone (a short one expires whenever the loop stalls while a batch is sent).
+        publisher,
+        batch_records=10,
+        linger=30,
+        properties=props,
+        persistent=True,
     ) as batching:
         futures = [await batching.publish(b'{"n": %d}' % i, routing_key=queue) for i in range(25)]
     await asyncio.wait_for(asyncio.gather(*futures), WAIT)
@@ -150,8 +156,11 @@ def test_sync_publisher_consumer_and_iterator_round_trip(url: str, names: Names)
         channel = conn.channel()
         channel.queue_declare(queue)
         with conn.publisher() as publisher:
-            with BatchingPublisher(publisher, batch_records=10, linger=0.02) as batching:
+            # linger=30: batch_records alone splits, whatever the threads' timing; the
+            # flush sends the last, short batch.
+            with BatchingPublisher(publisher, batch_records=10, linger=30) as batching:
                 futures = [batching.publish(b"s%d" % i, routing_key=queue) for i in range(35)]
+                batching.flush()
                 for future in futures:
                     future.result(WAIT)
             assert (batching.stats.envelopes, batching.stats.singles) == (4, 0)
@@ -218,7 +227,11 @@ async def test_envelopes_never_exceed_batch_bytes(conn: AsyncConnection, names: 
     await channel.queue_declare(queue)
     publisher = await conn.publisher()
     record = b"r" * 128  # 132 bytes in an envelope
-    async with AsyncBatchingPublisher(publisher, batch_records=1000, batch_bytes=1000) as batching:
+    # linger=30: only batch_bytes splits. With the default 5 ms, a loop stalled while an
+    # envelope was handed over let the linger send the next batch with one record.
+    async with AsyncBatchingPublisher(
+        publisher, batch_records=1000, batch_bytes=1000, linger=30
+    ) as batching:
         for _ in range(50):
             await batching.publish(record, routing_key=queue)
         big = await batching.publish(b"B" * 5000, routing_key=queue)  # alone, plain
