@@ -423,7 +423,9 @@ def test_a_shovel_moves_envelopes_unchanged_and_raw_iteration_sees_them(
         channel.queue_declare(source)
         channel.queue_declare(target)
         with conn.publisher() as publisher:
-            with BatchingPublisher(publisher, batch_records=3) as batching:
+            # linger=30: the three records make one envelope even if this thread stalls
+            # between them (the default 5 ms linger would send what it has).
+            with BatchingPublisher(publisher, batch_records=3, linger=30) as batching:
                 for i in range(3):
                     batching.publish(b"m%d" % i, routing_key=source)
             batching.wait_for_confirms(timeout=WAIT)

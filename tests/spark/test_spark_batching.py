@@ -33,7 +33,10 @@ def _by_hand(*records: bytes) -> bytes:
 def _fill(conn: rabbitry.Connection, queue: str) -> list[bytes]:
     """Two envelopes of 3 records and a plain message; returns every record in order."""
     with conn.publisher() as publisher:
-        with BatchingPublisher(publisher, batch_records=3, properties=Properties(app_id="t")) as b:
+        # linger=30: batch_records alone splits, even if this thread stalls mid-batch.
+        with BatchingPublisher(
+            publisher, batch_records=3, linger=30, properties=Properties(app_id="t")
+        ) as b:
             for i in range(6):
                 b.publish(b"r%d" % i, routing_key=queue)
         publisher.publish(b"plain", routing_key=queue).result(20)
