@@ -16,6 +16,7 @@ import asyncio
 import subprocess
 import time
 import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -247,3 +248,17 @@ async def test_kill9_is_noticed_and_durable_data_survives_restarts(
     assert node.short_name not in epmd_names()
     assert processes_named(name) == ""
     assert not base_dir.exists()
+
+
+def test_the_watchdog_runs_before_the_broker_boots(broker_node: BrokerNode) -> None:
+    # The VM runs -eval and -s in order and `rabbit:boot()` returns only once the node is
+    # up: a watchdog after it would not halt a node whose boot waits (for a cluster
+    # peer's tables, say) after its owner died.
+    pid = broker_node.pid
+    assert pid is not None
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    boots = [i for i in range(len(args)) if args[i : i + 3] == ["-s", "rabbit", "boot"]]
+    watchdogs = [i for i, arg in enumerate(args) if arg == "-eval" and "/proc/" in args[i + 1]]
+    assert len(boots) == 1, args
+    assert len(watchdogs) == 1, args
+    assert watchdogs[0] < boots[0], args

@@ -22,9 +22,10 @@ and every port is bind-checked before use.
 
 Cleanup is layered: :meth:`BrokerNode.stop` (graceful stop, then ``SIGKILL`` of whatever
 is left, then waits until epmd has forgotten the name, then removes the directory); an
-``atexit`` hook for every node still running; and a watchdog inside the node that halts
-it (and deletes its directory) within about a second of the owning Python process
-disappearing, which covers ``kill -9`` of pytest and ``os._exit``.
+``atexit`` hook for every node still running; and a watchdog inside the node, started
+before the broker boots, that halts it (and deletes its directory) within about a second
+of the owning Python process disappearing, which covers ``kill -9`` of pytest and
+``os._exit``, also while a boot waits for cluster peers.
 
 Usage::
 
@@ -513,10 +514,15 @@ class BrokerNode:
         base = self.base_dir
         ports = self.ports
         marker = f"-rabbitry_node {self.name} -rabbitry_owner {os.getpid()}"
+        # The VM runs its -eval and -s arguments one after the other, in order, and
+        # `rabbit:boot()` returns only once the node is up, which can take minutes (a
+        # cluster member waiting for its peers' tables). So the script is told not to
+        # add its own `-s rabbit boot` (RABBITMQ_NODE_ONLY), and the boot comes here,
+        # after the watchdog: a node whose owner dies during a long boot halts too.
         erl_args = (
             f"+S {self._scheduler_threads}:{self._scheduler_threads} "
             "-kernel inet_dist_use_interface {127,0,0,1} "
-            f"{marker} -eval {self._watchdog()}"
+            f"{marker} -eval {self._watchdog()} -s rabbit boot"
         )
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -538,6 +544,7 @@ class BrokerNode:
             "RABBITMQ_ADVANCED_CONFIG_FILE": str(base / "advanced.config"),
             "RABBITMQ_CONF_ENV_FILE": str(base / "rabbitmq-env.conf"),
             "RABBITMQ_PID_FILE": str(base / "pid"),
+            "RABBITMQ_NODE_ONLY": "1",
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": erl_args,
             "RABBITMQ_CTL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
         }
