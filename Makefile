@@ -35,12 +35,14 @@ help:
 	@echo "  types    mypy --strict on src/rabbitry and examples/orders_pipeline (pyproject.toml)"
 	@echo "  test     venv + broker, then lint, types, docs and the whole pytest suite (what CI runs):"
 	@echo "           PYTEST_WORKERS workers, then the serial tests alone (tools/run_pytest.py);"
-	@echo "           then $(RMQ4_TESTS) again against a RabbitMQ 4.x node (RMQ4=0 skips that)"
+	@echo "           then $(RMQ4_TESTS) again against a RabbitMQ 4.x node (RMQ4=0 skips that);"
+	@echo "           then the Spark kill tests on a standalone cluster (SPARK_CLUSTER=0 skips them)"
 	@echo "  broker4  build (once; cached) the Debian 13 root the RabbitMQ 4.x test node runs in"
 	@echo "  test-rmq4  only the RabbitMQ 4.x run: $(RMQ4_TESTS) against a node started for it"
-	@echo "  test-spark-cluster  the Spark kill tests on a standalone cluster (a master and two"
-	@echo "           workers on 127.0.0.1; about 3 minutes; not part of make test)"
-	@echo "  flake-hunt  the pytest part of make test (the 4.x pass too unless RMQ4=0) N=$(N)"
+	@echo "  test-spark-cluster  only the Spark kill tests on a standalone cluster (a master and"
+	@echo "           two workers on 127.0.0.1; about 3 minutes), the last step of make test"
+	@echo "  flake-hunt  the pytest part of make test (the 4.x pass unless RMQ4=0, the Spark"
+	@echo "           cluster kill tests unless SPARK_CLUSTER=0) N=$(N)"
 	@echo "           times on a fresh clone of HEAD, LOAD=1 with one core kept busy; lists"
 	@echo "           every test that failed (tools/flake_hunt.py)"
 	@echo "  demo     venv + Java check + broker, then the reference pipeline (docs/pipeline.md),"
@@ -61,6 +63,7 @@ help:
 	@echo "Variables: PY=$(PY)  PYTEST_ARGS=...  PYTEST_WORKERS=$(PYTEST_WORKERS)  RABBITMQ_URL=..."
 	@echo "           BROKER_WAIT_SECONDS=...  N=$(N)  LOAD=$(LOAD)"
 	@echo "           RMQ4=0|1  RMQ4_TESTS=...  RABBITRY_RMQ4_CACHE=... (scripts/rabbitmq4.sh)"
+	@echo "           SPARK_CLUSTER=0|1"
 	@echo "           DEMO_ARGS=... (e.g. '-n 20000 --keep'; see PYTHONPATH=examples python -m orders_pipeline -h)"
 	@echo "           BENCH_ARGS=... (run_peers.py options)  BENCH_OUT=$(BENCH_OUT)"
 	@echo "           SPARK_BENCH_ARGS=... (e.g. '--rows 10000'; bench/spark_bench.py -h)"
@@ -91,12 +94,18 @@ types: venv
 
 # Lint and types come before the brokers so a style slip fails fast, before a possibly
 # slow broker install. tools/run_pytest.py runs the suite on PYTEST_WORKERS workers, then
-# the tests marked serial alone; then the same for RMQ4_TESTS against a RabbitMQ 4.x node.
-# Both runs always run; the first non-zero exit code is the target's, and a run that
+# the tests marked serial alone; then the same for RMQ4_TESTS against a RabbitMQ 4.x node;
+# then the Spark kill tests on a standalone cluster (tests/spark/test_spark_cluster.py),
+# alone: their six drivers and executors start JVMs and Python workers on both cores,
+# and Spark gives a Python worker a fixed 10 s to connect back to its JVM.
+# Every pass always runs; the first non-zero exit code is the target's, and a run that
 # tested nothing exits with pytest's "no tests collected" (5), which fails the build.
+# PYTEST_ARGS reach every pass: with a -k that selects no cluster test, add SPARK_CLUSTER=0.
 RMQ4 ?= 1
 RMQ4_TESTS ?= tests/integration tests/spark
-test: venv lint types docs broker $(if $(filter 0,$(RMQ4)),,broker4)
+SPARK_CLUSTER ?= 1
+SPARK_CLUSTER_TESTS := tests/spark/test_spark_cluster.py
+test: venv lint types docs broker $(if $(filter 0,$(RMQ4)),,broker4) $(if $(filter 0,$(SPARK_CLUSTER)),,java)
 	@status=0; \
 	$(BIN)/python tools/run_pytest.py --workers $(PYTEST_WORKERS) -- $(PYTEST_ARGS) || status=$$?; \
 	if [[ "$(RMQ4)" != 0 ]]; then \
@@ -105,21 +114,29 @@ test: venv lint types docs broker $(if $(filter 0,$(RMQ4)),,broker4)
 	        --rabbitmq4 $(RMQ4_TESTS) $(PYTEST_ARGS) || \
 	        { rc=$$?; [[ $$status -ne 0 ]] || status=$$rc; }; \
 	fi; \
+	if [[ "$(SPARK_CLUSTER)" != 0 ]]; then \
+	    echo "== the Spark kill tests on a standalone cluster: $(SPARK_CLUSTER_TESTS)"; \
+	    started=$$SECONDS; \
+	    $(BIN)/python -m pytest --spark-cluster -m spark_cluster --fail-on-skip \
+	        $(PYTEST_ARGS) $(SPARK_CLUSTER_TESTS) || \
+	        { rc=$$?; [[ $$status -ne 0 ]] || status=$$rc; }; \
+	    echo "== the Spark cluster pass took $$((SECONDS - started)) s"; \
+	fi; \
 	exit $$status
 
 test-rmq4: venv broker4
 	$(BIN)/python tools/run_pytest.py --workers $(PYTEST_WORKERS) -- --rabbitmq4 $(RMQ4_TESTS) $(PYTEST_ARGS)
 
-# The kill tests on a Spark standalone cluster (tests/spark/test_spark_cluster.py): their
-# JVM starts would add about 150 s to make test's parallel phase on 2 cores.
+# The last pass of make test alone.
 test-spark-cluster: venv java broker
 	$(BIN)/python -m pytest --spark-cluster -m spark_cluster --fail-on-skip $(PYTEST_ARGS) \
-	    tests/spark/test_spark_cluster.py
+	    $(SPARK_CLUSTER_TESTS)
 
-flake-hunt: venv $(if $(filter 0,$(RMQ4)),,broker4)
+flake-hunt: venv $(if $(filter 0,$(RMQ4)),,broker4) $(if $(filter 0,$(SPARK_CLUSTER)),,java)
 	$(BIN)/python tools/flake_hunt.py --runs $(N) --workers $(PYTEST_WORKERS) \
 	    $(if $(filter 1,$(LOAD)),--load) \
-	    $(if $(filter 0,$(RMQ4)),,--rabbitmq4 "$(RMQ4_TESTS)") -- $(PYTEST_ARGS)
+	    $(if $(filter 0,$(RMQ4)),,--rabbitmq4 "$(RMQ4_TESTS)") \
+	    $(if $(filter 0,$(SPARK_CLUSTER)),,--spark-cluster "$(SPARK_CLUSTER_TESTS)") -- $(PYTEST_ARGS)
 
 # The reference pipeline, an application in examples/ (not part of the installed package):
 # it is imported as `orders_pipeline` with examples/ on PYTHONPATH (an absolute path, so
@@ -137,14 +154,14 @@ java:
 	@java_bin=java; \
 	if [[ -n "$${JAVA_HOME:-}" && -x "$$JAVA_HOME/bin/java" ]]; then java_bin="$$JAVA_HOME/bin/java"; fi; \
 	if ! command -v "$$java_bin" >/dev/null 2>&1; then \
-	    echo "make demo: Spark needs a Java runtime (17 or newer) and there is none on PATH." >&2; \
+	    echo "make: Spark needs a Java runtime (17 or newer) and there is none on PATH." >&2; \
 	    echo "  Debian/Ubuntu: sudo apt-get install -y openjdk-17-jre-headless" >&2; \
 	    echo "  or set JAVA_HOME to an installed JDK/JRE 17+." >&2; exit 1; \
 	fi; \
 	version=$$("$$java_bin" -version 2>&1 | sed -nE '1s/.*version "([0-9]+)(\.([0-9]+))?.*/\1 \3/p'); \
 	major=$${version%% *}; [[ "$$major" == 1 ]] && major=$${version##* }; \
 	if [[ -z "$$major" || "$$major" -lt 17 ]]; then \
-	    echo "make demo: Spark 4 needs Java 17 or newer; '$$java_bin -version' says: $$("$$java_bin" -version 2>&1 | head -1)" >&2; \
+	    echo "make: Spark 4 needs Java 17 or newer; '$$java_bin -version' says: $$("$$java_bin" -version 2>&1 | head -1)" >&2; \
 	    echo "  Debian/Ubuntu: sudo apt-get install -y openjdk-17-jre-headless" >&2; exit 1; \
 	fi
 

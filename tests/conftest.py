@@ -54,7 +54,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         default=False,
         help="also run the tests marked spark_cluster (a Spark standalone cluster, kills; "
-        "make test-spark-cluster); deselected otherwise",
+        "the last pass of make test); deselected otherwise",
     )
     parser.addoption(
         "--fail-on-skip",

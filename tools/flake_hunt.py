@@ -13,6 +13,8 @@ the clone's code before it starts.
 ``--rabbitmq4 PATHS`` makes each run also do what ``make test`` does next: the tests under
 PATHS again against a RabbitMQ 4.x node (``pytest --rabbitmq4``); a run passes only if
 both passes do, and a test that failed in the 4.x pass is listed with ``[4.x]``.
+``--spark-cluster PATHS`` adds ``make test``'s last pass: the Spark kill tests under PATHS
+on a standalone cluster (``pytest --spark-cluster -m spark_cluster``), alone.
 
 ``--load`` keeps one core busy for the whole hunt (a process spinning in a loop, pinned
 to the last CPU), the way a busy CI machine would. It is killed at the end.
@@ -24,7 +26,8 @@ stay in the hunt's directory, printed at the start.
 Usage::
 
     python tools/flake_hunt.py [--runs N] [--load] [--workers W] [--keep-clone]
-                               [--rabbitmq4 PATHS] [-- PYTEST_ARGS...]
+                               [--rabbitmq4 PATHS] [--spark-cluster PATHS]
+                               [-- PYTEST_ARGS...]
 """
 
 from __future__ import annotations
@@ -133,6 +136,52 @@ def read_junit(directory: Path) -> tuple[collections.Counter[str], list[str]]:
     return counts, failed
 
 
+def run_passes(
+    python: Path,
+    reports: Path,
+    *,
+    workers: int,
+    pytest_args: list[str],
+    rabbitmq4: str | None = None,
+    spark_cluster: str | None = None,
+) -> list[list[str]]:
+    """The commands of one run, in ``make test``'s order, each writing JUnit under ``reports``.
+
+    The suite (``tools/run_pytest.py``); then, when asked, the RabbitMQ 4.x pass on the
+    paths in ``rabbitmq4`` and the Spark cluster pass on the paths in ``spark_cluster``
+    (space-separated).
+    """
+    suite = [str(python), "tools/run_pytest.py", f"--workers={workers}"]
+    passes = [[*suite, f"--junit-dir={reports}", "--", *pytest_args]]
+    if rabbitmq4:
+        passes.append(
+            [
+                *suite,
+                f"--junit-dir={reports / 'rabbitmq4'}",
+                "--",
+                "--rabbitmq4",
+                *rabbitmq4.split(),
+                *pytest_args,
+            ]
+        )
+    if spark_cluster:
+        passes.append(
+            [
+                str(python),
+                "-m",
+                "pytest",
+                "--spark-cluster",
+                "-m",
+                "spark_cluster",
+                "--fail-on-skip",
+                f"--junitxml={reports / 'spark-cluster' / 'cluster.xml'}",
+                *spark_cluster.split(),
+                *pytest_args,
+            ]
+        )
+    return passes
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="how many runs (default 5)")
@@ -145,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         "--rabbitmq4",
         metavar="PATHS",
         help="then these tests (space-separated paths) against a RabbitMQ 4.x node, each run",
+    )
+    parser.add_argument(
+        "--spark-cluster",
+        metavar="PATHS",
+        help="then the Spark kill tests in these paths on a standalone cluster, each run",
     )
     parser.add_argument("pytest_args", nargs="*", help="passed to every pytest session")
     args = parser.parse_args(argv)
@@ -164,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         f"flake-hunt: {args.runs} run(s) of {commit[:10]} in {clone}, "
         f"{args.workers} worker(s), load: {'one core busy' if args.load else 'none'}, "
         f"RabbitMQ 4.x pass: {args.rabbitmq4 or 'none'}; "
+        f"Spark cluster pass: {args.spark_cluster or 'none'}; "
         f"logs in {workdir}",
         flush=True,
     )
@@ -174,28 +229,14 @@ def main(argv: list[str] | None = None) -> int:
         for number in range(1, args.runs + 1):
             run = Run(number, datetime.datetime.now(datetime.UTC))
             reports = workdir / f"run-{number}"
-            command = [
-                str(python),
-                "tools/run_pytest.py",
-                f"--workers={args.workers}",
-                f"--junit-dir={reports}",
-                "--",
-                *args.pytest_args,
-            ]
-            passes = [command]
-            if args.rabbitmq4:
-                passes.append(
-                    [
-                        str(python),
-                        "tools/run_pytest.py",
-                        f"--workers={args.workers}",
-                        f"--junit-dir={reports / 'rabbitmq4'}",
-                        "--",
-                        "--rabbitmq4",
-                        *args.rabbitmq4.split(),
-                        *args.pytest_args,
-                    ]
-                )
+            passes = run_passes(
+                python,
+                reports,
+                workers=args.workers,
+                pytest_args=args.pytest_args,
+                rabbitmq4=args.rabbitmq4,
+                spark_cluster=args.spark_cluster,
+            )
             started = time.monotonic()
             with (workdir / f"run-{number}.log").open("wb") as log:
                 statuses = [
