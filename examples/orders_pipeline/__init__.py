@@ -91,6 +91,13 @@ def _parser() -> argparse.ArgumentParser:
         help="orders through a super stream of N partitions (keyed by customer) instead "
         "of the work queue",
     )
+    parser.add_argument(
+        "--dedup-window",
+        type=float,
+        default=defaults.dedup_window,
+        metavar="SECONDS",
+        help="how long the stream remembers a message id to drop its copies (default %(default)g)",
+    )
     return parser
 
 
@@ -126,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress=not args.quiet,
             master=args.master,
             partitions=args.partitions,
+            dedup_window=args.dedup_window,
             **({"run_id": args.run_id} if args.run_id else {}),
         )
     except ValueError as exc:

@@ -105,6 +105,11 @@ def test_no_faults_means_only_clean_orders() -> None:
         ({"partitions": -2}, "partitions"),
         ({"partitions": True}, "partitions"),
         ({"partitions": "4"}, "partitions"),
+        ({"dedup_window": 0}, "dedup_window"),
+        ({"dedup_window": 0.5}, "dedup_window"),
+        ({"dedup_window": 8 * 86_400}, "dedup_window"),
+        ({"dedup_window": True}, "dedup_window"),
+        ({"dedup_window": "600"}, "dedup_window"),
     ],
 )
 def test_config_errors_name_the_field(options: dict[str, object], field: str) -> None:
@@ -166,6 +171,15 @@ def test_main_rejects_a_partition_count_below_one(
         main(["--partitions", "four"])
     assert exited.value.code == 2
     assert "argument --partitions" in capsys.readouterr().err
+
+
+def test_main_rejects_a_dedup_window_under_a_second(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("orders_pipeline.java_problem", lambda: None)
+    assert main(["--dedup-window", "0.2"]) == 2
+    err = capsys.readouterr().err
+    assert "dedup_window: must be a number of seconds in 1..604800" in err and "got 0.2" in err
 
 
 def test_every_event_has_its_customer_and_a_duplicate_keeps_it() -> None:
