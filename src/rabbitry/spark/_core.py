@@ -500,12 +500,18 @@ def _stream_offset(message: Message) -> int | None:
 
 
 def _probe(
-    options: ReadOptions, spec: Any, *, first_only: bool, max_seconds: float = 3.0
+    options: ReadOptions,
+    spec: Any,
+    *,
+    first_only: bool,
+    max_seconds: float = 3.0,
+    first_wait: float | None = None,
 ) -> int | None:
     """Consume a stream from ``spec``: the first offset delivered, or the highest seen.
 
-    A short-lived connection is used and closed without cancel or reject (a reject
-    closes the connection on a stream queue).
+    Waits ``first_wait`` (default: the poll timeout, at least 0.5 s) for the first
+    delivery; None when none came. A short-lived connection is used and closed without
+    cancel or reject (a reject closes the connection on a stream queue).
     """
     conn = options.connect.connect(" [spark stream probe]")
     try:
@@ -521,7 +527,7 @@ def _probe(
             ) from None
         highest: int | None = None
         deadline = time.monotonic() + max_seconds
-        wait = max(options.poll_timeout, 0.5)
+        wait = max(options.poll_timeout, 0.5) if first_wait is None else first_wait
         count = 0
         while time.monotonic() < deadline:
             try:
@@ -583,9 +589,12 @@ def read_stream_range(options: ReadOptions, start: int, end: int) -> Iterator[An
     """Executor side: the rows of offsets ``[start, end)`` of a stream queue, as record
     batches (``pyarrow.RecordBatch``, see :class:`~rabbitry.spark._arrow.ArrowRows`).
 
-    Acks serve as credit only. Offsets can have gaps, so the read stops at the first
-    offset ≥ ``end - 1``. A first offset above ``start`` means retention removed data:
-    :class:`DataLossError` unless ``failOnDataLoss=false``.
+    Acks serve as credit only. Offsets can have gaps (an offset taken by an entry of
+    the stream's own, such as the one that opens each segment, holds no message), so
+    the read stops at the first offset ≥ ``end - 1``. When the first offset delivered is
+    above ``start``, the stream's first offset tells a gap from a loss: if the stream
+    now starts above ``start``, retention removed data (:class:`DataLossError` unless
+    ``failOnDataLoss=false``); otherwise ``[start, first delivered)`` held no message.
     """
     if end <= start:
         return
@@ -620,10 +629,23 @@ def read_stream_range(options: ReadOptions, start: int, end: int) -> Iterator[An
             if first:
                 first = False
                 if offset > start and options.fail_on_data_loss:
-                    raise DataLossError(
-                        f"stream queue {queue!r}: offsets [{start}, {offset}) are gone "
-                        "(retention); set failOnDataLoss=false to skip them"
+                    # The stream holds a message (this one), so the probe waits for it.
+                    head = _probe(
+                        options, "first", first_only=True, max_seconds=timeout, first_wait=timeout
                     )
+                    if head is None:
+                        raise DataLossError(
+                            f"stream queue {queue!r}: the first offset delivered is {offset}, "
+                            f"above the range's start {start}, and the stream's first offset "
+                            f"could not be read within {timeout:.0f} s to tell a gap from a "
+                            "loss"
+                        )
+                    if head > start:
+                        raise DataLossError(
+                            f"stream queue {queue!r}: offsets [{start}, {head}) are gone "
+                            f"(retention: the stream now starts at offset {head}); set "
+                            "failOnDataLoss=false to skip them"
+                        )
             if offset < start:
                 continue
             if offset >= end:
