@@ -32,6 +32,7 @@ from pyspark.sql.types import (
 from pyspark.sql.worker.plan_data_source_read import records_to_arrow_batches
 
 from rabbitry.batching import encode_records, envelope_headers
+from rabbitry.exceptions import channel_error_for
 from rabbitry.protocol.message import Message
 from rabbitry.protocol.spec import BasicProperties
 from rabbitry.spark._arrow import READ_ARROW_SCHEMA, ArrowRows
@@ -219,7 +220,15 @@ class _FakeChannel:
     def basic_qos(self, prefetch: int) -> None:
         pass
 
-    def basic_consume(self, queue: str, callback: Any, **_: Any) -> str:
+    def basic_consume(self, queue: str, callback: Any, arguments: Any = None, **_: Any) -> str:
+        if "x-stream-offset" in (arguments or {}):  # as a classic queue answers
+            raise channel_error_for(
+                406,
+                f"PRECONDITION_FAILED - invalid arg 'x-stream-offset' for queue '{queue}' "
+                "in vhost '/' of queue type rabbit_classic_queue",
+                60,
+                20,
+            )
         for message in self.messages:
             callback(message)
         return "tag"
@@ -229,6 +238,9 @@ class _FakeChannel:
 
     def queue_declare(self, queue: str, **_: Any) -> Any:
         return None
+
+    def close(self) -> None:
+        pass  # the one channel the fake connection hands out stays usable
 
 
 class _FakeConnection:

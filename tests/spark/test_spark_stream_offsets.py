@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from rabbitry.spark._core import DataLossError, read_stream_range, stream_first, stream_tail
+from rabbitry.exceptions import ConfigurationError
+from rabbitry.spark._core import (
+    DataLossError,
+    read_stream_range,
+    stream_bounds,
+    stream_first,
+    stream_tail,
+)
 from rabbitry.spark._options import ReadOptions, parse_read_options
 
 if TYPE_CHECKING:
@@ -101,3 +108,15 @@ def test_a_range_whose_start_retention_removed_is_a_loss(
         _offsets(options, 0, tail)
     skipped = _options(url, stream, failOnDataLoss="false")
     assert _offsets(skipped, 0, tail)[0] >= head
+
+
+def test_an_ending_offset_past_the_tail_is_refused_when_planned(
+    conn: rabbitry.Connection, url: str, stream: str
+) -> None:
+    _declare(conn, stream)
+    _publish(conn, stream, 10)
+    tail = stream_tail(_options(url, stream))
+    # Before: the read waited 30 s for offsets nobody had written, then reported a loss.
+    with pytest.raises(ConfigurationError, match=rf"option endingOffsets: 1000 .* is {tail}\)"):
+        stream_bounds(_options(url, stream, endingOffsets="1000"))
+    assert stream_bounds(_options(url, stream, endingOffsets=str(tail))) == (0, tail)

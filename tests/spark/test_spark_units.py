@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rabbitry.config import DEFAULT_URL
-from rabbitry.exceptions import ConfigurationError
+from rabbitry.exceptions import ConfigurationError, channel_error_for
 from rabbitry.protocol.message import Message
 from rabbitry.protocol.spec import BasicProperties
 from rabbitry.spark._batch import delivery_count_refused
@@ -253,11 +253,24 @@ class _FakeChannel:
     def basic_qos(self, prefetch: int, **_: Any) -> None:
         self.qos = prefetch
 
-    def basic_consume(self, queue: str, callback: Any, on_cancel: Any = None) -> str:
+    def basic_consume(
+        self, queue: str, callback: Any, on_cancel: Any = None, arguments: Any = None
+    ) -> str:
+        if "x-stream-offset" in (arguments or {}):  # as a classic queue answers
+            raise channel_error_for(
+                406,
+                f"PRECONDITION_FAILED - invalid arg 'x-stream-offset' for queue '{queue}' "
+                "in vhost '/' of queue type rabbit_classic_queue",
+                60,
+                20,
+            )
         self.on_cancel = on_cancel
         for message in self.messages:
             callback(message)
         return "tag"
+
+    def close(self) -> None:
+        pass  # the one channel the fake connection hands out stays usable
 
     def basic_ack(self, tag: int, multiple: bool = False) -> None:
         self.acks.append((tag, multiple))

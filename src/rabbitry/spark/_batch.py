@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..exceptions import AccessRefused, ConfigurationError, NotFound
 from ._arrow import MAX_BATCH_ROWS, ArrowRows
+from ._core import check_queue_type
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -129,6 +130,7 @@ def plan_queue_read(options: ReadOptions) -> QueueSnapshot:
             raise ConfigurationError(
                 f"option queue: queue {options.queue!r} does not exist"
             ) from None
+        check_queue_type(conn, options)
     finally:
         conn.close(timeout=5)
     snapshot = QueueSnapshot(ok.message_count, ok.consumer_count, version)

@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import logging
 import queue as queue_module
+import re
 import time
 import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from ..exceptions import AMQPError, ConfigurationError, ConsumerCancelled, NotFound
+from ..exceptions import (
+    AMQPError,
+    ConfigurationError,
+    ConsumerCancelled,
+    NotFound,
+    PreconditionFailed,
+)
 from ._arrow import ArrowRows
 from ._rows import TupleRows
 
@@ -33,6 +40,7 @@ __all__ = [
     "QueueConsumer",
     "ReplayUnavailable",
     "SourceCancelled",
+    "check_queue_type",
     "read_stream_range",
     "split_range",
     "stream_bounds",
@@ -260,6 +268,8 @@ class QueueConsumer:
     def _subscribe(self) -> tuple[Channel, queue_module.SimpleQueue[Message]]:
         channel = self._open()
         if self._inbox is None:
+            assert self._conn is not None
+            check_queue_type(self._conn, self.options)
             inbox: queue_module.SimpleQueue[Message] = queue_module.SimpleQueue()
             channel.basic_qos(self.options.prefetch)
             self._consumer_tag = channel.basic_consume(
@@ -472,6 +482,61 @@ def queue_depth(options: ReadOptions) -> int:
         conn.close(timeout=5)
 
 
+_REFUSED_TYPE = re.compile(r"of queue type rabbit_([a-z]+)_queue")
+
+
+def broker_queue_type(conn: Connection, queue: str) -> str | None:
+    """The type of ``queue`` as the broker states it: ``classic``, ``quorum``, ``stream``.
+
+    AMQP 0-9-1 has no call that returns it, but a consumer with the ``x-stream-offset``
+    argument is accepted by a stream only; classic and quorum queues refuse it with a
+    406 naming their type (RabbitMQ 3.10 to 4.x). The probe runs on a channel of its
+    own, closed afterwards (closing, not cancelling: nothing is rejected). None when the
+    answer names no known type.
+    """
+    channel = conn.channel()
+    try:
+        channel.basic_qos(1)
+        try:
+            channel.basic_consume(
+                queue, lambda message: None, arguments={"x-stream-offset": "next"}
+            )
+        except PreconditionFailed as exc:
+            match = _REFUSED_TYPE.search(str(exc))
+            return match.group(1) if match else None
+        except ConfigurationError:
+            # This connection declared the queue as a non-stream itself and refused the
+            # argument before sending it: no answer from the broker.
+            return None
+        return "stream"
+    finally:
+        if channel.is_open:
+            channel.close()
+
+
+def check_queue_type(conn: Connection, options: ReadOptions) -> None:
+    """Refuse a read whose ``queueType`` is not the queue's type.
+
+    Raises:
+        ConfigurationError: the broker says the queue is of another type. A stream read
+            as a queue would deliver only what is published after the read started;
+            a quorum queue read as classic would skip the delivery-count refusal.
+    """
+    actual = broker_queue_type(conn, options.queue)
+    if actual is None or actual == options.queue_type:
+        return
+    why = {
+        "stream": "read as a queue, a stream delivers only the messages published after "
+        "the read started, so the rows would miss what it holds",
+        "quorum": "every return raises a quorum queue's delivery count, which the read "
+        "handles only when it knows (see acceptDeliveryCount)",
+    }.get(actual, "the read depends on it")
+    raise ConfigurationError(
+        f"option queueType: queue {options.queue!r} is a {actual} queue (the broker says "
+        f"so), got {options.queue_type!r}: {why}; set queueType={actual}"
+    )
+
+
 # ---------------------------------------------------------------- stream queues
 
 
@@ -578,10 +643,19 @@ def resolve_start(options: ReadOptions, spec: str) -> int:
 def stream_bounds(options: ReadOptions) -> tuple[int, int]:
     """Batch read of a stream: ``[startingOffsets, endingOffsets)`` as numbers."""
     start = resolve_start(options, options.starting_offsets)
+    tail = stream_tail(options)
     if options.ending_offsets == "latest":
-        end = stream_tail(options)
+        end = tail
     else:
         end = int(options.ending_offsets)
+        if end > tail:
+            # A batch read does not wait for offsets to be written: reading towards
+            # them would only time out.
+            raise ConfigurationError(
+                f"option endingOffsets: {end} is past the end of stream queue "
+                f"{options.queue!r} (its next offset is {tail}); use latest or an offset "
+                f"up to {tail}"
+            )
     return start, max(start, end)
 
 
