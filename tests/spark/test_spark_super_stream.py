@@ -137,3 +137,36 @@ def test_stream_read_every_partition_once_then_resume(
     second = _run(spark, layout, checkpoint)  # restarted from the checkpoint
     assert sorted(int(bytes(r.body)) for r in second) == list(range(300, 450))
     _check_order(layout, second)
+
+
+def test_a_partition_count_below_the_super_streams_is_refused(
+    spark: Any, url: str, conn: rabbitry.Connection, layout: SuperStream, tmp_path: Path
+) -> None:
+    _publish(conn, layout, range(30))
+    fewer = {"url": url, "superStream": layout.name, "superStreamPartitions": "2"}
+    refused = r"option superStreamPartitions: 2, but queue '.*-2' exists"
+    # Read with 2 of 3 partitions, the rows of the third were skipped without an error.
+    with pytest.raises(Exception, match=refused):
+        spark.read.format("rabbitmq").options(**fewer).load().count()
+    query = None
+    with pytest.raises(Exception, match=refused):
+        query = (
+            spark.readStream.format("rabbitmq")
+            .options(**fewer)
+            .load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(WAIT)
+    if query is not None:
+        query.stop()
+    keyed = spark.range(10).selectExpr("CAST(id AS STRING) AS key", "CAST(id AS STRING) AS body")
+    with pytest.raises(Exception, match=refused):
+        keyed.write.format("rabbitmq").options(**fewer).option("partitionKeyColumn", "key").mode(
+            "append"
+        ).save()
+    # The right count reads every message.
+    rows = spark.read.format("rabbitmq").options(**{**fewer, **_super_options(layout)}).load()
+    assert rows.count() == 30

@@ -17,7 +17,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..exceptions import ConfigurationError
+from ..exceptions import ConfigurationError, NotFound
 from ..topology import partition_for
 from ._arrow import batch_fields
 from ._rows import check_write_columns, row_fields
@@ -26,10 +26,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping
 
     from ..topology import SuperStream
-    from ._options import ReadOptions, WriteOptions
+    from ._options import ConnectOptions, ReadOptions, WriteOptions
 
 __all__ = [
     "PARTITION_COLUMN",
+    "check_partition_count",
     "check_write_schema",
     "per_stream",
     "routed_batch_fields",
@@ -194,3 +195,34 @@ def per_stream(options: ReadOptions, probe: Callable[[ReadOptions], T]) -> dict[
     with ThreadPoolExecutor(min(8, len(streams)), thread_name_prefix="rabbitry-probe") as pool:
         results = pool.map(lambda stream: probe(options.for_stream(stream)), streams)
         return dict(zip(streams, results, strict=True))
+
+
+def check_partition_count(connect: ConnectOptions, layout: SuperStream) -> None:
+    """Refuse a partition count below the super stream's, when its layout is the default.
+
+    AMQP 0-9-1 cannot list a super stream's partitions, but with RabbitMQ's default
+    layout (queues ``<name>-0`` .. ``<name>-<N-1>``) a queue ``<name>-<N>`` shows that
+    there are more. Left unchecked, a read would skip those partitions and a write would
+    route keys to other partitions than stream clients do, without an error.
+
+    Raises:
+        ConfigurationError: queue ``<name>-<N>`` exists.
+    """
+    count = len(layout.queues)
+    default = [f"{layout.name}-{index}" for index in range(count)]
+    if list(layout.queues) != default or layout.binding_keys != tuple(map(str, range(count))):
+        return  # partitions named explicitly: the caller listed them
+    extra = f"{layout.name}-{count}"
+    conn = connect.connect(" [spark planner]")
+    try:
+        try:
+            conn.channel().queue_declare(extra, passive=True)
+        except NotFound:
+            return
+    finally:
+        conn.close(timeout=5)
+    raise ConfigurationError(
+        f"option superStreamPartitions: {count}, but queue {extra!r} exists: super stream "
+        f"{layout.name!r} has more partitions (reading {count} would skip the others, and "
+        "writing would route keys to other partitions than stream clients do)"
+    )

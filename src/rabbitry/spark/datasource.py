@@ -52,7 +52,7 @@ from ._core import (
 from ._metrics import Counts, enable_otel
 from ._options import ReadOptions, WriteOptions, parse_read_options, parse_write_options
 from ._rows import READ_SCHEMA
-from ._super import check_write_schema, per_stream, share_limit
+from ._super import check_partition_count, check_write_schema, per_stream, share_limit
 from ._write import PublishResult, check_batch_columns, publish_batches, publish_rows
 
 try:  # Spark 4.2+: admission control and AvailableNow for Python sources
@@ -189,6 +189,8 @@ class RabbitMQDataSource(DataSource):
         options = parse_write_options(self.options)
         check_write_schema(options, schema.fieldNames())
         check_batch_columns(options, schema.fieldNames())
+        if options.super_stream is not None:
+            check_partition_count(options.connect, options.super_stream)
         # One id for the whole job, made here on the driver and pickled into every task,
         # so a retried task publishes the same message ids as its failed attempt.
         job_id = options.job_id or uuid.uuid4().hex
@@ -207,6 +209,8 @@ class RabbitMQDataSource(DataSource):
         options = parse_write_options(self.options)
         check_write_schema(options, schema.fieldNames())
         check_batch_columns(options, schema.fieldNames())
+        if options.super_stream is not None:
+            check_partition_count(options.connect, options.super_stream)
         return StreamWriter(options)
 
 
@@ -279,6 +283,8 @@ class BatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         options = self.options
         if options.queue_type == "stream":
+            if options.super_stream is not None:
+                check_partition_count(options.connect, options.super_stream)
             # A super stream: each partition's range as a single stream's (maxMessages,
             # endingOffsets and numPartitions apply to each).
             result = []
@@ -440,6 +446,8 @@ class StreamQueueReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
         self._target: dict[str, int] | None = None
+        if options.super_stream is not None:
+            check_partition_count(options.connect, options.super_stream)
 
     def _offset(self, positions: dict[str, int]) -> Offset:
         if self.options.super_stream is None:
