@@ -139,7 +139,7 @@ def test_stream_read_every_partition_once_then_resume(
     _check_order(layout, second)
 
 
-def test_a_partition_count_below_the_super_streams_is_refused(
+def test_a_partition_count_below_the_super_streams_or_a_missing_partition_is_refused(
     spark: Any, url: str, conn: rabbitry.Connection, layout: SuperStream, tmp_path: Path
 ) -> None:
     _publish(conn, layout, range(30))
@@ -167,6 +167,10 @@ def test_a_partition_count_below_the_super_streams_is_refused(
         keyed.write.format("rabbitmq").options(**fewer).option("partitionKeyColumn", "key").mode(
             "append"
         ).save()
+    # A super stream that is not there is named as such, not as a queue option.
+    missing = {**fewer, "superStream": f"{layout.name}-nope"}
+    with pytest.raises(Exception, match=r"option superStream: partition '.*-nope-0' of super"):
+        spark.read.format("rabbitmq").options(**missing).load().count()
     # The right count reads every message.
     rows = spark.read.format("rabbitmq").options(**{**fewer, **_super_options(layout)}).load()
     assert rows.count() == 30

@@ -198,23 +198,37 @@ def per_stream(options: ReadOptions, probe: Callable[[ReadOptions], T]) -> dict[
 
 
 def check_partition_count(connect: ConnectOptions, layout: SuperStream) -> None:
-    """Refuse a partition count below the super stream's, when its layout is the default.
+    """Refuse a super stream whose partitions are not the ones the options name.
 
-    AMQP 0-9-1 cannot list a super stream's partitions, but with RabbitMQ's default
-    layout (queues ``<name>-0`` .. ``<name>-<N-1>``) a queue ``<name>-<N>`` shows that
-    there are more. Left unchecked, a read would skip those partitions and a write would
-    route keys to other partitions than stream clients do, without an error.
+    Every partition's stream queue must exist. AMQP 0-9-1 cannot list a super stream's
+    partitions, but with RabbitMQ's default layout (queues ``<name>-0`` ..
+    ``<name>-<N-1>``) a queue ``<name>-<N>`` shows that there are more. Left unchecked,
+    a read would skip those partitions and a write would route keys to other partitions
+    than stream clients do, without an error.
 
     Raises:
-        ConfigurationError: queue ``<name>-<N>`` exists.
+        ConfigurationError: a partition's queue does not exist, or queue ``<name>-<N>``
+            does.
     """
     count = len(layout.queues)
     default = [f"{layout.name}-{index}" for index in range(count)]
-    if list(layout.queues) != default or layout.binding_keys != tuple(map(str, range(count))):
-        return  # partitions named explicitly: the caller listed them
+    is_default = list(layout.queues) == default and layout.binding_keys == tuple(
+        map(str, range(count))
+    )
     extra = f"{layout.name}-{count}"
     conn = connect.connect(" [spark planner]")
     try:
+        for queue in layout.queues:
+            try:
+                conn.channel().queue_declare(queue, passive=True)
+            except NotFound:
+                raise ConfigurationError(
+                    f"option superStream: partition {queue!r} of super stream "
+                    f"{layout.name!r} does not exist (superStreamPartitions or "
+                    "superStreamBindingKeys name the partitions)"
+                ) from None
+        if not is_default:
+            return  # partitions named explicitly: the caller listed them
         try:
             conn.channel().queue_declare(extra, passive=True)
         except NotFound:
