@@ -83,6 +83,45 @@ def test_read_option_errors_name_the_option(options: dict[str, str], message: st
         parse_read_options(options)
 
 
+@pytest.mark.parametrize(
+    ("key", "meant"),
+    [
+        ("startingOffset", "startingOffsets"),
+        ("maxMessage", "maxMessages"),
+        ("failOnDataLos", "failOnDataLoss"),
+        ("urls", "url"),
+        ("queuetyp", "queueType"),
+    ],
+)
+def test_a_misspelt_option_is_refused_naming_the_one_meant(key: str, meant: str) -> None:
+    with pytest.raises(
+        ConfigurationError, match=rf"not an option of format rabbitmq; did you mean {meant}\?"
+    ):
+        parse_read_options({"queue": "q", key: "1"})
+    with pytest.raises(ConfigurationError, match=rf"did you mean {meant}\?"):
+        parse_write_options({"exchange": "x", key: "1"})
+
+
+def test_options_spark_adds_are_ignored() -> None:
+    parse_read_options({"queue": "q", "path": "/p", "checkpointLocation": "/c"})
+    parse_write_options({"exchange": "x", "path": "/p", "checkpointLocation": "/c"})
+
+
+def test_the_option_list_is_every_option_the_parsers_read_and_the_docs_list() -> None:
+    import re
+    from pathlib import Path
+
+    from rabbitry.spark import _options
+
+    source = Path(_options.__file__).read_text()
+    read = set(re.findall(r'opts\.(?:text|integer|opt_int|flag|required)\(\s*"(\w+)"', source))
+    assert read == _options.OPTION_NAMES
+    docs = (Path(__file__).parents[2] / "docs" / "spark.md").read_text()
+    rows = re.findall(r"^\| (`\w+`(?:, `\w+`)*) \|", docs, re.M)
+    listed = {name for row in rows for name in re.findall(r"`(\w+)`", row)}
+    assert _options.OPTION_NAMES <= listed
+
+
 def test_tls_server_name_becomes_the_sni_of_every_url() -> None:
     opts = parse_read_options(
         {

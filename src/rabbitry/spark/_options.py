@@ -10,6 +10,7 @@ without sockets, and connections are opened from them per task (:meth:`ConnectOp
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 import re
@@ -91,13 +92,72 @@ KNOWN_OPTIONS = {
 }
 
 
+#: Every option of format ``rabbitmq`` (reads and writes), as docs/spark.md spells them.
+OPTION_NAMES: frozenset[str] = frozenset(
+    {
+        "acceptDeliveryCount",
+        "batchRecords",
+        "checkExchange",
+        "confirmTimeoutMs",
+        "connectionName",
+        "consume",
+        "endingOffsets",
+        "exchange",
+        "exclusiveWaitMs",
+        "failOnDataLoss",
+        "heartbeat",
+        "idleTimeoutMs",
+        "jobId",
+        "mandatory",
+        "maxBatchWaitMs",
+        "maxInFlight",
+        "maxMessages",
+        "maxMessagesPerBatch",
+        "maxRecordsPerTrigger",
+        "numPartitions",
+        "otel",
+        "partitionKeyColumn",
+        "persistent",
+        "pollTimeoutMs",
+        "prefetch",
+        "queue",
+        "queueType",
+        "routingKey",
+        "startingOffsets",
+        "superStream",
+        "superStreamBindingKeys",
+        "superStreamPartitions",
+        "tlsCaFile",
+        "tlsCertFile",
+        "tlsKeyFile",
+        "tlsServerName",
+        "tlsVerify",
+        "traceparent",
+        "tracestate",
+        "url",
+    }
+)
+_BY_LOWER = {name.lower(): name for name in OPTION_NAMES}
+
+
 class _Opts:
     """Case-insensitive access to the raw string options, with errors naming the option."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
         # Unknown keys are ignored, not refused: Spark adds its own (path,
-        # checkpointLocation, ...) to the options of sources and sinks.
+        # checkpointLocation, ...) to the options of sources and sinks. A key one letter
+        # or so away from an option is a typo, refused: a misspelt startingOffsets
+        # would read from the default offset without a word.
         self._raw = {str(key).lower(): value for key, value in options.items()}
+        for key in self._raw:
+            if key in _BY_LOWER:
+                continue
+            close = difflib.get_close_matches(key, _BY_LOWER, n=1, cutoff=0.85)
+            if close:
+                raise ConfigurationError(
+                    f"option {key}: not an option of format rabbitmq; did you mean "
+                    f"{_BY_LOWER[close[0]]}?"
+                )
 
     def text(self, name: str, default: str | None = None) -> str | None:
         value = self._raw.get(name.lower())
