@@ -278,12 +278,18 @@ class _Limit:
 
 def test_stream_reader_offsets_per_partition(monkeypatch: pytest.MonkeyPatch) -> None:
     tails = {"orders-0": 10, "orders-1": 4, "orders-2": 0}
+    checked: list[tuple[str, ...]] = []
+    # No broker here: the partitions' queues are taken as they are given.
+    monkeypatch.setattr(
+        datasource, "check_partition_count", lambda connect, layout: checked.append(layout.queues)
+    )
     monkeypatch.setattr(datasource, "stream_tail", lambda options: tails[options.queue])
     monkeypatch.setattr(datasource, "resolve_start", lambda options, spec: int(spec))
     options = parse_read_options(
         {**_SUPER, "startingOffsets": '{"orders-0": 2, "orders-1": 1, "orders-2": 0}'}
     )
     reader = datasource.StreamQueueReader(options)
+    assert checked == [("orders-0", "orders-1", "orders-2")]  # once, when the reader starts
     start = reader.initialOffset()
     assert start == {"partitions": {"orders-0": 2, "orders-1": 1, "orders-2": 0}}
     end = reader.latestOffset(start, _Limit(6))
