@@ -171,6 +171,12 @@ def test_a_partition_count_below_the_super_streams_or_a_missing_partition_is_ref
     missing = {**fewer, "superStream": f"{layout.name}-nope"}
     with pytest.raises(Exception, match=r"option superStream: partition '.*-nope-0' of super"):
         spark.read.format("rabbitmq").options(**missing).load().count()
+    # A key column no row of which could be hashed is refused before a task runs.
+    doubles = spark.range(3).selectExpr("CAST(id AS DOUBLE) AS key", "'b' AS body")
+    with pytest.raises(Exception, match=r"column 'key' \(partitionKeyColumn\).* got double"):
+        doubles.write.format("rabbitmq").options(**_super_options(layout)).option(
+            "url", url
+        ).option("partitionKeyColumn", "key").mode("append").save()
     # The right count reads every message.
     rows = spark.read.format("rabbitmq").options(**{**fewer, **_super_options(layout)}).load()
     assert rows.count() == 30

@@ -13,6 +13,7 @@ from rabbitry.exceptions import ConfigurationError
 from rabbitry.spark import datasource
 from rabbitry.spark._options import ConnectOptions, parse_read_options, parse_write_options
 from rabbitry.spark._super import (
+    check_routing_type,
     check_write_schema,
     routed_batch_fields,
     routed_row_fields,
@@ -320,3 +321,37 @@ def test_single_stream_offsets_are_unchanged(monkeypatch: pytest.MonkeyPatch) ->
     assert [
         (r.stream, r.start, r.end) for r in reader.partitions({"offset": 7}, {"offset": 57})
     ] == [("s", 7, 57)]
+
+
+@pytest.mark.parametrize(
+    ("options", "types", "refused"),
+    [
+        ({}, {"partition": "string", "body": "string"}, "column 'partition': must be an integer"),
+        ({}, {"partition": "double"}, "got double"),
+        ({"partitionKeyColumn": "k"}, {"k": "double"}, r"column 'k' \(partitionKeyColumn\)"),
+        ({"partitionKeyColumn": "k"}, {"k": "timestamp"}, "got timestamp"),
+        ({"partitionKeyColumn": "K"}, {"k": "array<string>"}, "got array<string>"),
+    ],
+)
+def test_a_routing_column_of_a_type_no_row_could_route_is_refused_when_planned(
+    options: dict[str, str], types: dict[str, str], refused: str
+) -> None:
+    write = parse_write_options({**_SUPER, **options})
+    with pytest.raises(ConfigurationError, match=refused):
+        check_routing_type(write, types)
+
+
+@pytest.mark.parametrize(
+    ("options", "types"),
+    [
+        ({}, {"partition": "int"}),
+        ({}, {"partition": "bigint"}),
+        ({"partitionKeyColumn": "k"}, {"k": "string"}),
+        ({"partitionKeyColumn": "k"}, {"k": "binary"}),
+        ({"partitionKeyColumn": "k"}, {"k": "bigint"}),
+    ],
+)
+def test_a_routing_column_of_a_type_the_hash_takes_is_accepted(
+    options: dict[str, str], types: dict[str, str]
+) -> None:
+    check_routing_type(parse_write_options({**_SUPER, **options}), types)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "PARTITION_COLUMN",
     "check_partition_count",
+    "check_routing_type",
     "check_write_schema",
     "per_stream",
     "routed_batch_fields",
@@ -88,6 +89,42 @@ def check_write_schema(options: WriteOptions, columns: Iterable[str]) -> None:
                 "super stream's exchange with their partition's binding key)"
             )
     check_write_columns([name for name in names if name.lower() != routing])
+
+
+_INTEGER_TYPES = ("tinyint", "smallint", "int", "bigint")
+_KEY_TYPES = ("string", "binary", *_INTEGER_TYPES)
+
+
+def check_routing_type(options: WriteOptions, types: Mapping[str, str]) -> None:
+    """Refuse a routing column whose Spark type no row of it could route (driver side).
+
+    Args:
+        options: the write.
+        types: each column's Spark type, as ``DataType.simpleString()`` gives it.
+
+    Raises:
+        ConfigurationError: the ``partition`` column is not an integer column, or the
+            ``partitionKeyColumn`` column is not a string, binary or integer column.
+            Without the check, the first row failed its task.
+    """
+    if options.super_stream is None:
+        return
+    lowered = {name.lower(): kind for name, kind in types.items()}
+    key_column = options.partition_key_column
+    if key_column is None:
+        kind = lowered.get(PARTITION_COLUMN)
+        if kind is not None and kind not in _INTEGER_TYPES:
+            raise ConfigurationError(
+                f"column {PARTITION_COLUMN!r}: must be an integer column (a partition "
+                f"index), got {kind}"
+            )
+        return
+    kind = lowered.get(key_column.lower())
+    if kind is not None and kind not in _KEY_TYPES:
+        raise ConfigurationError(
+            f"column {key_column!r} (partitionKeyColumn): must be a string, binary or "
+            f"integer column (what the stream clients' hash takes), got {kind}"
+        )
 
 
 def _target(layout: SuperStream, key_column: str | None, value: Any) -> str:

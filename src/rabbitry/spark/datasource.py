@@ -52,7 +52,13 @@ from ._core import (
 from ._metrics import Counts, enable_otel
 from ._options import ReadOptions, WriteOptions, parse_read_options, parse_write_options
 from ._rows import READ_SCHEMA
-from ._super import check_partition_count, check_write_schema, per_stream, share_limit
+from ._super import (
+    check_partition_count,
+    check_routing_type,
+    check_write_schema,
+    per_stream,
+    share_limit,
+)
 from ._write import PublishResult, check_batch_columns, publish_batches, publish_rows
 
 try:  # Spark 4.2+: admission control and AvailableNow for Python sources
@@ -190,6 +196,7 @@ class RabbitMQDataSource(DataSource):
         check_write_schema(options, schema.fieldNames())
         check_batch_columns(options, schema.fieldNames())
         if options.super_stream is not None:
+            check_routing_type(options, {f.name: f.dataType.simpleString() for f in schema.fields})
             check_partition_count(options.connect, options.super_stream)
         # One id for the whole job, made here on the driver and pickled into every task,
         # so a retried task publishes the same message ids as its failed attempt.
@@ -210,6 +217,7 @@ class RabbitMQDataSource(DataSource):
         check_write_schema(options, schema.fieldNames())
         check_batch_columns(options, schema.fieldNames())
         if options.super_stream is not None:
+            check_routing_type(options, {f.name: f.dataType.simpleString() for f in schema.fields})
             check_partition_count(options.connect, options.super_stream)
         return StreamWriter(options)
 
