@@ -25,6 +25,7 @@ import pytest
 
 import rabbitry
 from rabbitry.config import default_url
+from rabbitry.exceptions import channel_error_for
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -139,6 +140,19 @@ def make_queue(conn: rabbitry.Connection) -> Iterator[Callable[..., str]]:
     yield make
     for name in names:
         channel.queue_delete(name)
+
+
+def refuse_like_a_classic_queue(queue: str, arguments: Any) -> None:
+    """What a classic queue answers a consumer with ``x-stream-offset`` (for fake channels:
+    the source asks the broker for the queue's type that way)."""
+    if "x-stream-offset" in (arguments or {}):
+        raise channel_error_for(
+            406,
+            f"PRECONDITION_FAILED - invalid arg 'x-stream-offset' for queue '{queue}' in "
+            "vhost '/' of queue type rabbit_classic_queue",
+            60,
+            20,
+        )
 
 
 def publish(conn: rabbitry.Connection, queue: str, count: int, start: int = 0) -> None:

@@ -30,9 +30,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 from pyspark.sql.worker.plan_data_source_read import records_to_arrow_batches
+from tests.spark.conftest import refuse_like_a_classic_queue
 
 from rabbitry.batching import encode_records, envelope_headers
-from rabbitry.exceptions import channel_error_for
 from rabbitry.protocol.message import Message
 from rabbitry.protocol.spec import BasicProperties
 from rabbitry.spark._arrow import READ_ARROW_SCHEMA, ArrowRows
@@ -221,14 +221,7 @@ class _FakeChannel:
         pass
 
     def basic_consume(self, queue: str, callback: Any, arguments: Any = None, **_: Any) -> str:
-        if "x-stream-offset" in (arguments or {}):  # as a classic queue answers
-            raise channel_error_for(
-                406,
-                f"PRECONDITION_FAILED - invalid arg 'x-stream-offset' for queue '{queue}' "
-                "in vhost '/' of queue type rabbit_classic_queue",
-                60,
-                20,
-            )
+        refuse_like_a_classic_queue(queue, arguments)
         for message in self.messages:
             callback(message)
         return "tag"

@@ -9,9 +9,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from tests.spark.conftest import refuse_like_a_classic_queue
 
 from rabbitry.config import DEFAULT_URL
-from rabbitry.exceptions import ConfigurationError, channel_error_for
+from rabbitry.exceptions import ConfigurationError
 from rabbitry.protocol.message import Message
 from rabbitry.protocol.spec import BasicProperties
 from rabbitry.spark._batch import delivery_count_refused
@@ -295,14 +296,7 @@ class _FakeChannel:
     def basic_consume(
         self, queue: str, callback: Any, on_cancel: Any = None, arguments: Any = None
     ) -> str:
-        if "x-stream-offset" in (arguments or {}):  # as a classic queue answers
-            raise channel_error_for(
-                406,
-                f"PRECONDITION_FAILED - invalid arg 'x-stream-offset' for queue '{queue}' "
-                "in vhost '/' of queue type rabbit_classic_queue",
-                60,
-                20,
-            )
+        refuse_like_a_classic_queue(queue, arguments)
         self.on_cancel = on_cancel
         for message in self.messages:
             callback(message)
