@@ -79,3 +79,12 @@ def test_a_quorum_queue_read_as_classic_is_refused(
         consumer.close()
     # Nothing was taken.
     assert conn.channel().queue_declare(queue, passive=True).message_count == 5
+
+
+def test_a_missing_queue_is_named_as_the_queue_option(url: str) -> None:
+    consumer = QueueConsumer(parse_read_options({"url": url, "queue": "rabbitry-spark-no-such"}))
+    try:
+        with pytest.raises(ConfigurationError, match=r"^option queue: queue .* does not exist"):
+            consumer.read(0)
+    finally:
+        consumer.close()

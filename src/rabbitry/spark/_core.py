@@ -518,11 +518,15 @@ def check_queue_type(conn: Connection, options: ReadOptions) -> None:
     """Refuse a read whose ``queueType`` is not the queue's type.
 
     Raises:
-        ConfigurationError: the broker says the queue is of another type. A stream read
-            as a queue would deliver only what is published after the read started;
-            a quorum queue read as classic would skip the delivery-count refusal.
+        ConfigurationError: the queue does not exist, or the broker says it is of
+            another type. A stream read as a queue would deliver only what is published
+            after the read started; a quorum queue read as classic would skip the
+            delivery-count refusal.
     """
-    actual = broker_queue_type(conn, options.queue)
+    try:
+        actual = broker_queue_type(conn, options.queue)
+    except NotFound:
+        raise ConfigurationError(f"option queue: queue {options.queue!r} does not exist") from None
     if actual is None or actual == options.queue_type:
         return
     why = {
