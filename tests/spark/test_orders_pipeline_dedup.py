@@ -106,7 +106,10 @@ def test_dedup_forgets_pairs_after_its_window_and_drops_no_row_as_late(
                 assert outcomes == [None] * len(messages)
                 _wait_done(job, {event.message_id for event in batch})
                 if number < 2:
-                    time.sleep(2.5)  # more than two windows between the rounds' batches
+                    # More than two windows between the rounds' batches: a batch is
+                    # stamped when its trigger starts, and the source may wait up to its
+                    # 1 s poll timeout there before the round's first message arrives.
+                    time.sleep(3.5)
         # A batch's progress is posted after foreachBatch returned and Spark committed
         # it: wait until the reports account for every message delivered.
         progress = _reports(query, 3 * _ROUND + 1)
