@@ -93,51 +93,7 @@ KNOWN_OPTIONS = {
 
 
 #: Every option of format ``rabbitmq`` (reads and writes), as docs/spark.md spells them.
-OPTION_NAMES: frozenset[str] = frozenset(
-    {
-        "acceptDeliveryCount",
-        "batchRecords",
-        "checkExchange",
-        "confirmTimeoutMs",
-        "connectionName",
-        "consume",
-        "endingOffsets",
-        "exchange",
-        "exclusiveWaitMs",
-        "failOnDataLoss",
-        "heartbeat",
-        "idleTimeoutMs",
-        "jobId",
-        "mandatory",
-        "maxBatchWaitMs",
-        "maxInFlight",
-        "maxMessages",
-        "maxMessagesPerBatch",
-        "maxRecordsPerTrigger",
-        "numPartitions",
-        "otel",
-        "partitionKeyColumn",
-        "persistent",
-        "pollTimeoutMs",
-        "prefetch",
-        "queue",
-        "queueType",
-        "routingKey",
-        "startingOffsets",
-        "superStream",
-        "superStreamBindingKeys",
-        "superStreamPartitions",
-        "tlsCaFile",
-        "tlsCertFile",
-        "tlsKeyFile",
-        "tlsServerName",
-        "tlsVerify",
-        "traceparent",
-        "tracestate",
-        "url",
-    }
-)
-_BY_LOWER = {name.lower(): name for name in OPTION_NAMES}
+OPTION_NAMES: frozenset[str] = frozenset(KNOWN_OPTIONS.values())
 
 
 class _Opts:
@@ -150,13 +106,13 @@ class _Opts:
         # would read from the default offset without a word.
         self._raw = {str(key).lower(): value for key, value in options.items()}
         for key in self._raw:
-            if key in _BY_LOWER:
+            if key in KNOWN_OPTIONS:
                 continue
-            close = difflib.get_close_matches(key, _BY_LOWER, n=1, cutoff=0.85)
+            close = difflib.get_close_matches(key, KNOWN_OPTIONS, n=1, cutoff=0.85)
             if close:
                 raise ConfigurationError(
                     f"option {key}: not an option of format rabbitmq; did you mean "
-                    f"{_BY_LOWER[close[0]]}?"
+                    f"{KNOWN_OPTIONS[close[0]]}?"
                 )
 
     def text(self, name: str, default: str | None = None) -> str | None:
