@@ -121,3 +121,43 @@ async def test_close_refuses_records_other_tasks_publish_while_it_flushes(
     await asyncio.wait_for(first, WAIT)
     assert (await channel.queue_declare(queue, passive=True)).message_count == 1
     await publisher.close()
+
+
+async def test_a_failing_record_never_drops_records_the_handler_did_not_see(
+    conn: AsyncConnection, names: Names, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No retry policy, no dead-letter exchange: an envelope with a failing record is
+    dropped, but only after the handler saw every one of its records; the drop is
+    counted in records and the ERROR line says how many records the envelope had."""
+    queue = names.queue()
+    channel = await conn.channel()
+    await channel.queue_declare(queue)
+    publisher = await conn.publisher()
+    async with AsyncBatchingPublisher(publisher, batch_records=10, linger=30) as batching:
+        futures = [await batching.publish(b"%d" % i, routing_key=queue) for i in range(1000)]
+    for future in futures:
+        await asyncio.wait_for(future, WAIT)
+    seen: list[int] = []
+
+    async def handle(message: rabbitry.Message) -> None:
+        seen.append(int(message.body))
+        if int(message.body) % 30 == 7:
+            raise RuntimeError("record fails")
+
+    failing_envelopes = len({i // 10 for i in range(1000) if i % 30 == 7})
+    with caplog.at_level(logging.ERROR, logger="rabbitry.consumer"):
+        async with conn.consumer(queue, handle, prefetch=20) as consumer:
+
+            async def settled() -> None:  # every envelope acked or dropped
+                while consumer.stats.acked + consumer.stats.dropped < 100:
+                    await asyncio.sleep(0.01)
+
+            await asyncio.wait_for(settled(), WAIT)
+    assert seen == list(range(1000))
+    assert consumer.stats.dropped == failing_envelopes
+    assert consumer.stats.dropped_records == 10 * failing_envelopes
+    first = next(r for r in caplog.records if "record fails" in r.getMessage())
+    assert "a batch envelope: 1 of its 10 records failed" in first.getMessage()
+    assert "dropped" in first.getMessage()
+    assert (await channel.queue_declare(queue, passive=True)).message_count == 0
+    await publisher.close()
