@@ -60,7 +60,7 @@ class FailureLog:
         self.detailed = 0
         self.summarised = 0
 
-    def failure(self, delivery_tag: int, exc: BaseException, action: str, kind: str) -> None:
+    def failure(self, delivery_tag: int | str, exc: BaseException, action: str, kind: str) -> None:
         """Record one failure of the handler on ``delivery_tag`` and what was done.
 
         Args:

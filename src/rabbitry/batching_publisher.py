@@ -265,6 +265,40 @@ def _fail_all(futures: list[Any], error: BaseException) -> None:
 # --------------------------------------------------------------------------- asyncio
 
 
+def _publisher_gone(
+    acc: _Accumulator, failed: int = 0, cause: BaseException | None = None
+) -> InvalidStateError:
+    """The publisher under a batching publisher is closed: fail what is still held.
+
+    Every record of the open and the sealed batches fails, and one ERROR line counts
+    them (with ``failed`` records whose envelope the publisher just refused): nothing
+    will send them. Returns the error a :meth:`publish` now raises.
+    """
+    acc.seal()
+    error = InvalidStateError(
+        "the batching publisher's publisher is closed (closed by its owner, or with its "
+        "connection once that ended for good): the record was not added"
+    )
+    error.__cause__ = cause
+    envelopes = 1 if failed else 0
+    while acc.sealed:
+        futures = acc.sealed.popleft().futures
+        lost = InvalidStateError("the envelope was not sent: the publisher is closed")
+        lost.__cause__ = cause
+        _fail_all(futures, lost)
+        failed += len(futures)
+        envelopes += 1
+    if failed:
+        logger.error(
+            "batching publisher: its publisher is closed%s; %d records in %d envelopes "
+            "were not sent (their futures failed), and publish() now raises",
+            f" ({cause!r})" if cause is not None else "",
+            failed,
+            envelopes,
+        )
+    return error
+
+
 class AsyncBatchingPublisher:
     """Publishes records in batch envelopes through an :class:`~rabbitry.AsyncPublisher`.
 
@@ -346,10 +380,14 @@ class AsyncBatchingPublisher:
 
         Raises:
             LocalProtocolError: the record or target is invalid; nothing was added.
-            InvalidStateError: the batching publisher is closed.
+            InvalidStateError: the batching publisher is closed or closing, or its
+                publisher is (closed by its owner, or with its connection once that
+                ended for good); the records it still held have failed.
         """
         if self._closed:
             raise InvalidStateError("this batching publisher is closed")
+        if self.publisher.is_closed:
+            raise _publisher_gone(self._acc)
         if type(body) is not bytes:
             body = _record_bytes(body)
         future: asyncio.Future[None] = self._loop.create_future()
@@ -379,11 +417,16 @@ class AsyncBatchingPublisher:
         await self.publisher.wait_for_confirms(timeout=timeout)
 
     async def close(self) -> None:
-        """Send the open batch and refuse new records (the publisher stays open)."""
+        """Send the open batch and refuse new records (the publisher stays open).
+
+        Records are refused from the moment ``close()`` is called: another task's
+        :meth:`publish` while the last batches are handed over raises
+        :class:`InvalidStateError`, so no record is accepted that nothing would send.
+        """
         if self._closed:
             return
-        await self.flush()
         self._closed = True
+        await self.flush()
         for task in list(self._tasks):
             await task
 
@@ -436,6 +479,10 @@ class AsyncBatchingPublisher:
             body, props = options.message(batch)
             sent = await self.publisher.publish(body, **options.publish_options(batch, props))
         except BaseException as exc:
+            if isinstance(exc, Exception) and self.publisher.is_closed:
+                _fail_all(futures, exc)
+                _publisher_gone(self._acc, len(futures), exc)  # one ERROR for all of them
+                return
             logger.error(
                 "batching publisher: an envelope of %d records was not sent: %r",
                 len(futures),
@@ -533,6 +580,8 @@ class BatchingPublisher:
         with self._lock:
             if self._closed:
                 raise InvalidStateError("this batching publisher is closed")
+            if self.publisher.is_closed:
+                raise _publisher_gone(self._acc)
             acc = self._acc
             if acc.add((exchange, routing_key), body, future) and acc.open is not None:
                 self._deadline = time.monotonic() + self.linger
@@ -587,6 +636,10 @@ class BatchingPublisher:
                 sent = self.publisher.publish(body, **options.publish_options(batch, props))
             except Exception as exc:
                 sealed.popleft()
+                if self.publisher.is_closed:
+                    _fail_all(futures, exc)
+                    _publisher_gone(self._acc, len(futures), exc)  # one ERROR for all
+                    continue
                 logger.error(
                     "batching publisher: an envelope of %d records was not sent: %r",
                     len(futures),
