@@ -175,6 +175,9 @@ class AsyncOutboxPublisher(OutboxRoom):
             "messages moved to the dead table",
             note="each is in the dead table with its reason",
         )
+        self._commit_errors = RateLimitedLog(
+            logger, f"outbox {outbox.name}", "failed commits", note="each raised to its caller"
+        )
 
     def _start(self, next_id: int, dead: int, records: list[OutboxRecord]) -> None:
         """Take over the stored state (``records``: rows to send); start the tasks."""
@@ -432,6 +435,7 @@ class AsyncOutboxPublisher(OutboxRoom):
                 self._retry_timer.cancel()
             await self._exchanges.close()
             self._dead_log.close()
+            self._commit_errors.close()
             with contextlib.suppress(AMQPError):
                 await self._pub.close(timeout=0)
             self._flush_batch()
@@ -517,7 +521,9 @@ class AsyncOutboxPublisher(OutboxRoom):
     ) -> None:
         """Loop thread: the writer applied ``batch`` (or failed to: nothing of it)."""
         if error is not None:
-            logger.error("outbox %s: commit failed: %s", self._outbox.name, error)
+            self._commit_errors.log(
+                "failed", "outbox %s: commit failed: %s", self._outbox.name, error
+            )
             if not isinstance(error, OutboxError):
                 wrapped = OutboxError(self._outbox.name, f"write failed: {error!r}")
                 wrapped.__cause__ = error

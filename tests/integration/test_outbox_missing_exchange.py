@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING
 import pytest
 
 import rabbitry
-from rabbitry import OutgoingMessage, SQLiteOutbox
+from rabbitry import OutboxError, OutgoingMessage, SQLiteOutbox
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from tests.integration.conftest import Names
+
+    from rabbitry.outbox import OutboxBatch
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -107,3 +109,29 @@ def test_sync_outbox_row_for_a_missing_exchange_costs_no_duplicates(
     assert sorted(delivered) == sorted(good) and set(delivered.values()) == {1}
     (dead,) = SQLiteOutbox(path).dead()
     assert dead.record.message_id == bad and dead.reason.startswith("exchange not found: 404")
+
+
+class _FullDisk(SQLiteOutbox):
+    """A store whose writes of new rows fail, like a full disk."""
+
+    def apply(self, batch: OutboxBatch) -> None:
+        if batch.inserts:
+            raise OutboxError(self.name, "write failed: database or disk is full")
+        super().apply(batch)
+
+
+async def test_failed_commits_are_raised_to_each_caller_and_logged_rate_limited(
+    conn: rabbitry.AsyncConnection, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.ERROR, logger="rabbitry.outbox"):
+        publisher = await conn.publisher(outbox=_FullDisk(str(tmp_path / "o.db")))
+        try:
+            for i in range(30):
+                with pytest.raises(OutboxError, match="disk is full"):
+                    await publisher.publish(b"%d" % i, routing_key="q")
+        finally:
+            await publisher.close()
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert sum("commit failed" in m for m in errors) == 10
+    assert len(errors) == 12  # and the notice, and the summary at close
+    assert errors[-1].endswith("20 more failed commits (each raised to its caller): 20 failed")
