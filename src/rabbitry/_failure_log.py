@@ -276,7 +276,7 @@ class FailureLog:
         """Failures counted and summarised without one."""
         return self._log.summarised
 
-    def failure(self, delivery_tag: int, exc: BaseException, action: str, kind: str) -> None:
+    def failure(self, delivery_tag: int | str, exc: BaseException, action: str, kind: str) -> None:
         """Record one failure of the handler on ``delivery_tag`` and what was done.
 
         Args:
