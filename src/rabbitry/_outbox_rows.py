@@ -320,6 +320,12 @@ class ExchangeCheck:
                 self._kill(entry, reason, "no exchange")
             return
         except AMQPError as exc:
+            # No answer, or the connection failed: the next check starts on a new
+            # channel (a request left unanswered would hold up every later one).
+            stale, self._channel = self._channel, None
+            if stale is not None and stale.is_open:
+                closing = asyncio.get_running_loop().create_task(stale.close(timeout=timeout))
+                closing.add_done_callback(_quiet)
             entries = self._take(name)
             logger.warning(
                 "outbox %s: cannot check that exchange %r exists yet (%r); its %d "
@@ -337,6 +343,12 @@ class ExchangeCheck:
 
     def _take(self, name: str) -> list[_Entry]:
         return [e for e in self._waiting.pop(name, []) if e.state == _CHECKING]
+
+
+def _quiet(task: asyncio.Task[None]) -> None:
+    """Retrieve the outcome of a best-effort close (it may fail: nothing to do)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _open_store(outbox: Outbox) -> tuple[OutboxStatus, list[OutboxRecord]]:
