@@ -14,14 +14,6 @@ What a call can raise:
   arrives later is dropped and counted (``client.late_replies``); late replies are
   logged at ERROR, rate-limited with counts (a few in full per minute, then one
   summary line with the number dropped).
-
-A request expires with its call: a call with a ``timeout`` sends its request with the
-per-message TTL (``expiration``) set to the time the call has left when it is sent
-(rounded up to the millisecond), so that a request whose caller gave up is dropped by
-the broker instead of being run by a server that starts (or catches up) later. An
-``expiration`` set on ``properties`` that is shorter is kept; a longer one is shortened
-to the call's. Only a request still in the queue expires: one a server has already
-received runs (its reply then arrives late). ``timeout=None`` sets no TTL.
 * :class:`~rabbitry.exceptions.RpcUnroutable`: no queue is bound for the routing key
   (requests are mandatory, so the broker returns them at once).
 * :class:`~rabbitry.exceptions.RpcInterrupted`: the connection (or the client's
@@ -31,14 +23,20 @@ received runs (its reply then arrives late). ``timeout=None`` sets no TTL.
 * :class:`~rabbitry.exceptions.RpcRemoteError`: the server's handler raised; the reply
   carried the error's type and text instead of a body.
 
-How a server treats requests (the rule):
+A request expires with its call: a call with a ``timeout`` sends its request with the
+per-message TTL (``expiration``) set to the time the call has left when it is sent
+(rounded up to the millisecond), so that a request whose caller gave up is dropped by
+the broker instead of being run by a server that starts (or catches up) later. An
+``expiration`` set on ``properties`` that is shorter is kept; a longer one is shortened
+to the call's. Only a request still in the queue expires: one a server has already
+received runs (its reply then arrives late). ``timeout=None`` sets no TTL.
+
+How a server treats requests (the rule; its ERROR records are rate-limited with counts:
+a few in full per minute, then one summary line, and one more when the server stops):
 
 * The handler returns the reply body (``bytes``, or ``str`` sent as UTF-8); the server
   publishes it to ``reply_to`` with the request's ``correlation_id`` and then acks the
   request.
-The server's ERROR records below are rate-limited with counts (a few in full per minute,
-then one summary line, and one more when the server stops).
-
 * The handler raises: the error is logged at ERROR with its traceback, the server
   answers with an error reply (empty body, header ``x-rpc-error`` = ``"Type: text"``,
   which the client raises as ``RpcRemoteError``) and acks the request. A request that
