@@ -22,14 +22,14 @@ with exponential backoff; a return (mandatory, unroutable) or a refusal
 (:class:`PublishRefused`: the broker closed the channel because of this message, e.g.
 406 too large) moves the row to the dead table with the broker's reason, logged at
 ERROR (rate-limited with counts: a few rows in full per minute, then one summary line),
-instead of retrying it forever.
+instead of retrying it forever. An ack that arrives late, after a resend was scheduled,
+still settles the row.
 
 A row's exchange is known to exist before the row is sent (a passive declare on a side
 channel, once per name: ``_outbox_rows.ExchangeCheck``): a 404 would close the
 publishing channel and take the confirms of the rows sent before, which would be
 delivered twice. Rows for a missing exchange go to the dead table unsent, with the
-reason ``exchange not found: 404 NOT_FOUND - ...``. An ack that arrives late,
-after a resend was scheduled, still settles the row.
+reason ``exchange not found: 404 NOT_FOUND - ...``.
 
 On start every row still in the store is loaded and sent again (at-least-once: the
 stored ``message_id`` goes out unchanged, so consumers can de-duplicate). Rows are kept
