@@ -470,4 +470,5 @@ def test_consume_metrics_prints_the_connection_metrics_at_the_end(url: str, brok
     assert invoke(url, "publish", "-k", queue, "three").exit_code == 0
     text = invoke(url, "consume", queue, "--count", "1", "--metrics")
     assert text.exit_code == 0, text.output
-    assert "metrics:\n  rabbitry.connection.state{" in text.stdout
+    metrics = text.stdout.split("metrics:\n", 1)[1]
+    assert "\n  rabbitry.connection.state{" in f"\n{metrics}"
