@@ -24,7 +24,7 @@ LOAD ?= 0
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv broker broker4 test-rmq4 test-spark-cluster lint types test flake-hunt demo demo-quick java docs docs-serve format bench bench-spark
+.PHONY: help venv broker broker4 pyroots test-pyroots test-rmq4 test-spark-cluster lint types test flake-hunt demo demo-quick java docs docs-serve format bench bench-spark
 
 help:
 	@echo "Targets:"
@@ -36,8 +36,14 @@ help:
 	@echo "  test     venv + broker, then lint, types, docs and the whole pytest suite (what CI runs):"
 	@echo "           PYTEST_WORKERS workers, then the serial tests alone (tools/run_pytest.py);"
 	@echo "           then $(RMQ4_TESTS) again against a RabbitMQ 4.x node (RMQ4=0 skips that);"
+	@echo "           then the unit and integration tests again on Debian's Pythons"
+	@echo "           (PYROOTS=$(PYROOTS); PYROOTS= skips them);"
 	@echo "           then the Spark kill tests on a standalone cluster (SPARK_CLUSTER=0 skips them)"
 	@echo "  broker4  build (once; cached) the Debian 13 root the RabbitMQ 4.x test node runs in"
+	@echo "  pyroots  build (once; cached) the Debian roots of PYROOTS=$(PYROOTS) and a venv"
+	@echo "           .venv-SUITE in each (the test extra, from wheels; scripts/python-root.sh)"
+	@echo "  test-pyroots  only the passes on Debian's Pythons: $(PYROOT_TESTS) with"
+	@echo "           -m '$(PYROOT_MARKERS)' on each root's CPython (trixie: 3.13, sid: its newest)"
 	@echo "  test-rmq4  only the RabbitMQ 4.x run: $(RMQ4_TESTS) against a node started for it"
 	@echo "  test-spark-cluster  only the Spark kill tests on a standalone cluster (a master and"
 	@echo "           two workers on 127.0.0.1; about 3 minutes), the last step of make test"
@@ -63,7 +69,7 @@ help:
 	@echo "Variables: PY=$(PY)  PYTEST_ARGS=...  PYTEST_WORKERS=$(PYTEST_WORKERS)  RABBITMQ_URL=..."
 	@echo "           BROKER_WAIT_SECONDS=...  N=$(N)  LOAD=$(LOAD)"
 	@echo "           RMQ4=0|1  RMQ4_TESTS=...  RABBITRY_RMQ4_CACHE=... (scripts/rabbitmq4.sh)"
-	@echo "           SPARK_CLUSTER=0|1"
+	@echo "           SPARK_CLUSTER=0|1  PYROOTS='$(PYROOTS)'"
 	@echo "           DEMO_ARGS=... (e.g. '-n 20000 --keep'; see PYTHONPATH=examples python -m orders_pipeline -h)"
 	@echo "           BENCH_ARGS=... (run_peers.py options)  BENCH_OUT=$(BENCH_OUT)"
 	@echo "           SPARK_BENCH_ARGS=... (e.g. '--rows 10000'; bench/spark_bench.py -h)"
@@ -83,6 +89,57 @@ broker:
 # from it on its own ports for one session and deletes it at the end.
 broker4:
 	bash scripts/rabbitmq4.sh build
+
+# The suite on other Pythons than the host's: Debian's CPython in a minimal Debian root
+# (scripts/python-root.sh), one venv per root in the clone (.venv-SUITE, the `test` extra
+# from wheels: no Spark, no docs tools). trixie is the RabbitMQ 4.x node's root (CPython
+# 3.13); sid gets a root of its own with its newest python3.X (3.15 in late 2026). The
+# roots share the host's network: their tests use the shared broker on 127.0.0.1:5672.
+# PYROOT_MARKERS leaves out what needs Spark and what starts nodes of its own (those
+# need the host's rabbitmq-server scripts).
+PYROOTS ?= trixie sid
+PYROOT_TESTS ?= tests/unit tests/integration
+PYROOT_MARKERS ?= not spark and not faults
+# These ask the shared broker what it holds through rabbitmqctl (tests/support/broker_ctl.py):
+# the root's rabbitmqctl has neither the host's Erlang cookie nor its rabbitmq user, so
+# they run in the main pass only.
+PYROOT_DESELECT ?= \
+    tests/integration/test_consumer.py::test_exclusive_consumer_and_arguments_reach_the_broker \
+    tests/integration/test_consumer.py::test_server_named_queue_is_followed_after_redeclare \
+    tests/integration/test_errors.py::test_connection_closed_by_the_broker \
+    tests/integration/test_field_types.py::test_broker_parses_each_letter_as_the_intended_type \
+    tests/integration/test_observability.py::test_a_recovery_is_counted_with_its_duration \
+    tests/integration/test_topology.py::test_diff_against_the_broker_definitions \
+    tests/integration/test_topology_super_stream.py::test_diff_against_the_broker_and_delete
+PYROOT_VENVS := $(foreach suite,$(PYROOTS),.venv-$(suite)/.installed)
+
+pyroots: $(PYROOT_VENVS)
+
+# A venv is made again when it is not of the root's newest interpreter (sid moved on).
+.venv-%/.installed: pyproject.toml
+	bash scripts/python-root.sh $* build
+	@py=$$(bash scripts/python-root.sh $* python); \
+	if [[ "$$(readlink -f .venv-$*/bin/python 2>/dev/null)" != "$$py" ]] && \
+	    [[ "$$(readlink .venv-$*/bin/python 2>/dev/null)" != "$$py" ]]; then \
+	    bash scripts/python-root.sh $* run "$(CURDIR)" "$$py" -m venv --clear .venv-$*; \
+	fi
+	bash scripts/python-root.sh $* run "$(CURDIR)" .venv-$*/bin/python -m pip install -q \
+	    --only-binary ':all:' -e '.[test]'
+	@touch $@
+
+# Each root's pass, one after the other; the first non-zero status is the target's.
+test-pyroots: $(PYROOT_VENVS) broker
+	@status=0; \
+	for suite in $(PYROOTS); do \
+	    echo "== the unit and integration tests on Debian $$suite's Python:" \
+	        "$$(bash scripts/python-root.sh $$suite run "$(CURDIR)" .venv-$$suite/bin/python --version 2>/dev/null || true)"; \
+	    started=$$SECONDS; \
+	    bash scripts/python-root.sh $$suite run "$(CURDIR)" .venv-$$suite/bin/python \
+	        tools/run_pytest.py --workers $(PYTEST_WORKERS) -- -m "$(PYROOT_MARKERS)" \
+	        $(addprefix --deselect ,$(PYROOT_DESELECT)) $(PYROOT_TESTS) $(PYTEST_ARGS) || { rc=$$?; [[ $$status -ne 0 ]] || status=$$rc; }; \
+	    echo "== the $$suite pass took $$((SECONDS - started)) s"; \
+	done; \
+	exit $$status
 
 lint: venv
 	$(BIN)/ruff format --check $(LINT_PATHS)
@@ -105,7 +162,7 @@ RMQ4 ?= 1
 RMQ4_TESTS ?= tests/integration tests/spark
 SPARK_CLUSTER ?= 1
 SPARK_CLUSTER_TESTS := tests/spark/test_spark_cluster.py
-test: venv lint types docs broker $(if $(filter 0,$(RMQ4)),,broker4) $(if $(filter 0,$(SPARK_CLUSTER)),,java)
+test: venv lint types docs broker $(if $(filter 0,$(RMQ4)),,broker4) $(if $(filter 0,$(SPARK_CLUSTER)),,java) $(PYROOT_VENVS)
 	@status=0; \
 	$(BIN)/python tools/run_pytest.py --workers $(PYTEST_WORKERS) -- $(PYTEST_ARGS) || status=$$?; \
 	if [[ "$(RMQ4)" != 0 ]]; then \
@@ -121,6 +178,9 @@ test: venv lint types docs broker $(if $(filter 0,$(RMQ4)),,broker4) $(if $(filt
 	        $(PYTEST_ARGS) $(SPARK_CLUSTER_TESTS) || \
 	        { rc=$$?; [[ $$status -ne 0 ]] || status=$$rc; }; \
 	    echo "== the Spark cluster pass took $$((SECONDS - started)) s"; \
+	fi; \
+	if [[ -n "$(strip $(PYROOTS))" ]]; then \
+	    $(MAKE) --no-print-directory test-pyroots || { rc=$$?; [[ $$status -ne 0 ]] || status=$$rc; }; \
 	fi; \
 	exit $$status
 

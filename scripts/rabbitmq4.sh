@@ -15,6 +15,8 @@
 #   url      print the node's AMQP URL
 #   ctl ARG...  run rabbitmqctl against the node (e.g. `ctl list_queues`)
 #   clean    stop the node and delete the cached root
+#   python   make sure the root has Debian's CPython with venv support (python3-venv), for
+#            make test's pass on that Python (scripts/python-root.sh); prints its version
 #
 # Environment:
 #   RABBITRY_RMQ4_CACHE   where the root is cached (default /var/cache/rabbitry-test when
@@ -35,6 +37,9 @@ readonly PORT="${RABBITRY_RMQ4_PORT:-5682}"
 readonly WAIT_SECONDS="${RABBITRY_RMQ4_WAIT:-120}"
 # Bumped when what goes into the root changes, so an older cached root is rebuilt.
 readonly ROOT_FORMAT=1
+# The second Python of the test suite (make test's Python 3.13 pass) comes from the same
+# root; a root built before it was added gets it from `python` (no rebuild).
+readonly PYTHON_PACKAGES="python3-venv"
 
 die() {
     echo "rabbitmq4: error: $*" >&2
@@ -134,8 +139,8 @@ build() {
         mount -t proc proc "$1/proc" && mount --rbind /dev "$1/dev" || exit 97
         exec chroot "$1" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
             DEBIAN_FRONTEND=noninteractive /bin/sh -c \
-            "apt-get update -q && apt-get install -y -q --no-install-recommends rabbitmq-server && apt-get clean"
-    ' _ "$tmp" </dev/null >"$CACHE/apt.log" 2>&1; then
+            "apt-get update -q && apt-get install -y -q --no-install-recommends rabbitmq-server $2 && apt-get clean"
+    ' _ "$tmp" "$PYTHON_PACKAGES" </dev/null >"$CACHE/apt.log" 2>&1; then
         tail -n 20 "$CACHE/apt.log" >&2
         die "installing rabbitmq-server in the $SUITE root failed (full log: $CACHE/apt.log)"
     fi
@@ -145,6 +150,31 @@ build() {
     as_root mv "$tmp" "$ROOT"
     say "root ready in $((SECONDS - started))s: $(version)"
     flock -u 8
+}
+
+python_ok() {
+    [[ -x "$ROOT/usr/bin/python3" && -f "$ROOT/usr/share/doc/python3-venv/copyright" ]]
+}
+
+# Debian's CPython with venv support in the root (added to an older root in place).
+python_root() {
+    root_ok || build
+    if ! python_ok; then
+        exec 8>"$CACHE/.build.lock"
+        flock -w 1800 8 || die "another build of $ROOT holds $CACHE/.build.lock for 30 minutes"
+        if ! python_ok; then
+            say "installing $PYTHON_PACKAGES in $ROOT"
+            # shellcheck disable=SC2086  # a list of package names
+            if ! in_root DEBIAN_FRONTEND=noninteractive /bin/sh -c \
+                "apt-get update -q && apt-get install -y -q --no-install-recommends $PYTHON_PACKAGES && apt-get clean" \
+                </dev/null >"$CACHE/apt-python.log" 2>&1; then
+                tail -n 20 "$CACHE/apt-python.log" >&2
+                die "installing $PYTHON_PACKAGES in the root failed (full log: $CACHE/apt-python.log)"
+            fi
+        fi
+        flock -u 8
+    fi
+    in_root /usr/bin/python3 --version
 }
 
 version() {
@@ -295,6 +325,7 @@ case "${1:-}" in
         running || die "$NODE does not run (start it first)"
         ctl "$@" </dev/null
         ;;
+    python) python_root ;;
     clean) stop && as_root rm -rf "$ROOT" "$CACHE/.building-$SUITE" ;;
     *)
         sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2

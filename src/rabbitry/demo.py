@@ -80,7 +80,7 @@ def _consume(url: str, exchange: str, queue: str, count: int) -> set[str]:
         )
         channel.queue_delete(queue)
         channel.exchange_delete(exchange)
-        _say(f"[sync]  deleted {queue!r} and {exchange!r}")
+        _say(f"[sync]  deleted queue {queue!r} and exchange {exchange!r}")
     return seen
 
 

@@ -19,6 +19,7 @@ import asyncio
 import cProfile
 import gc
 import pstats
+import sys
 import threading
 import tracemalloc
 from collections import deque
@@ -68,6 +69,13 @@ def _label(key: FuncKey) -> str:
     if "/tests/" in short:  # this checkout's own test files: relative to the repository
         short = "tests/" + short.rsplit("/tests/", 1)[-1]
     return f"{short}:{line}({name})"
+
+
+#: cProfile on Python 3.12+ is built on sys.monitoring, which is process-wide: one enabled
+#: profile counts the calls of every thread, and enabling a second one while it runs fails
+#: with "Another profiling tool is already active". Before 3.12 a profile sees only the
+#: thread that enabled it.
+_PROFILE_IS_PROCESS_WIDE = sys.version_info >= (3, 12)
 
 
 class _Profiles:
@@ -398,6 +406,12 @@ class _on_all_threads:
             raise RuntimeError("the dispatcher did not run the profiler switch in 10 s")
 
     def __enter__(self) -> None:
+        if _PROFILE_IS_PROCESS_WIDE:
+            # One profile sees every thread; another enable() would be refused.
+            self._before = set(threading.enumerate())
+            self._main = self._profiles.new()
+            self._main.enable()
+            return
         self._io = self._profiles.new()
         self._disp = self._profiles.new()
         self._main = self._profiles.new()
@@ -407,6 +421,15 @@ class _on_all_threads:
         self._main.enable()
 
     def __exit__(self, *exc_info: object) -> None:
+        if _PROFILE_IS_PROCESS_WIDE:
+            try:
+                for thread in set(threading.enumerate()) - self._before:
+                    thread.join(10)
+                    if thread.is_alive():
+                        raise RuntimeError(f"{thread.name} did not end within 10 s of the phase")
+            finally:
+                self._main.disable()
+            return
         self._main.disable()
         self._on_dispatcher(self._disp.disable)
         self._on_io(self._io.disable)

@@ -152,6 +152,8 @@ def test_main_says_java_is_missing(
     assert "Java runtime (17 or newer)" in err and "openjdk-17" in err
 
 
+# main() checks that pyspark and pyarrow import before it reads the arguments.
+@pytest.mark.spark
 def test_main_rejects_bad_arguments(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -160,6 +162,8 @@ def test_main_rejects_bad_arguments(
     assert "events: must be an integer >= 1" in capsys.readouterr().err
 
 
+# main() checks that pyspark and pyarrow import before it reads the arguments.
+@pytest.mark.spark
 def test_main_rejects_a_partition_count_below_one(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -173,6 +177,8 @@ def test_main_rejects_a_partition_count_below_one(
     assert "argument --partitions" in capsys.readouterr().err
 
 
+# main() checks that pyspark and pyarrow import before it reads the arguments.
+@pytest.mark.spark
 def test_main_rejects_a_dedup_window_under_a_second(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,32 +10,33 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(tmp: Path, source: str, *options: str) -> subprocess.CompletedProcess[str]:
-    # A test file inside tests/ so that tests/conftest.py (which defines the option) applies.
-    directory = ROOT / "tests" / "unit" / f"_skip_guard_{tmp.name}"
-    directory.mkdir()
-    try:
-        (directory / "test_sample.py").write_text(source)
-        return subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pytest",
-                "-p",
-                "no:cacheprovider",
-                "-q",
-                *options,
-                str(directory),
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    finally:
-        for path in directory.iterdir():
-            path.unlink()
-        directory.rmdir()
+    # The sample lives in the test's own temporary directory, never in the source tree:
+    # the suite's conftest (which defines the option) is loaded as a plugin, and the
+    # project's configuration (markers, pythonpath) comes from pyproject.toml.
+    (tmp / "test_sample.py").write_text(source)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-c",
+            str(ROOT / "pyproject.toml"),
+            "--rootdir",
+            str(ROOT),
+            "-p",
+            "tests.conftest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            *options,
+            str(tmp / "test_sample.py"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 SAMPLE = """
@@ -74,3 +75,9 @@ def test_a_skipped_module_fails_the_run(tmp_path: Path) -> None:
     result = _run(tmp_path, MODULE_SKIP, "--fail-on-skip")
     assert result.returncode == 1, result.stdout
     assert "--fail-on-skip: 1 skipped" in result.stdout
+
+
+def test_the_sample_run_writes_nothing_into_the_source_tree(tmp_path: Path) -> None:
+    _run(tmp_path, SAMPLE, "--fail-on-skip")
+    assert not [p for p in (ROOT / "tests").rglob("test_sample.py")]
+    assert (tmp_path / "test_sample.py").is_file()

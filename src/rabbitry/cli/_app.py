@@ -35,7 +35,14 @@ from ._common import (
 )
 from ._exit import ExitCode
 from ._metrics import CommandMetrics, metrics_option, print_metrics
-from ._mgmt import MANAGEMENT_URL, management_client, management_for
+from ._mgmt import (
+    MANAGEMENT_URL,
+    basic_auth,
+    management_client,
+    management_for,
+    management_url,
+    management_url_option,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -192,7 +199,7 @@ def _read_bodies(bodies: tuple[str, ...], file: str | None, whole: bool) -> list
     help="http: through the management API (one request per message, no confirm; "
     "for operations and tests, not throughput).",
 )
-@MANAGEMENT_URL
+@management_url_option("for --via http")
 @handle_errors
 def publish(
     bodies: tuple[str, ...],
@@ -621,11 +628,7 @@ def topology_verify(file: str, vhost: str | None, management_url: str | None) ->
     type=click.Path(exists=True, dir_okay=False),
     help="Compare with this file (a definitions export or another topology) instead of the broker.",
 )
-@click.option(
-    "--management-url",
-    help="Management API base URL to read the broker's definitions from "
-    "(default: http://<first broker host>:15672, with the broker URL's credentials).",
-)
+@management_url_option("to read the broker's definitions from (without --against)")
 @click.option(
     "--extra/--no-extra",
     default=None,
@@ -676,18 +679,7 @@ def topology_diff(
 
 
 def _fetch_definitions(base: str | None, params: Any) -> Any:
-    if base is None:
-        host = f"[{params.host}]" if ":" in params.host else params.host
-        base = f"http://{host}:15672"
-    parts = urllib.parse.urlsplit(base)
-    user = urllib.parse.unquote(parts.username) if parts.username else params.username
-    password = urllib.parse.unquote(parts.password) if parts.password else params.password
-    netloc = parts.hostname or ""
-    if ":" in netloc:
-        netloc = f"[{netloc}]"
-    if parts.port:
-        netloc += f":{parts.port}"
-    clean = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+    clean, user, password = basic_auth(management_url(base), params)
     vhost = urllib.parse.quote(params.virtual_host, safe="")
     request = urllib.request.Request(f"{clean}/api/definitions/{vhost}")
     token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")

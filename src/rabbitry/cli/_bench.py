@@ -9,6 +9,12 @@ send time (``perf_counter_ns``) in a header; consumers compute the end-to-end la
 Every ``--interval`` seconds a progress line shows the rates and latencies of the last
 interval; a summary ends the run. The queues are deleted at the end (and, exclusive, by
 the broker if the process dies).
+
+``-u/--queue NAME`` (PerfTest's option) runs on one named queue instead: used as it is
+when it exists (and left there), else declared durable and deleted at the end.
+``--quorum-queue`` makes the queues it declares quorum queues (durable, not exclusive:
+named ``rabbitry-bench-<random>-<i>`` when no ``--queue`` is given; deleted at the end,
+but left behind if the process dies).
 """
 
 from __future__ import annotations
@@ -17,12 +23,13 @@ import array
 import math
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..exceptions import AMQPError
+from ..exceptions import AMQPError, NotFound
 from ..protocol.frames import Int64
 from ..protocol.spec import BasicProperties
 from ._common import fail, get_state, handle_errors
@@ -100,6 +107,15 @@ class _Counters:
     "--prefetch", type=click.IntRange(min=1, max=65535), default=1000, show_default=True,
     help="Prefetch per consumer.",
 )  # fmt: skip
+@click.option(
+    "-u", "--queue", "queue_name", default=None,
+    help="Use this named queue (PerfTest's -u): as it is when it exists, else declared "
+    "durable and deleted at the end. Only with --queues 1.",
+)  # fmt: skip
+@click.option(
+    "--quorum-queue", is_flag=True, default=False,
+    help="Declare quorum queues (x-queue-type=quorum; durable, not exclusive).",
+)  # fmt: skip
 @click.option("--persistent/--transient", default=False, show_default=True)
 @metrics_option
 @handle_errors
@@ -114,12 +130,18 @@ def bench(
     interval: float,
     max_in_flight: int,
     prefetch: int,
+    queue_name: str | None,
+    quorum_queue: bool,
     persistent: bool,
     metrics: bool,
 ) -> None:
     """Measure publish and consume throughput (msgs/s) and latency percentiles."""
     if count is not None and duration is not None:
         raise click.UsageError("give --count or --duration, not both")
+    if queue_name is not None and queues != 1:
+        raise click.UsageError(f"--queue names one queue; --queues is {queues}, give 1")
+    if queue_name == "":
+        raise click.UsageError("--queue: the name must not be empty")
     if count is None and duration is None:
         count = 10_000
     state = get_state()
@@ -132,13 +154,33 @@ def bench(
             recorder.close()
         raise
     names: list[str] = []
+    created: list[str] = []
     try:
         admin = conn.channel(timeout=state.timeout)
-        for _ in range(queues):
-            declared = admin.queue_declare(
-                "", exclusive=True, auto_delete=True, timeout=state.timeout
-            )
+        prefix = f"rabbitry-bench-{uuid.uuid4().hex[:8]}"
+        for index in range(queues):
+            if queue_name is not None:
+                probe = conn.channel(timeout=state.timeout)
+                try:
+                    probe.queue_declare(queue_name, passive=True, timeout=state.timeout)
+                    probe.close()
+                    names.append(queue_name)
+                    continue
+                except NotFound:
+                    pass
+            if queue_name is None and not quorum_queue:
+                declared = admin.queue_declare(
+                    "", exclusive=True, auto_delete=True, timeout=state.timeout
+                )
+            else:
+                declared = admin.queue_declare(
+                    queue_name or f"{prefix}-{index}",
+                    durable=True,
+                    arguments={"x-queue-type": "quorum"} if quorum_queue else None,
+                    timeout=state.timeout,
+                )
             names.append(declared.queue)
+            created.append(declared.queue)
         result = _run(
             state, conn, counters, names,
             count=count, duration=duration, size=size, producers=producers,
@@ -146,7 +188,7 @@ def bench(
             max_in_flight=max_in_flight, prefetch=prefetch, persistent=persistent,
         )  # fmt: skip
     finally:
-        for name in names:
+        for name in created:
             try:
                 conn.channel(timeout=state.timeout).queue_delete(name, timeout=state.timeout)
             except AMQPError:

@@ -3,7 +3,6 @@ management API (AMQP has no way to list entities)."""
 
 from __future__ import annotations
 
-import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -11,6 +10,7 @@ import click
 from ..exceptions import ManagementError
 from ._common import CliError, get_state, handle_errors
 from ._exit import ExitCode
+from ._mgmt import basic_auth, management_url, management_url_option
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -20,11 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["list_group"]
 
 _OPTIONS = [
-    click.option(
-        "--management-url",
-        help="Management API base URL; default: http://<first broker host>:15672 with the "
-        "broker URL's credentials.",
-    ),
+    management_url_option("to list what the broker holds"),
     click.option(
         "--vhost",
         default=None,
@@ -45,19 +41,13 @@ def list_group() -> None:
     """List queues, exchanges or bindings through the management API."""
 
 
-def _client(management_url: str | None) -> ManagementClient:
+def _client(url_option: str | None) -> ManagementClient:
     from ..management import ManagementClient
 
     state = get_state()
     params = state.params()[0]
-    url = management_url
-    if url is None:
-        host = f"[{params.host}]" if ":" in params.host else params.host
-        url = f"http://{host}:15672"
-    parts = urllib.parse.urlsplit(url)
-    user = urllib.parse.unquote(parts.username) if parts.username else params.username
-    password = urllib.parse.unquote(parts.password) if parts.password else params.password
-    return ManagementClient(url, user, password, timeout=state.timeout)
+    base, user, password = basic_auth(management_url(url_option), params)
+    return ManagementClient(base, user, password, timeout=state.timeout)
 
 
 def _fetch(kind: str, management_url: str | None, vhost: str | None, every: bool) -> Any:
@@ -74,9 +64,9 @@ def _fetch(kind: str, management_url: str | None, vhost: str | None, every: bool
                 return api.exchanges(None if every else vhost)
             return api.bindings(None if every else vhost)
     except ImportError as exc:
+        hint = "" if "rabbitry[management]" in str(exc) else "; pip install 'rabbitry[management]'"
         raise CliError(
-            f"listing needs the management API client: {exc}; pip install 'rabbitry[management]'",
-            ExitCode.USAGE,
+            f"listing needs the management API client: {exc}{hint}", ExitCode.USAGE
         ) from exc
     except ManagementError as exc:
         code = ExitCode.CONNECTION if exc.status in (None, 401, 403) else ExitCode.FAILED

@@ -155,6 +155,9 @@ def serve_prometheus(
             SdkMeterProvider(metric_readers=[reader]),
             consumer_lag_interval=active.consumer_lag_interval if active is not None else None,
         )
+    current = _current()
+    if current is not None and reader.zero_source is None:
+        reader.zero_source = current.metrics.zero_series
     return PrometheusServer(reader, host=host, port=port)
 
 

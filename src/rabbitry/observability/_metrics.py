@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics
@@ -65,6 +66,22 @@ A_OUTCOME = "rabbitry.outcome"
 A_STATE = "rabbitry.connection.state"
 
 
+@dataclass
+class ZeroHistogram:
+    """A histogram whose label sets are known before its first measurement.
+
+    OpenTelemetry has no zero-count histogram point, so a Prometheus reader renders these
+    (zero buckets, ``_sum`` and ``_count`` 0) for every label set it has no point of:
+    ``increase()`` and ``rate()`` then see the first measurement.
+    """
+
+    name: str
+    unit: str
+    description: str
+    bounds: tuple[float, ...]
+    attribute_sets: list[dict[str, str]] = field(default_factory=list)
+
+
 class Metrics:
     """rabbitry's instruments on one meter provider, and the counts they report.
 
@@ -75,6 +92,8 @@ class Metrics:
     def __init__(self, meter_provider: MeterProvider | None) -> None:
         meter = metrics.get_meter("rabbitry", __version__, meter_provider)
         self.enabled = True
+        #: Histograms and their label sets known before a measurement (ZeroHistogram).
+        self.zero_histograms: dict[str, ZeroHistogram] = {}
         #: The instrumentation using these instruments (it alone may disable them).
         self.owner: object = None
         self._lock = threading.Lock()
@@ -114,6 +133,11 @@ class Metrics:
             "from publish to the broker's ack, nack or return",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )
+        self._zero_histogram(
+            "rabbitry.publisher.confirm.duration",
+            "s",
+            "from publish to the broker's ack, nack or return",
+        )
         for name, text in CONSUMER_COUNTERS.items():
             meter.create_observable_counter(
                 f"rabbitry.consumer.{name}", [self._stats_callback(name)], "{message}", text
@@ -129,6 +153,11 @@ class Metrics:
             "handler time, its ack or retry/parking move included",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )
+        self._zero_histogram(
+            "rabbitry.consumer.process.duration",
+            "s",
+            "handler time, its ack or retry/parking move included",
+        )
         self.recoveries = meter.create_counter(
             "rabbitry.connection.recoveries",
             "{recovery}",
@@ -140,11 +169,21 @@ class Metrics:
             "from the connection's loss to its recovery (or to giving up)",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )
+        self._zero_histogram(
+            "rabbitry.connection.recovery.duration",
+            "s",
+            "from the connection's loss to its recovery (or to giving up)",
+        )
         self.blocked_duration = meter.create_histogram(
             "rabbitry.connection.blocked.duration",
             "s",
             "periods the broker held a connection blocked (connection.blocked to unblocked)",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self._zero_histogram(
+            "rabbitry.connection.blocked.duration",
+            "s",
+            "periods the broker held a connection blocked (connection.blocked to unblocked)",
         )
         meter.create_observable_up_down_counter(
             "rabbitry.pool.waiters",
@@ -177,10 +216,41 @@ class Metrics:
             "consumers of a consumed queue (consumer_lag_interval)",
         )
 
+    def _zero_histogram(self, name: str, unit: str, description: str) -> None:
+        self.zero_histograms[name] = ZeroHistogram(name, unit, description, DURATION_BUCKETS)
+
+    def known_labels(self, histogram: str, attributes: dict[str, str]) -> None:
+        """``histogram`` will be measured with ``attributes``: it reads 0 until then."""
+        with self._lock:
+            sets = self.zero_histograms[histogram].attribute_sets
+            if attributes not in sets:
+                sets.append(dict(attributes))
+
+    def zero_series(self) -> list[ZeroHistogram]:
+        """The histograms with known label sets (none while disabled)."""
+        if not self.enabled:
+            return []
+        with self._lock:
+            return [
+                ZeroHistogram(h.name, h.unit, h.description, h.bounds, list(h.attribute_sets))
+                for h in self.zero_histograms.values()
+                if h.attribute_sets
+            ]
+
+    def start_connection(self) -> None:
+        """A connection is followed: its recovery and blocked series start at 0."""
+        for outcome in ("recovered", "failed"):
+            self.recoveries.add(0, {A_OUTCOME: outcome})
+            self.known_labels("rabbitry.connection.recovery.duration", {A_OUTCOME: outcome})
+        self.known_labels("rabbitry.connection.blocked.duration", {})
+
     def follow_consumer(self, consumer: AsyncConsumer) -> None:
-        """Report ``consumer.stats`` from now on (summed per queue)."""
+        """Report ``consumer.stats`` from now on (summed per queue); the queue's
+        redelivery and handler-time series start at 0."""
         with self._lock:
             self._consumers.append((weakref.ref(consumer), consumer.queue, consumer.stats))
+        self.redelivered.add(0, {A_DESTINATION: consumer.queue})
+        self.known_labels("rabbitry.consumer.process.duration", {A_DESTINATION: consumer.queue})
 
     def follow_pool(self, pool: AsyncChannelPool) -> None:
         """Report ``pool.waiting`` and ``pool.in_use`` from now on (summed over pools)."""

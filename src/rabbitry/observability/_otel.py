@@ -527,6 +527,7 @@ class _ConnectionWatch:
         self.state = state
         self.since: float | None = None
         instrumentation.metrics.connection_state.add(1, {A_STATE: state.value})
+        instrumentation.metrics.start_connection()
 
     def __call__(self, state: State, _cause: AMQPError | None) -> None:
         instrumentation = self.instrumentation

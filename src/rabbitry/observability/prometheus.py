@@ -34,7 +34,9 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.metrics.export import Histogram as HistogramData
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Iterable, Mapping
+
+    from ._metrics import ZeroHistogram
 
 __all__ = ["PrometheusReader", "PrometheusServer", "render"]
 
@@ -64,6 +66,9 @@ class PrometheusReader(MetricReader):
         )
         self._latest: MetricsData | None = None
         self._collecting = threading.Lock()
+        #: rabbitry's histograms with known label sets, rendered at zero until their first
+        #: measurement (set by ``serve_prometheus``).
+        self.zero_source: Callable[[], Iterable[ZeroHistogram]] | None = None
 
     def _receive_metrics(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
@@ -86,18 +91,28 @@ class PrometheusReader(MetricReader):
             self._latest = None
             self.collect()
             data = self._latest
-        return render(data)
+        return render(data, self.zero_source() if self.zero_source is not None else ())
 
 
-def render(data: MetricsData | None) -> str:
-    """The Prometheus text format of ``data`` (one family per metric name)."""
+def render(data: MetricsData | None, zero: Iterable[ZeroHistogram] = ()) -> str:
+    """The Prometheus text format of ``data`` (one family per metric name).
+
+    Args:
+        data: what a reader collected.
+        zero: histograms whose label sets are known: each set without a point in
+            ``data`` is rendered with zero buckets, sum and count.
+
+    Returns:
+        The exposition text ("" when there is nothing to show).
+    """
     families: dict[str, tuple[str, str, list[str]]] = {}
-    if data is None:
-        return ""
-    for resource_metrics in data.resource_metrics:
-        for scope_metrics in resource_metrics.scope_metrics:
-            for metric in scope_metrics.metrics:
-                _family(metric, families)
+    if data is not None:
+        for resource_metrics in data.resource_metrics:
+            for scope_metrics in resource_metrics.scope_metrics:
+                for metric in scope_metrics.metrics:
+                    _family(metric, families)
+    for histogram in zero:
+        _zero_family(histogram, families)
     out = []
     for name, (kind, help_text, lines) in families.items():
         out.append(f"# HELP {name} {_escape_help(help_text)}")
@@ -106,11 +121,31 @@ def render(data: MetricsData | None) -> str:
     return "\n".join(out) + "\n" if out else ""
 
 
-def _family(metric: Any, families: dict[str, tuple[str, str, list[str]]]) -> None:
-    base = _INVALID.sub("_", metric.name)
-    suffix = _UNIT_SUFFIXES.get(metric.unit or "")
+def _base_name(name: str, unit: str | None) -> str:
+    base = _INVALID.sub("_", name)
+    suffix = _UNIT_SUFFIXES.get(unit or "")
     if suffix and not base.endswith(suffix):
         base += suffix
+    return base
+
+
+def _zero_family(histogram: ZeroHistogram, families: dict[str, tuple[str, str, list[str]]]) -> None:
+    name = _base_name(histogram.name, histogram.unit)
+    family = families.setdefault(name, ("histogram", histogram.description, []))
+    lines = family[2]
+    for attributes in histogram.attribute_sets:
+        count_line = f"{name}_count{_labels(attributes)} "
+        if any(line.startswith(count_line) for line in lines):
+            continue
+        for bound in histogram.bounds:
+            lines.append(f"{name}_bucket{_labels(attributes, le=_number(bound))} 0")
+        lines.append(f"{name}_bucket{_labels(attributes, le='+Inf')} 0")
+        lines.append(f"{name}_sum{_labels(attributes)} 0")
+        lines.append(count_line + "0")
+
+
+def _family(metric: Any, families: dict[str, tuple[str, str, list[str]]]) -> None:
+    base = _base_name(metric.name, metric.unit)
     point_data = metric.data
     if isinstance(point_data, Sum):
         kind = "counter" if point_data.is_monotonic else "gauge"
