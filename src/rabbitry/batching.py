@@ -342,7 +342,11 @@ class RecordLedger:
         self.last_plain: Message | None = None
 
     def add(self, settler: _EnvelopeSettler) -> None:
-        """An envelope whose records the iteration starts handing out."""
+        """Note an envelope whose records the iteration starts handing out.
+
+        Args:
+            settler: the envelope's settler.
+        """
         pending = self._open
         while pending and pending[0].done:
             pending.popleft()
@@ -354,8 +358,14 @@ class RecordLedger:
         pending.append(settler)
 
     def settle_before(self, settler: _EnvelopeSettler, how: str | None) -> None:
-        """Settle every envelope handed out before ``settler`` (``how``: "ack", or None
-        to mark them settled because a multiple nack that covers them goes out)."""
+        """Settle every envelope (and plain delivery) handed out before ``settler``.
+
+        Args:
+            settler: the envelope a record of which was settled with ``multiple``.
+            how: ``"ack"`` to acknowledge them (one ``multiple`` ack of the newest), or
+                ``None`` to only mark them settled: a multiple nack that covers them is
+                about to go out.
+        """
         pending = self._open
         newest: _EnvelopeSettler | None = None
         while pending and pending[0] is not settler:
