@@ -33,12 +33,16 @@ import struct
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from .batching import envelope_headers
 from .exceptions import ConfigurationError, InvalidStateError, LocalProtocolError
 from .protocol import spec
+from .publisher import as_properties, port_of
+from .publishing.unobserved import UnobservedLedger
 from .sync._portal import ConfirmFuture
+from .sync.publisher import ledger_of
 
 if TYPE_CHECKING:
     import concurrent.futures
@@ -188,16 +192,19 @@ class _EnvelopeOptions:
 
     def __init__(
         self,
-        properties: spec.BasicProperties | None,
+        properties: spec.BasicProperties | Mapping[str, Any] | None,
         persistent: bool | None,
         expiration: int | timedelta | None,
         mandatory: bool | None,
         timeout: float | None,
     ) -> None:
         if properties is not None and not isinstance(properties, spec.BasicProperties):
-            raise ConfigurationError(
-                f"properties: must be rabbitry.Properties, got {type(properties).__name__}"
-            )
+            if not isinstance(properties, Mapping):
+                raise ConfigurationError(
+                    "properties: must be rabbitry.Properties or a mapping of its fields, "
+                    f"got {type(properties).__name__}"
+                )
+            properties = as_properties(properties)
         if properties is not None and properties.message_id is not None:
             # Each envelope is one message and gets its own id from the publisher; one
             # fixed id would make a deduplicating consumer drop every envelope but one.
@@ -241,7 +248,7 @@ class _EnvelopeOptions:
         }
 
 
-def _settle_all(futures: list[Any], outcome: Any) -> None:
+def _settle_all(futures: list[Any], ledger: UnobservedLedger, outcome: Any) -> None:
     """Give every record future the envelope future's outcome."""
     if outcome.cancelled():
         error: BaseException | None = InvalidStateError("the envelope's publish was cancelled")
@@ -253,13 +260,13 @@ def _settle_all(futures: list[Any], outcome: Any) -> None:
         if error is None:
             future.set_result(None)
         else:
-            future.set_exception(error)
+            ledger.fail(future, error)
 
 
-def _fail_all(futures: list[Any], error: BaseException) -> None:
+def _fail_all(futures: list[Any], error: BaseException, ledger: UnobservedLedger) -> None:
     for future in futures:
         if not future.done():
-            future.set_exception(error)
+            ledger.fail(future, error)
 
 
 # --------------------------------------------------------------------------- asyncio
@@ -297,7 +304,7 @@ class AsyncBatchingPublisher:
         batch_records: int = 100,
         batch_bytes: int = DEFAULT_BATCH_BYTES,
         linger: float = 0.005,
-        properties: spec.BasicProperties | None = None,
+        properties: spec.BasicProperties | Mapping[str, Any] | None = None,
         persistent: bool | None = None,
         expiration: int | timedelta | None = None,
         mandatory: bool | None = None,
@@ -315,6 +322,9 @@ class AsyncBatchingPublisher:
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        # Record futures that fail with nobody looking: reported by close(); those of
+        # envelopes still in flight then go to the publisher's ledger.
+        self._ledger = UnobservedLedger("AsyncBatchingPublisher", then=port_of(publisher).ledger)
 
     @property
     def stats(self) -> BatchingStats:
@@ -324,8 +334,9 @@ class AsyncBatchingPublisher:
     async def __aenter__(self) -> AsyncBatchingPublisher:
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
+    async def __aexit__(self, exc_type: object, *exc_info: object) -> None:
+        await self._close()
+        self._ledger.report(raise_error=exc_type is None)
 
     async def publish(
         self, body: Body, *, exchange: str = "", routing_key: str = ""
@@ -379,7 +390,19 @@ class AsyncBatchingPublisher:
         await self.publisher.wait_for_confirms(timeout=timeout)
 
     async def close(self) -> None:
-        """Send the open batch and refuse new records (the publisher stays open)."""
+        """Send the open batch and refuse new records (the publisher stays open).
+
+        Record futures that failed by then with nobody looking at them are logged and
+        raised; those of envelopes still in flight are reported by the publisher's own
+        ``close()`` if they fail with nobody looking.
+
+        Raises:
+            UnobservedPublishFailures: record futures failed and nobody looked at them.
+        """
+        await self._close()
+        self._ledger.report()
+
+    async def _close(self) -> None:
         if self._closed:
             return
         await self.flush()
@@ -434,7 +457,7 @@ class AsyncBatchingPublisher:
         futures = batch.futures
         try:
             body, props = options.message(batch)
-            sent = await self.publisher.publish(body, **options.publish_options(batch, props))
+            sent = await self.publisher.send(body, **options.publish_options(batch, props))
         except BaseException as exc:
             logger.error(
                 "batching publisher: an envelope of %d records was not sent: %r",
@@ -442,17 +465,19 @@ class AsyncBatchingPublisher:
                 exc,
             )
             if isinstance(exc, Exception):
-                _fail_all(futures, exc)
+                _fail_all(futures, exc, self._ledger)
                 return
             # This sending task itself was cancelled (the event loop is shutting down):
             # nothing will send these records, so their futures fail now.
-            _fail_all(futures, InvalidStateError(f"the envelope was not sent: {exc!r}"))
+            _fail_all(
+                futures, InvalidStateError(f"the envelope was not sent: {exc!r}"), self._ledger
+            )
             raise
         if len(futures) == 1:
             self._acc.stats.singles += 1
         else:
             self._acc.stats.envelopes += 1
-        sent.add_done_callback(functools.partial(_settle_all, futures))
+        sent.add_done_callback(functools.partial(_settle_all, futures, self._ledger))
 
 
 # --------------------------------------------------------------------------- threads
@@ -466,9 +491,9 @@ class BatchingPublisher:
     record filled it, by :meth:`flush`, or by a linger thread (started with the first
     record) when ``linger`` passes; that thread waits while the publisher's window is
     full, and other publishing threads wait with it. Record futures are settled on the
-    connection's IO thread, as the publisher's are: callbacks added to them must be
-    quick and must not publish (the IO thread would wait for a window that only it can
-    free). Same options as the async twin.
+    connection's callback thread, never on its IO thread: callbacks added to them run
+    there, in order, and should be quick (other callbacks wait for them). Same options
+    as the async twin.
     """
 
     def __init__(
@@ -478,7 +503,7 @@ class BatchingPublisher:
         batch_records: int = 100,
         batch_bytes: int = DEFAULT_BATCH_BYTES,
         linger: float = 0.005,
-        properties: spec.BasicProperties | None = None,
+        properties: spec.BasicProperties | Mapping[str, Any] | None = None,
         persistent: bool | None = None,
         expiration: int | timedelta | None = None,
         mandatory: bool | None = None,
@@ -497,6 +522,8 @@ class BatchingPublisher:
         self._deadline: float | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
+        # As in the async twin: failures nobody looked at, reported by close().
+        self._ledger = UnobservedLedger("BatchingPublisher", then=ledger_of(publisher))
 
     @property
     def stats(self) -> BatchingStats:
@@ -506,8 +533,9 @@ class BatchingPublisher:
     def __enter__(self) -> BatchingPublisher:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
+        self._close()
+        self._ledger.report(raise_error=exc_type is None)
 
     def publish(
         self, body: Body, *, exchange: str = "", routing_key: str = ""
@@ -559,7 +587,17 @@ class BatchingPublisher:
         self.publisher.wait_for_confirms(timeout=timeout)
 
     def close(self) -> None:
-        """Send the open batch, stop the linger thread, refuse new records."""
+        """Send the open batch, stop the linger thread, refuse new records.
+
+        Failures are reported as by :meth:`AsyncBatchingPublisher.close`.
+
+        Raises:
+            UnobservedPublishFailures: record futures failed and nobody looked at them.
+        """
+        self._close()
+        self._ledger.report()
+
+    def _close(self) -> None:
         with self._lock:
             if self._closed:
                 return
@@ -592,7 +630,7 @@ class BatchingPublisher:
                     len(futures),
                     exc,
                 )
-                _fail_all(futures, exc)
+                _fail_all(futures, exc, self._ledger)
                 continue
             except BaseException:
                 # Interrupted while the envelope waited for the publisher: the linger
@@ -606,7 +644,7 @@ class BatchingPublisher:
                 self._acc.stats.singles += 1
             else:
                 self._acc.stats.envelopes += 1
-            sent.add_done_callback(functools.partial(_settle_all, futures))
+            sent.add_done_callback(functools.partial(_settle_all, futures, self._ledger))
 
     def _start_linger_thread(self) -> None:
         if self._thread is None:

@@ -194,9 +194,9 @@ class AsyncShardedPublisher:
         timeout: float | None = None,
     ) -> asyncio.Future[None]:
         """Publish ``body`` to the shard that ``key`` hashes to; returns the confirm
-        future of :meth:`AsyncPublisher.publish`."""
+        future of :meth:`AsyncPublisher.send`."""
         key = _check_key(key)
-        return await self.publisher.publish(
+        return await self.publisher.send(
             body,
             exchange=self.shards.exchange,
             routing_key=key,
