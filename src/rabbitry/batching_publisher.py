@@ -336,6 +336,7 @@ class AsyncBatchingPublisher:
 
     async def __aexit__(self, exc_type: object, *exc_info: object) -> None:
         await self._close()
+        await asyncio.sleep(0)  # envelope outcomes already scheduled reach their records
         self._ledger.report(raise_error=exc_type is None)
 
     async def publish(
@@ -400,6 +401,7 @@ class AsyncBatchingPublisher:
             UnobservedPublishFailures: record futures failed and nobody looked at them.
         """
         await self._close()
+        await asyncio.sleep(0)  # envelope outcomes already scheduled reach their records
         self._ledger.report()
 
     async def _close(self) -> None:

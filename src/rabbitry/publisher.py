@@ -242,6 +242,7 @@ class AsyncPublisher(_PublisherCore):
 
     async def __aexit__(self, exc_type: object, *exc_info: object) -> None:
         await self._shutdown(None)
+        await asyncio.sleep(0)  # done-callbacks already scheduled run first
         # A block that raised keeps its exception; the failures are logged then.
         self._ledger.report(raise_error=exc_type is None)
 
@@ -595,6 +596,9 @@ class AsyncPublisher(_PublisherCore):
                 nobody looked at them (they are logged at ERROR too); raised once.
         """
         await self._shutdown(timeout)
+        # Done-callbacks scheduled by the last settles run first (a batching
+        # publisher's records are failed in one of them).
+        await asyncio.sleep(0)
         self._ledger.report()
 
     async def _shutdown(self, timeout: float | None) -> None:

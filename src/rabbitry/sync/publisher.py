@@ -404,6 +404,9 @@ class Publisher:
     def wait_for_confirms(self, *, timeout: float | None = None) -> None:
         """Block until nothing this publisher sent is unsettled (see the async twin).
 
+        The done-callbacks of the settled futures have run by then too (they run on
+        the connection's callback thread), unless this is called from one of them.
+
         Args:
             timeout: seconds to wait (``None``: no limit).
 
@@ -411,6 +414,7 @@ class Publisher:
             PublishTimeout: messages were still unconfirmed after ``timeout`` seconds.
         """
         self._portal.call(self._async.wait_for_confirms, timeout=timeout, wait=_wait(timeout))
+        self._callbacks_done(timeout)
 
     def unconfirmed(self) -> list[UnconfirmedMessage]:
         """The outbox: messages sent and not settled, oldest first (see the async twin)."""
