@@ -645,6 +645,7 @@ class UnobservedPublishFailures(PublishError):
         failures: the first of them (at most a thousand), oldest first: each the
             exception its future holds (:class:`Unroutable`, :class:`PublishRefused`...).
         first: ``failures[0]``.
+        what: the kind of publisher that ended ("Publisher", "AsyncBatchingPublisher"...).
     """
 
     def __init__(self, count: int, failures: list[BaseException], what: str = "publisher") -> None:
@@ -656,9 +657,10 @@ class UnobservedPublishFailures(PublishError):
         self.count = count
         self.failures = failures
         self.first = first
+        self.what = what
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.count, self.failures))
+        return (type(self), (self.count, self.failures, self.what))
 
 
 class HandlerSignal(AMQPError):
