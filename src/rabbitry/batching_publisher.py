@@ -345,7 +345,10 @@ class AsyncBatchingPublisher:
         """Add a record to the batch for ``exchange``/``routing_key``; returns its future.
 
         Waits only when a full batch is being handed to the publisher (whose window
-        may be full).
+        may be full), never for the confirm: waiting for each record's confirm would
+        send one record per envelope. A record future that fails with nobody looking
+        at it is raised by :meth:`close` (or the publisher's ``close()``) as
+        :class:`UnobservedPublishFailures`.
 
         Args:
             body: the record.
