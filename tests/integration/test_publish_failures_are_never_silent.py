@@ -31,6 +31,7 @@ from rabbitry.exceptions import (
     Unroutable,
 )
 from rabbitry.publisher import OutgoingMessage
+from rabbitry.publishing import unobserved
 
 if TYPE_CHECKING:
     from tests.integration.conftest import Names
@@ -38,6 +39,12 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.timeout(120)
 
 WAIT = 30
+
+
+@pytest.fixture(autouse=True)
+def _fresh_log_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ERROR lines are rate-limited per process: each test starts a new interval."""
+    monkeypatch.setattr(unobserved, "_LIMIT", unobserved._LogLimit())
 
 
 def unobserved_errors(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -22,6 +22,12 @@ from rabbitry.publishing.unobserved import UnobservedLedger
 from rabbitry.sync._portal import ConfirmFuture
 
 
+@pytest.fixture(autouse=True)
+def _fresh_log_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ERROR lines are rate-limited per process: each test starts a new interval."""
+    monkeypatch.setattr(unobserved, "_LIMIT", unobserved._LogLimit())
+
+
 async def test_asyncio_futures_count_until_retrieved_and_watched_ones_never() -> None:
     loop = asyncio.get_running_loop()
     ledger = UnobservedLedger("AsyncPublisher")
@@ -117,7 +123,6 @@ def test_a_ledger_that_reported_hands_later_failures_to_the_next_one() -> None:
 def test_repeated_reports_are_rate_limited_with_counts(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(unobserved, "_LIMIT", unobserved._LogLimit())
     for _ in range(unobserved._BURST + 3):
         ledger = UnobservedLedger("Publisher")
         ledger.fail(ConfirmFuture[None](), Nacked(1))
