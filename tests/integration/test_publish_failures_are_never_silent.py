@@ -19,8 +19,11 @@ import threading
 from typing import TYPE_CHECKING
 
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
 
 import rabbitry
+from rabbitry import observability
 from rabbitry.batching_publisher import AsyncBatchingPublisher, BatchingPublisher
 from rabbitry.exceptions import (
     LocalProtocolError,
@@ -219,6 +222,27 @@ async def test_records_in_flight_when_batching_closes_are_reported_by_the_publis
             async with AsyncBatchingPublisher(publisher) as batching:
                 await batching.publish(b"1", exchange=missing, routing_key="k")
     assert caught.value.count == 1 and isinstance(caught.value.first, PublishRefused)
+
+
+async def test_instrumentation_does_not_count_as_looking_at_a_failure(
+    conn: rabbitry.AsyncConnection, url: str, names: Names
+) -> None:
+    nowhere = names.queue("nowhere")
+    tracer_provider, meter_provider = TracerProvider(), MeterProvider()
+    observability.instrument(tracer_provider, meter_provider)
+    try:
+        with pytest.raises(UnobservedPublishFailures) as caught:
+            async with await conn.publisher(mandatory=True) as publisher:
+                await publisher.send(b"x", routing_key=nowhere)
+        assert caught.value.count == 1
+        with rabbitry.Connection(url) as sync_conn:
+            with pytest.raises(UnobservedPublishFailures):
+                with sync_conn.publisher(mandatory=True) as sync_publisher:
+                    sync_publisher.publish(b"x", routing_key=nowhere)
+    finally:
+        observability.uninstrument()
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
 
 
 # --------------------------------------------------------------------------- callbacks

@@ -11,7 +11,8 @@ raises :class:`~rabbitry.exceptions.UnobservedPublishFailures`.
 What counts as observed:
 
 * a done-callback on the future when it fails (an awaiting task registers one, so an
-  awaited future is never recorded);
+  awaited future is never recorded), except those of :mod:`rabbitry.observability`,
+  which only record the outcome in a span;
 * for an asyncio future, ``result()`` or ``exception()`` called later: CPython clears the
   future's ``_log_traceback`` flag then (the flag behind "Future exception was never
   retrieved");
@@ -35,7 +36,7 @@ from typing import Any
 
 from ..exceptions import UnobservedPublishFailures
 
-__all__ = ["KEEP", "Observable", "UnobservedLedger"]
+__all__ = ["KEEP", "Observable", "UnobservedLedger", "looks", "peek"]
 
 logger = logging.getLogger("rabbitry.publisher")
 
@@ -88,12 +89,46 @@ class Observable:
     """
 
     _observed = False
+    # The outcome, as concurrent.futures.Future keeps it (read by :func:`peek`).
+    _exception: BaseException | None
+
+
+def looks(callback: Any) -> bool:
+    """Whether adding ``callback`` to a future counts as looking at its outcome: every
+    callback but the library's own instrumentation (:mod:`rabbitry.observability`).
+
+    Args:
+        callback: the done-callback.
+
+    Returns:
+        ``True`` for a callback of the application (or an awaiting task).
+    """
+    module = getattr(callback, "__module__", None)
+    return not (isinstance(module, str) and module.startswith(_INSTRUMENTATION))
+
+
+_INSTRUMENTATION = "rabbitry.observability"
+
+
+def peek(future: Any) -> BaseException | None:
+    """The exception of a done, not cancelled future, read without counting as looking
+    at it (for the library's instrumentation, which records outcomes in spans).
+
+    Args:
+        future: an asyncio or ``concurrent.futures`` future.
+
+    Returns:
+        Its exception, or ``None``.
+    """
+    exc: BaseException | None = future._exception
+    return exc
 
 
 def _watched(future: Any) -> bool:
     """The future has a done-callback now (someone awaits it or said what to do)."""
     if isinstance(future, asyncio.Future):
-        return bool(future._callbacks)
+        callbacks = future._callbacks
+        return bool(callbacks) and any(looks(callback) for callback, _context in callbacks)
     if isinstance(future, Observable):
         return future._observed
     return True  # not a future of ours (a batch member): its caller gets the outcome

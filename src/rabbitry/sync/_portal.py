@@ -47,7 +47,7 @@ from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..exceptions import AMQPError, InvalidStateError, Timeout
-from ..publishing.unobserved import Observable
+from ..publishing.unobserved import Observable, looks
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -177,7 +177,8 @@ class ConfirmFuture(concurrent.futures.Future[T], Observable):
             self._invoke_callbacks()
 
     def add_done_callback(self, fn: Callable[[concurrent.futures.Future[T]], object]) -> None:
-        self._observed = True
+        if looks(fn):
+            self._observed = True
         super().add_done_callback(fn)
 
     def _invoke_callbacks(self) -> None:
