@@ -70,6 +70,12 @@ class Options:
     master: str = "local[2]"
     cluster: int = 2
     url: str | None = None
+    #: Added latency of the remote-broker row, each way, in ms (0: no such row).
+    remote_ms: float = 2.0
+    remote_partitions: tuple[int, ...] = (1, 2, 4)
+    remote_master: str = "local[4]"
+    #: Measure only the remote-broker row (no reference, no local/cluster targets).
+    remote_only: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +166,27 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "0: none (default 2)",
     )
     parser.add_argument("--url", help="broker URL (default: RABBITMQ_URL or the local broker)")
+    parser.add_argument(
+        "--remote-ms",
+        type=float,
+        default=defaults.remote_ms,
+        help="latency added each way by a TCP proxy for the remote-broker row, in ms "
+        "(default 2; 0 leaves the row out)",
+    )
+    parser.add_argument(
+        "--remote-partitions",
+        type=_partition_counts,
+        default=defaults.remote_partitions,
+        help="super stream partition counts of the remote-broker row (default 1,2,4)",
+    )
+    parser.add_argument(
+        "--remote-master",
+        default=defaults.remote_master,
+        help="Spark master of the remote-broker row (default local[4]: a task slot per partition)",
+    )
+    parser.add_argument(
+        "--remote-only", action="store_true", help="measure only the remote-broker row"
+    )
     args = parser.parse_args(argv)
     if args.batch > 65535:
         # The queue read's prefetch must hold a whole micro-batch (prefetch <= 65535).
@@ -168,6 +195,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         parser.error("argument --master: must not be empty")
     if args.cluster < 0:
         parser.error(f"argument --cluster: must be >= 0, got {args.cluster}")
+    if not 0 <= args.remote_ms <= 1000:
+        parser.error(f"argument --remote-ms: must be in 0..1000, got {args.remote_ms}")
+    if not args.remote_master.strip():
+        parser.error("argument --remote-master: must not be empty")
+    if args.remote_only and args.remote_ms == 0:
+        parser.error("argument --remote-only: needs --remote-ms above 0")
     return Options(
         rows=args.rows,
         body_bytes=args.body_bytes,
@@ -176,6 +209,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         master=args.master,
         cluster=args.cluster,
         url=args.url,
+        remote_ms=args.remote_ms,
+        remote_partitions=args.remote_partitions,
+        remote_master=args.remote_master,
+        remote_only=args.remote_only,
     )
 
 
@@ -224,6 +261,141 @@ def render(reference: Result, results: Sequence[Result], header: Sequence[str]) 
     if scaling:
         lines += ["", *scaling]
     return "\n".join(lines)
+
+
+@dataclasses.dataclass
+class RemoteResult:
+    """One partition count of the remote-broker row."""
+
+    partitions: int
+    read: float
+    cpu_us_per_row: float
+    steady: float | None = None
+    batches: int = 0
+
+
+def render_remote(results: Sequence[RemoteResult], latency_ms: float, master: str) -> str:
+    """The remote-broker row as Markdown: each partition count's read rate, its ratio to
+    one partition's, and the client's CPU per row.
+
+    Args:
+        results: one per partition count, in the order measured.
+        latency_ms: the latency the proxy added each way.
+        master: the Spark master of the reads.
+
+    Returns:
+        The text to print.
+    """
+    base = next((r.read for r in results if r.partitions == 1), 0.0)
+    lines = [
+        f"Remote broker: super streams read through a TCP proxy adding {latency_ms:g} ms "
+        f"each way, on {master}",
+        "",
+        "| partitions | read rows/s | ÷ 1 partition | read steady rows/s | client CPU µs/row "
+        "| micro-batches |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.partitions} | {_rate(r.read)} | {_ratio(r.read, base)} | {_rate(r.steady)} "
+            f"| {r.cpu_us_per_row:,.1f} | {r.batches} |"
+        )
+    return "\n".join(lines)
+
+
+def tree_cpu(root: int) -> float:
+    """CPU seconds (user and system) used by the processes below ``root`` (Linux).
+
+    Every descendant's own time and that of the children it reaped: Spark's JVM, its
+    Python daemon and workers, not ``root`` itself (which runs the proxy).
+
+    Args:
+        root: a process id.
+
+    Returns:
+        Seconds; compare two readings.
+    """
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        fields = stat.rsplit(")", 1)[1].split()
+        parents[int(entry)] = int(fields[1])
+        # utime, stime, cutime, cstime: fields 14-17 of proc(5), here from the state on.
+        ticks[int(entry)] = sum(int(value) for value in fields[11:15])
+    below: set[int] = set()
+    frontier = [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in below]
+        below.update(children)
+        frontier += children
+    return sum(ticks[pid] for pid in below) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_remote(
+    conn: rabbitry.Connection, url: str, options: Options, run_id: str
+) -> list[RemoteResult]:
+    """Read super streams of each ``--remote-partitions`` count through a latency proxy.
+
+    The rows are written straight to the broker; only the reads go through the proxy,
+    which adds ``--remote-ms`` to every chunk in each direction, like a broker a few
+    hundred kilometres away. A warm-up read through the proxy, of as many partitions as
+    the widest read, comes first (it starts the Python workers the reads use).
+    """
+    sys.path.insert(0, str(ROOT))
+    from tests.support.proxy import TcpProxy
+
+    from rabbitry.config import parse_urls
+
+    params = parse_urls([url])[0]
+    spark = _session(options.remote_master)
+    results = []
+    try:
+        with TcpProxy(params.host, params.port) as proxy:
+            proxy.latency(options.remote_ms / 1000.0)
+            far = proxy.url(params.username, params.password)
+            # As many partitions as the widest read: each starts a Python worker.
+            warm = Target("super", max(options.remote_partitions))
+            warm_name = f"bench-spark.{run_id}.remote.warmup"
+            topology = _declare(conn, warm, warm_name)
+            try:
+                warm_frame = _frame(spark, WARMUP_ROWS, options.body_bytes)
+                spark_write(warm_frame, WARMUP_ROWS, warm, warm_name, url)
+                warm_options = dataclasses.replace(options, rows=WARMUP_ROWS)
+                spark_read(spark, warm, warm_name, far, warm_options)
+            finally:
+                topology.delete(conn)
+            frame = _frame(spark, options.rows, options.body_bytes)
+            frame.count()
+            for count in options.remote_partitions:
+                target = Target("super", count)
+                name = f"bench-spark.{run_id}.remote.super{count}"
+                topology = _declare(conn, target, name)
+                try:
+                    spark_write(frame, options.rows, target, name, url)
+                    cpu = tree_cpu(os.getpid())
+                    read = spark_read(spark, target, name, far, options)
+                    used = tree_cpu(os.getpid()) - cpu
+                finally:
+                    topology.delete(conn)
+                result = RemoteResult(
+                    count, read.read, used / options.rows * 1e6, read.steady, read.batches
+                )
+                results.append(result)
+                print(
+                    f"remote, {count} partition(s): read {_rate(result.read)}/s, "
+                    f"{result.cpu_us_per_row:,.1f} µs CPU per row",
+                    flush=True,
+                )
+    finally:
+        spark.stop()
+    return results
 
 
 def _single_stream_of(result: Result, results: Sequence[Result]) -> list[tuple[str, Result]]:
@@ -436,7 +608,6 @@ def measure(
 
 def run(options: Options) -> str:
     """Run everything once; returns the table."""
-    import pyspark
 
     import rabbitry
     from rabbitry.config import default_url
@@ -447,6 +618,16 @@ def run(options: Options) -> str:
     started = time.monotonic()
     with rabbitry.Connection(url, connection_name="rabbitry-spark-bench") as conn:
         version = ".".join(map(str, conn.server_version)) or "?"
+        if options.remote_only:
+            remote = measure_remote(conn, url, options, run_id)
+            load_after = os.getloadavg()
+            return "\n".join(
+                [
+                    _header(options, [], started, version, load_before, load_after),
+                    "",
+                    render_remote(remote, options.remote_ms, options.remote_master),
+                ]
+            )
         ref_name = f"bench-spark.{run_id}.reference"
         topology = _declare(conn, Target("classic"), ref_name)
         try:
@@ -468,16 +649,39 @@ def run(options: Options) -> str:
             with SparkStandalone(workers=options.cluster, cores=1) as cluster:
                 results += measure(cluster.master_url, label, conn, url, options, run_id)
             where.append(f"{label} ({options.cluster} standalone workers of 1 core)")
+        remote = []
+        if options.remote_ms > 0:
+            remote = measure_remote(conn, url, options, run_id)
+            where.append(f"{options.remote_master} through the proxy")
     load_after = os.getloadavg()
-    header = [
-        f"{options.rows:,} rows of {options.body_bytes} bytes per target, "
-        f"{options.batch:,} rows per micro-batch, on {' then '.join(where)}; "
-        f"{time.monotonic() - started:.0f} s in all",
-        f"pyspark {pyspark.__version__}, Python {platform.python_version()}, RabbitMQ "
-        f"{version}, {os.cpu_count()} CPUs; load average {load_before[0]:.1f} at the start, "
-        f"{load_after[0]:.1f} at the end",
-    ]
-    return render(reference, results, header)
+    header = _header(options, where, started, version, load_before, load_after)
+    text = render(reference, results, header.splitlines())
+    if remote:
+        text += "\n\n" + render_remote(remote, options.remote_ms, options.remote_master)
+    return text
+
+
+def _header(
+    options: Options,
+    where: Sequence[str],
+    started: float,
+    version: str,
+    load_before: tuple[float, float, float],
+    load_after: tuple[float, float, float],
+) -> str:
+    import pyspark
+
+    places = " then ".join(where) if where else f"{options.remote_master} through the proxy"
+    return "\n".join(
+        [
+            f"{options.rows:,} rows of {options.body_bytes} bytes per target, "
+            f"{options.batch:,} rows per micro-batch, on {places}; "
+            f"{time.monotonic() - started:.0f} s in all",
+            f"pyspark {pyspark.__version__}, Python {platform.python_version()}, RabbitMQ "
+            f"{version}, {os.cpu_count()} CPUs; load average {load_before[0]:.1f} at the "
+            f"start, {load_after[0]:.1f} at the end",
+        ]
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -62,7 +62,9 @@ class _Consumer(Protocol):
 
     def _settle(self, message: Message, how: str, **options: Any) -> bool: ...
 
-    async def _fail(self, message: Message, exc: BaseException) -> None: ...
+    async def _fail(
+        self, message: Message, exc: BaseException, records: tuple[int, int] | None = None
+    ) -> None: ...
 
     def _failed_items(
         self, batch: list[Message], result: object
@@ -94,8 +96,9 @@ class EnvelopeHandling:
             await self._fail(envelope, exc)
             return
         handler = self._handler
+        settler = settler_of(records[0]) if records else None
+        failures: list[BaseException] = []
         for record in records:
-            settler = settler_of(record)
             if settler is not None and settler.done:
                 return  # the handler nacked or rejected a record: the envelope went with it
             try:
@@ -108,11 +111,20 @@ class EnvelopeHandling:
                     self.stats.released += 1
                 raise
             except Exception as exc:
-                if settler is None or not settler.done:
-                    await self._fail(envelope, exc)
-                return
+                # The records after it still go to the handler: the envelope's outcome
+                # (retry, park, dead-letter, drop) is decided once every record was seen,
+                # so no record is dropped without the handler ever seeing it.
+                failures.append(exc)
+                continue
             if not record.settled and settler is not None and not settler.done:
                 record.ack()
+        if failures:
+            if settler is not None:
+                if settler.done:
+                    return
+                settler.done = True  # the failure path settles the envelope itself
+            await self._fail(envelope, failures[0], records=(len(failures), len(records)))
+            return
         if dedup is not None and message_id and envelope.settled:
             dedup.add(message_id)
 

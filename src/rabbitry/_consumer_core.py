@@ -148,6 +148,7 @@ class ConsumerStats:
         "deduplicated",
         "delivered",
         "dropped",
+        "dropped_records",
         "failed",
         "parked",
         "released",
@@ -161,6 +162,9 @@ class ConsumerStats:
         self.acked = 0
         self.failed = 0
         self.dropped = 0
+        #: Records lost to drops: those of a dropped batch envelope, and 1 per plain
+        #: message.
+        self.dropped_records = 0
         self.retried = 0
         self.parked = 0
         self.requeued = 0
@@ -547,16 +551,23 @@ class _ConsumerCore(EnvelopeHandling):
         message.settled = True
         return True
 
-    async def _fail(self, message: Message, exc: BaseException) -> None:
+    async def _fail(
+        self, message: Message, exc: BaseException, records: tuple[int, int] | None = None
+    ) -> None:
         """The handler failed on ``message``: retry, park, requeue or dead-letter it.
 
         Whatever happens is logged at ERROR with the handler's traceback (rate-limited,
-        see :class:`~rabbitry._failure_log.FailureLog`), in words.
+        see :class:`~rabbitry._failure_log.FailureLog`), in words. ``records`` is
+        ``(failed, total)`` for a batch envelope: the words and the counts say how many
+        records went with it.
         """
         self.stats.failed += 1
+        size = 1 if records is None else records[1]
+        tag: Any = message.delivery_tag
+        if records is not None:
+            tag = f"{tag} (a batch envelope: {records[0]} of its {size} records failed)"
         if _obs.active is not None:
             _obs.active.handler_failed(self, message, exc)
-        tag = message.delivery_tag
         if not self._manual:
             self._failures.failure(
                 tag, exc, "lost: auto-acked message (the broker forgot it when it sent it)",
@@ -580,6 +591,7 @@ class _ConsumerCore(EnvelopeHandling):
             dead_letter = self._dead_letter
             if dead_letter is None:
                 self.stats.dropped += 1
+                self.stats.dropped_records += size
                 action = "dropped: the queue has no dead-letter exchange"
                 kind = "dropped"
             elif dead_letter is _UNKNOWN:
@@ -634,6 +646,7 @@ class _ConsumerCore(EnvelopeHandling):
             self.stats.retried += 1
         else:
             self.stats.dropped += 1
+            self.stats.dropped_records += size
         self._failures.failure(tag, exc, _describe(outcome, decision), _KINDS[outcome])
 
     def _call_later(self, delay: float, callback: Callable[[], None]) -> object:

@@ -162,6 +162,8 @@ class ManagementError(AMQPError):
 
 
 class ManagementNotFound(ManagementError):
-    """404 from the management API: the queue, vhost, policy or connection does not exist."""
+    """The management API says the queue, exchange, vhost, policy or connection does not
+    exist: a 404, or a 400 whose reason is the broker's ``404 NOT_FOUND`` (what the API
+    answers when publishing to a missing exchange; ``status`` is then 400)."""
 
     __module__ = "rabbitry.exceptions"

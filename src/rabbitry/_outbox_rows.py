@@ -1,24 +1,31 @@
 """The rows of an outbox publisher: their states, the confirm of one send, the writer
 thread that owns the store (group commit), the bound on the rows and bytes stored
-(:class:`OutboxRoom`, a base of :class:`~rabbitry.outbox_publisher.AsyncOutboxPublisher`)
-and the writer-side start."""
+(:class:`OutboxRoom`, a base of :class:`~rabbitry.outbox_publisher.AsyncOutboxPublisher`),
+the check that a row's exchange exists (:class:`ExchangeCheck`) and the writer-side
+start."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import InvalidStateError, LocalProtocolError, OutboxFull
+from .exceptions import AMQPError, InvalidStateError, LocalProtocolError, NotFound, OutboxFull
 from .outbox import Outbox, OutboxBatch, OutboxRecord, OutboxStatus
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ._waiters import Waiters
+    from .aio.channel import AsyncChannel
+    from .aio.connection import AsyncConnection
 
-# Entry states.
-_STORING, _READY, _IN_FLIGHT, _WAITING, _ACKED, _DEAD = range(6)
+logger = logging.getLogger("rabbitry.outbox")
+
+# Entry states (_CHECKING: held until its exchange is known to exist).
+_STORING, _READY, _IN_FLIGHT, _WAITING, _ACKED, _DEAD, _CHECKING = range(7)
 _RETRY_WRITE_DELAY = 1.0
 
 
@@ -215,6 +222,133 @@ class OutboxRoom:
 
     def _wake_room_waiters(self, exc: BaseException) -> None:
         self._room_waiters.fail_all(exc)
+
+
+class ExchangeCheck:
+    """Which exchanges the rows go to exist, learned without risking the channel that
+    publishes (loop thread).
+
+    A publish to a missing exchange makes the broker close the publishing channel
+    (404), and with it go the confirms of every row sent before it on that channel:
+    those rows would be sent again, and delivered twice. So before the first row for an
+    exchange is sent, the exchange is checked with a passive declare on a side channel
+    of its own, once per name: a name that exists is remembered (until a publish to it
+    is refused with 404 anyway: :meth:`forget`); the rows for a missing one are handed
+    to ``missing`` with the broker's error (nothing of them was sent). Rows that arrive
+    for a name while it is being checked wait for the same answer, in order. The
+    default exchange ("") always exists.
+
+    Args:
+        connection: the connection the side channel is opened on.
+        outbox: the store (its name for the logs, its ``confirm_timeout`` bounds the
+            opening of the side channel and each declare).
+        known: ``known(entries)``: their exchange exists; send them.
+        kill: ``kill(entry, reason, kind)``: move a row for a missing exchange to the
+            dead table.
+        retry: ``retry(entry, exc)``: the check could not be made (the connection is
+            down, no answer...): try the row again later.
+    """
+
+    def __init__(
+        self,
+        connection: AsyncConnection,
+        outbox: Outbox,
+        known: Callable[[list[_Entry]], None],
+        kill: Callable[[_Entry, str, str], None],
+        retry: Callable[[_Entry, BaseException], None],
+    ) -> None:
+        self._conn = connection
+        self._outbox = outbox
+        self._known_cb = known
+        self._kill = kill
+        self._retry = retry
+        #: Exchange names known to exist (checked, or the default exchange).
+        self.known: set[str] = {""}
+        self._waiting: dict[str, list[_Entry]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._channel: AsyncChannel | None = None
+        self._turn = asyncio.Lock()  # one declare at a time on the side channel
+        #: Passive declares made, and the names found missing (for stats and tests).
+        self.checks = 0
+        self.missing = 0
+
+    def hold(self, entry: _Entry) -> None:
+        """Keep ``entry`` until its exchange (not in :attr:`known`) has been checked."""
+        entry.state = _CHECKING
+        name = entry.record.exchange
+        waiting = self._waiting.get(name)
+        if waiting is not None:
+            waiting.append(entry)
+            return
+        self._waiting[name] = [entry]
+        task = asyncio.get_running_loop().create_task(self._check(name))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def forget(self, name: str) -> None:
+        """A publish to ``name`` was refused (404): check it again before the next row."""
+        if name:
+            self.known.discard(name)
+
+    async def close(self) -> None:
+        """Stop checking (held rows stay stored) and close the side channel."""
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._waiting.clear()
+        channel, self._channel = self._channel, None
+        if channel is not None and channel.is_open:
+            with contextlib.suppress(AMQPError):
+                await channel.close()
+
+    async def _check(self, name: str) -> None:
+        timeout = self._outbox.confirm_timeout
+        try:
+            async with self._turn:
+                channel = self._channel
+                if channel is None or channel.is_closed:
+                    channel = self._channel = await self._conn.channel(timeout=timeout)
+                self.checks += 1
+                await channel.exchange_declare(name, passive=True, timeout=timeout)
+        except NotFound as exc:  # the broker closed the side channel, only that one
+            self._channel = None
+            self.missing += 1
+            reason = f"exchange not found: {exc.reply_code} {exc.reply_text}"
+            for entry in self._take(name):
+                self._kill(entry, reason, "no exchange")
+            return
+        except AMQPError as exc:
+            # No answer, or the connection failed: the next check starts on a new
+            # channel (a request left unanswered would hold up every later one).
+            stale, self._channel = self._channel, None
+            if stale is not None and stale.is_open:
+                closing = asyncio.get_running_loop().create_task(stale.close(timeout=timeout))
+                closing.add_done_callback(_quiet)
+            entries = self._take(name)
+            logger.warning(
+                "outbox %s: cannot check that exchange %r exists yet (%r); its %d "
+                "messages are tried again later",
+                self._outbox.name,
+                name,
+                exc,
+                len(entries),
+            )
+            for entry in entries:
+                self._retry(entry, exc)
+            return
+        self.known.add(name)
+        self._known_cb(self._take(name))
+
+    def _take(self, name: str) -> list[_Entry]:
+        return [e for e in self._waiting.pop(name, []) if e.state == _CHECKING]
+
+
+def _quiet(task: asyncio.Task[None]) -> None:
+    """Retrieve the outcome of a best-effort close (it may fail: nothing to do)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _open_store(outbox: Outbox) -> tuple[OutboxStatus, list[OutboxRecord]]:

@@ -22,14 +22,18 @@ body or a count that does not match raises :class:`~rabbitry.exceptions.BatchFor
 a consumer never hands out bytes it could not frame.
 
 Settling: a record's ``ack()`` counts; the envelope is acked once every record was
-acked. A record's ``nack()`` or ``reject()`` settles the whole envelope that way at once
-(every record of it comes back, or is dead-lettered, together), and the records not yet
-handed out are skipped. See ``docs/publishing.md`` ("Micro-batching").
+acked. In a ``consume()`` iteration a record's ``ack(multiple=True)`` means what it means
+for a message: every record handed out up to it counts as acked, those of earlier
+envelopes included (:class:`RecordLedger`). A record's ``nack()`` or ``reject()``
+settles the whole envelope that way at once (every record of it comes back, or is
+dead-lettered, together), and the records not yet handed out are skipped. See
+``docs/publishing.md`` ("Micro-batching").
 """
 
 from __future__ import annotations
 
 import struct
+from collections import deque
 from typing import TYPE_CHECKING, Any, Final
 
 from .exceptions import BatchFormatError, InvalidStateError
@@ -45,6 +49,7 @@ __all__ = [
     "LENGTH_HEADER4",
     "MAX_RECORD_BYTES",
     "BatchRecord",
+    "RecordLedger",
     "decode_records",
     "encode_records",
     "envelope_headers",
@@ -196,23 +201,40 @@ class BatchRecord(Message):
 class _EnvelopeSettler:
     """Settles an envelope for its records: acked once every record was acked.
 
-    It stands in for the channel of each :class:`BatchRecord` (``Message.ack`` calls
-    ``basic_ack`` on it), so a record acks, nacks and rejects like any message, from
-    the same threads.
+    Each record acks through a :class:`_RecordAcker` that stands in for its channel
+    (``Message.ack`` calls ``basic_ack`` on it), so a record acks, nacks and rejects like
+    any message, from the same threads.
     """
 
-    __slots__ = ("channel", "done", "envelope", "multiple", "remaining", "settle")
+    __slots__ = (
+        "acked",
+        "before",
+        "channel",
+        "done",
+        "envelope",
+        "ledger",
+        "multiple",
+        "remaining",
+        "settle",
+    )
 
     def __init__(
         self,
         envelope: Message,
         count: int,
         settle: Callable[..., object],
+        ledger: RecordLedger | None = None,
     ) -> None:
         self.envelope = envelope
         self.channel = envelope.channel
         self.remaining = count
+        #: One byte a record: 1 once it counts as acked.
+        self.acked = bytearray(count)
         self.settle = settle
+        #: The iteration that handed the records out, in order (None: a handler's).
+        self.ledger = ledger
+        #: The newest plain delivery that iteration handed out before this envelope.
+        self.before: Message | None = None if ledger is None else ledger.last_plain
         self.multiple = False
         #: The envelope was settled (acked, nacked or rejected).
         self.done = False
@@ -233,27 +255,129 @@ class _EnvelopeSettler:
                 "was already settled by another of its records"
             )
 
-    def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
+    def ack(self, index: int, multiple: bool) -> None:
+        """Record ``index`` was acked; with ``multiple``, every record handed out before it
+        too (those of earlier envelopes of the same iteration included)."""
         self._check()
-        self.remaining -= 1
-        # ack(multiple=True) on a record asks for every earlier delivery too: honoured
-        # when the envelope's own ack goes out (its tag is above all of them).
-        self.multiple = self.multiple or multiple
+        acked = self.acked
+        if multiple:
+            if self.ledger is not None:
+                self.ledger.settle_before(self, "ack")
+            for i in range(index + 1):
+                if not acked[i]:
+                    acked[i] = 1
+                    self.remaining -= 1
+            # The envelope's own ack then goes out as a multiple one too, so that plain
+            # deliveries handed out between two envelopes are covered as well.
+            self.multiple = True
+        elif not acked[index]:
+            acked[index] = 1
+            self.remaining -= 1
         if self.remaining == 0:
             self.done = True
             self.settle("ack", multiple=self.multiple)
 
-    def basic_nack(
-        self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
-    ) -> None:
+    def nack(self, multiple: bool, requeue: bool) -> None:
+        """A record was nacked: the whole envelope goes (and, with ``multiple``, every
+        delivery of the channel before it, as the broker does)."""
         self._check()
+        if multiple and self.ledger is not None:
+            self.ledger.settle_before(self, None)  # the broker's multiple nack covers them
         self.done = True
         self.settle("nack", multiple=multiple, requeue=requeue)
 
-    def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
+    def reject(self, requeue: bool) -> None:
+        """A record was rejected: the whole envelope goes with it."""
         self._check()
         self.done = True
         self.settle("reject", requeue=requeue)
+
+
+class _RecordAcker:
+    """A record's stand-in for a channel: its settlements, told to its envelope's settler."""
+
+    __slots__ = ("index", "settler")
+
+    def __init__(self, settler: _EnvelopeSettler, index: int) -> None:
+        self.settler = settler
+        self.index = index
+
+    @property
+    def is_closed(self) -> bool:
+        return self.settler.is_closed
+
+    @property
+    def epoch(self) -> int:
+        return self.settler.epoch
+
+    def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
+        self.settler.ack(self.index, multiple)
+
+    def basic_nack(
+        self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
+    ) -> None:
+        self.settler.nack(multiple, requeue)
+
+    def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
+        self.settler.reject(requeue)
+
+
+class RecordLedger:
+    """The envelopes one iteration handed out, in order, until each is settled.
+
+    It gives a record's ``ack(multiple=True)`` the meaning it has for a message: every
+    record handed out up to it is acknowledged, those of earlier envelopes included.
+    Those envelopes are then settled at once, by one ``multiple`` ack of the newest of
+    them (which also covers plain deliveries handed out before it). A multiple nack
+    marks them settled without sending anything: the broker's own multiple nack of
+    the later envelope covers them.
+    """
+
+    __slots__ = ("_open", "_prune_at", "last_plain")
+
+    def __init__(self) -> None:
+        self._open: deque[_EnvelopeSettler] = deque()
+        self._prune_at = 64
+        #: The newest plain (not enveloped) delivery handed out; the iteration sets it.
+        self.last_plain: Message | None = None
+
+    def add(self, settler: _EnvelopeSettler) -> None:
+        """An envelope whose records the iteration starts handing out."""
+        pending = self._open
+        while pending and pending[0].done:
+            pending.popleft()
+        if len(pending) >= self._prune_at:
+            # An unsettled envelope at the front keeps settled ones behind it: drop
+            # them, so a record that is never acked holds no more than itself.
+            self._open = pending = deque(s for s in pending if not s.done)
+            self._prune_at = max(64, 2 * len(pending))
+        pending.append(settler)
+
+    def settle_before(self, settler: _EnvelopeSettler, how: str | None) -> None:
+        """Settle every envelope handed out before ``settler`` (``how``: "ack", or None
+        to mark them settled because a multiple nack that covers them goes out)."""
+        pending = self._open
+        newest: _EnvelopeSettler | None = None
+        while pending and pending[0] is not settler:
+            earlier = pending.popleft()
+            if not earlier.done:
+                earlier.done = True
+                newest = earlier
+        plain, settler.before = settler.before, None
+        if plain is not None and plain.settled:
+            plain = None
+        if how is None:
+            if plain is not None:
+                plain.settled = True
+            return
+        if plain is not None and (
+            newest is None or plain.delivery_tag > newest.envelope.delivery_tag
+        ):
+            plain.ack(multiple=True)  # the later of the two: covers the other
+        elif newest is not None:
+            newest.settle(how, multiple=True)
+            if plain is not None:
+                plain.settled = True
 
 
 def _settle_on_channel(envelope: Message) -> Callable[..., object]:
@@ -270,7 +394,11 @@ def _settle_on_channel(envelope: Message) -> Callable[..., object]:
     return settle
 
 
-def unpack(envelope: Message, settle: Callable[..., object] | None = None) -> list[BatchRecord]:
+def unpack(
+    envelope: Message,
+    settle: Callable[..., object] | None = None,
+    ledger: RecordLedger | None = None,
+) -> list[BatchRecord]:
     """The records of ``envelope`` as :class:`BatchRecord` messages.
 
     Args:
@@ -278,6 +406,8 @@ def unpack(envelope: Message, settle: Callable[..., object] | None = None) -> li
         settle: ``settle(how, *, multiple=False, requeue=True)`` with ``how`` one of
             ``"ack"``, ``"nack"``, ``"reject"``: how the records' acks reach the
             envelope (default: the envelope's own ``ack``/``nack``/``reject``).
+        ledger: the iteration the records are handed out by, for ``ack(multiple=True)``
+            to reach the records of its earlier envelopes (None: this envelope only).
 
     Returns:
         The records, in order.
@@ -306,7 +436,10 @@ def unpack(envelope: Message, settle: Callable[..., object] | None = None) -> li
         raise BatchFormatError(f"message {envelope.delivery_tag}: {exc}", envelope) from None
     shared = _record_properties(properties, headers)
     settler = _EnvelopeSettler(
-        envelope, len(bodies), settle if settle is not None else _settle_on_channel(envelope)
+        envelope,
+        len(bodies),
+        settle if settle is not None else _settle_on_channel(envelope),
+        ledger,
     )
     records: list[BatchRecord] = []
     total = len(bodies)
@@ -320,7 +453,7 @@ def unpack(envelope: Message, settle: Callable[..., object] | None = None) -> li
             routing_key=envelope.routing_key,
             consumer_tag=envelope.consumer_tag,
         )
-        record.channel = settler
+        record.channel = _RecordAcker(settler, index)
         record.epoch = envelope.epoch
         record.envelope = envelope
         record.index = index
@@ -330,6 +463,8 @@ def unpack(envelope: Message, settle: Callable[..., object] | None = None) -> li
         # An empty envelope has nothing to hand out: settle it as handled.
         settler.done = True
         settler.settle("ack", multiple=False)
+    elif ledger is not None:
+        ledger.add(settler)
     return records
 
 
@@ -343,31 +478,37 @@ def _record_properties(properties: BasicProperties, headers: dict[str, Any]) -> 
 def settler_of(record: Message) -> _EnvelopeSettler | None:
     """The envelope settler behind a :class:`BatchRecord` (unwrapping a thread proxy)."""
     channel = getattr(record, "channel", None)
-    inner = getattr(channel, "_channel", channel)
-    return inner if isinstance(inner, _EnvelopeSettler) else None
+    inner = getattr(channel, "target", channel)  # a handler thread's acker wraps it
+    return inner.settler if isinstance(inner, _RecordAcker) else None
 
 
 def _no_settle(how: str, **options: object) -> None:
     return None
 
 
-def iter_delivery(message: Message, no_ack: bool = False) -> Generator[Message, None, None]:
+def iter_delivery(
+    message: Message, no_ack: bool = False, ledger: RecordLedger | None = None
+) -> Generator[Message, None, None]:
     """What an iterator hands out for one delivery: the message itself, or its records.
 
     Args:
         message: the delivery.
         no_ack: the broker settled the envelope already (the records' acks do
             nothing).
+        ledger: the iteration's :class:`RecordLedger` (one per iteration), so that a
+            record's ``ack(multiple=True)`` covers every record handed out before it.
 
     Yields:
         ``message`` itself, or each of its records (stopping early when one of them
         settled the envelope).
     """
     if not is_envelope(message):
+        if ledger is not None:
+            ledger.last_plain = message
         yield message
         return
-    records = unpack(message, _no_settle if no_ack else None)
-    settler = records[0].channel if records else None
+    records = unpack(message, _no_settle if no_ack else None, None if no_ack else ledger)
+    settler = settler_of(records[0]) if records else None
     handed = 0
     try:
         for record in records:

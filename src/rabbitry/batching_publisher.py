@@ -40,7 +40,6 @@ from .batching import envelope_headers
 from .exceptions import ConfigurationError, InvalidStateError, LocalProtocolError
 from .protocol import spec
 from .publisher import as_properties, port_of
-from .publishing.unobserved import UnobservedLedger
 from .sync._portal import ConfirmFuture
 from .sync.publisher import ledger_of
 
@@ -49,6 +48,7 @@ if TYPE_CHECKING:
     from datetime import timedelta
 
     from .publisher import AsyncPublisher, Body
+    from .publishing.unobserved import UnobservedLedger
     from .sync.publisher import Publisher
 
 __all__ = [
@@ -263,13 +263,55 @@ def _settle_all(futures: list[Any], ledger: UnobservedLedger, outcome: Any) -> N
             ledger.fail(future, error)
 
 
-def _fail_all(futures: list[Any], error: BaseException, ledger: UnobservedLedger) -> None:
+def _fail_all(
+    futures: list[Any], error: BaseException, ledger: UnobservedLedger | None = None
+) -> None:
+    """Fail every record future not done yet (through ``ledger``, when given, so that
+    a failure nobody looks at is reported when the publisher ends)."""
     for future in futures:
-        if not future.done():
+        if future.done():
+            continue
+        if ledger is None:
+            future.set_exception(error)
+        else:
             ledger.fail(future, error)
 
 
 # --------------------------------------------------------------------------- asyncio
+
+
+def _publisher_gone(
+    acc: _Accumulator, failed: int = 0, cause: BaseException | None = None
+) -> InvalidStateError:
+    """The publisher under a batching publisher is closed: fail what is still held.
+
+    Every record of the open and the sealed batches fails, and one ERROR line counts
+    them (with ``failed`` records whose envelope the publisher just refused): nothing
+    will send them. Returns the error a :meth:`publish` now raises.
+    """
+    acc.seal()
+    error = InvalidStateError(
+        "the batching publisher's publisher is closed (closed by its owner, or with its "
+        "connection once that ended for good): the record was not added"
+    )
+    error.__cause__ = cause
+    envelopes = 1 if failed else 0
+    while acc.sealed:
+        futures = acc.sealed.popleft().futures
+        lost = InvalidStateError("the envelope was not sent: the publisher is closed")
+        lost.__cause__ = cause
+        _fail_all(futures, lost)
+        failed += len(futures)
+        envelopes += 1
+    if failed:
+        logger.error(
+            "batching publisher: its publisher is closed%s; %d records in %d envelopes "
+            "were not sent (their futures failed), and publish() now raises",
+            f" ({cause!r})" if cause is not None else "",
+            failed,
+            envelopes,
+        )
+    return error
 
 
 class AsyncBatchingPublisher:
@@ -322,9 +364,9 @@ class AsyncBatchingPublisher:
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
-        # Record futures that fail with nobody looking: reported by close(); those of
-        # envelopes still in flight then go to the publisher's ledger.
-        self._ledger = UnobservedLedger("AsyncBatchingPublisher", then=port_of(publisher).ledger)
+        # Record futures that fail with nobody looking at them are reported by the
+        # publisher's close(), which waits for their envelopes (this close does not).
+        self._ledger = port_of(publisher).ledger
 
     @property
     def stats(self) -> BatchingStats:
@@ -334,10 +376,8 @@ class AsyncBatchingPublisher:
     async def __aenter__(self) -> AsyncBatchingPublisher:
         return self
 
-    async def __aexit__(self, exc_type: object, *exc_info: object) -> None:
-        await self._close()
-        await asyncio.sleep(0)  # envelope outcomes already scheduled reach their records
-        self._ledger.report(raise_error=exc_type is None)
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
     async def publish(
         self, body: Body, *, exchange: str = "", routing_key: str = ""
@@ -347,7 +387,7 @@ class AsyncBatchingPublisher:
         Waits only when a full batch is being handed to the publisher (whose window
         may be full), never for the confirm: waiting for each record's confirm would
         send one record per envelope. A record future that fails with nobody looking
-        at it is raised by :meth:`close` (or the publisher's ``close()``) as
+        at it is raised by the publisher's ``close()`` as
         :class:`UnobservedPublishFailures`.
 
         Args:
@@ -361,10 +401,14 @@ class AsyncBatchingPublisher:
 
         Raises:
             LocalProtocolError: the record or target is invalid; nothing was added.
-            InvalidStateError: the batching publisher is closed.
+            InvalidStateError: the batching publisher is closed or closing, or its
+                publisher is (closed by its owner, or with its connection once that
+                ended for good); the records it still held have failed.
         """
         if self._closed:
             raise InvalidStateError("this batching publisher is closed")
+        if self.publisher.is_closed:
+            raise _publisher_gone(self._acc)
         if type(body) is not bytes:
             body = _record_bytes(body)
         future: asyncio.Future[None] = self._loop.create_future()
@@ -396,22 +440,17 @@ class AsyncBatchingPublisher:
     async def close(self) -> None:
         """Send the open batch and refuse new records (the publisher stays open).
 
-        Record futures that failed by then with nobody looking at them are logged and
-        raised; those of envelopes still in flight are reported by the publisher's own
-        ``close()`` if they fail with nobody looking.
-
-        Raises:
-            UnobservedPublishFailures: record futures failed and nobody looked at them.
+        Records are refused from the moment ``close()`` is called: another task's
+        :meth:`publish` while the last batches are handed over raises
+        :class:`InvalidStateError`, so no record is accepted that nothing would send.
+        A record future that fails with nobody looking at it is reported by the
+        publisher's ``close()`` (:class:`UnobservedPublishFailures`), which waits for
+        the envelopes still in flight.
         """
-        await self._close()
-        await asyncio.sleep(0)  # envelope outcomes already scheduled reach their records
-        self._ledger.report()
-
-    async def _close(self) -> None:
         if self._closed:
             return
-        await self.flush()
         self._closed = True
+        await self.flush()
         for task in list(self._tasks):
             await task
 
@@ -464,6 +503,10 @@ class AsyncBatchingPublisher:
             body, props = options.message(batch)
             sent = await self.publisher.send(body, **options.publish_options(batch, props))
         except BaseException as exc:
+            if isinstance(exc, Exception) and self.publisher.is_closed:
+                _fail_all(futures, exc, self._ledger)
+                _publisher_gone(self._acc, len(futures), exc)  # one ERROR for all of them
+                return
             logger.error(
                 "batching publisher: an envelope of %d records was not sent: %r",
                 len(futures),
@@ -527,8 +570,8 @@ class BatchingPublisher:
         self._deadline: float | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
-        # As in the async twin: failures nobody looked at, reported by close().
-        self._ledger = UnobservedLedger("BatchingPublisher", then=ledger_of(publisher))
+        # As in the async twin: reported by the publisher's close().
+        self._ledger = ledger_of(publisher)
 
     @property
     def stats(self) -> BatchingStats:
@@ -538,9 +581,8 @@ class BatchingPublisher:
     def __enter__(self) -> BatchingPublisher:
         return self
 
-    def __exit__(self, exc_type: object, *exc_info: object) -> None:
-        self._close()
-        self._ledger.report(raise_error=exc_type is None)
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def publish(
         self, body: Body, *, exchange: str = "", routing_key: str = ""
@@ -566,6 +608,8 @@ class BatchingPublisher:
         with self._lock:
             if self._closed:
                 raise InvalidStateError("this batching publisher is closed")
+            if self.publisher.is_closed:
+                raise _publisher_gone(self._acc)
             acc = self._acc
             if acc.add((exchange, routing_key), body, future) and acc.open is not None:
                 self._deadline = time.monotonic() + self.linger
@@ -594,15 +638,9 @@ class BatchingPublisher:
     def close(self) -> None:
         """Send the open batch, stop the linger thread, refuse new records.
 
-        Failures are reported as by :meth:`AsyncBatchingPublisher.close`.
-
-        Raises:
-            UnobservedPublishFailures: record futures failed and nobody looked at them.
+        Record failures nobody looked at are reported by the publisher's ``close()``,
+        as for :meth:`AsyncBatchingPublisher.close`.
         """
-        self._close()
-        self._ledger.report()
-
-    def _close(self) -> None:
         with self._lock:
             if self._closed:
                 return
@@ -630,6 +668,10 @@ class BatchingPublisher:
                 sent = self.publisher.publish(body, **options.publish_options(batch, props))
             except Exception as exc:
                 sealed.popleft()
+                if self.publisher.is_closed:
+                    _fail_all(futures, exc, self._ledger)
+                    _publisher_gone(self._acc, len(futures), exc)  # one ERROR for all
+                    continue
                 logger.error(
                     "batching publisher: an envelope of %d records was not sent: %r",
                     len(futures),

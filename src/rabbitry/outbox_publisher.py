@@ -20,9 +20,16 @@ the bound when that delete is committed. A nack, a lost channel or no confirm wi
 ``confirm_timeout`` (a sweep over the rows in flight, oldest first) schedules a resend
 with exponential backoff; a return (mandatory, unroutable) or a refusal
 (:class:`PublishRefused`: the broker closed the channel because of this message, e.g.
-404 no such exchange or 406 too large) moves the row to the dead table with the
-broker's reason, logged at ERROR, instead of retrying it forever. An ack that arrives late,
-after a resend was scheduled, still settles the row.
+406 too large) moves the row to the dead table with the broker's reason, logged at
+ERROR (rate-limited with counts: a few rows in full per minute, then one summary line),
+instead of retrying it forever. An ack that arrives late, after a resend was scheduled,
+still settles the row.
+
+A row's exchange is known to exist before the row is sent (a passive declare on a side
+channel, once per name: ``_outbox_rows.ExchangeCheck``): a 404 would close the
+publishing channel and take the confirms of the rows sent before, which would be
+delivered twice. Rows for a missing exchange go to the dead table unsent, with the
+reason ``exchange not found: 404 NOT_FOUND - ...``.
 
 On start every row still in the store is loaded and sent again (at-least-once: the
 stored ``message_id`` goes out unchanged, so consumers can de-duplicate). Rows are kept
@@ -41,6 +48,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ._failure_log import RateLimitedLog
 from ._outbox_rows import (
     _ACKED,
     _DEAD,
@@ -49,6 +57,7 @@ from ._outbox_rows import (
     _RETRY_WRITE_DELAY,
     _STORING,
     _WAITING,
+    ExchangeCheck,
     OutboxRoom,
     SendOutcomes,
     _Entry,
@@ -157,6 +166,18 @@ class AsyncOutboxPublisher(OutboxRoom):
         self._stored = self._acked_count = self._resent = self._dead = 0
         self._rng = random.Random()
         self._outcomes = SendOutcomes(self._acked, self._send_failed)
+        self._exchanges = ExchangeCheck(
+            connection, outbox, self._exchange_exists, self._kill, self._retry_later
+        )
+        self._dead_log = RateLimitedLog(
+            logger,
+            f"outbox {outbox.name}",
+            "messages moved to the dead table",
+            note="each is in the dead table with its reason",
+        )
+        self._commit_errors = RateLimitedLog(
+            logger, f"outbox {outbox.name}", "failed commits", note="each raised to its caller"
+        )
 
     def _start(self, next_id: int, dead: int, records: list[OutboxRecord]) -> None:
         """Take over the stored state (``records``: rows to send); start the tasks."""
@@ -412,6 +433,9 @@ class AsyncOutboxPublisher(OutboxRoom):
                     await task
             if self._retry_timer is not None:
                 self._retry_timer.cancel()
+            await self._exchanges.close()
+            self._dead_log.close()
+            self._commit_errors.close()
             with contextlib.suppress(AMQPError):
                 await self._pub.close(timeout=0)
             self._flush_batch()
@@ -497,7 +521,9 @@ class AsyncOutboxPublisher(OutboxRoom):
     ) -> None:
         """Loop thread: the writer applied ``batch`` (or failed to: nothing of it)."""
         if error is not None:
-            logger.error("outbox %s: commit failed: %s", self._outbox.name, error)
+            self._commit_errors.log(
+                "failed", "outbox %s: commit failed: %s", self._outbox.name, error
+            )
             if not isinstance(error, OutboxError):
                 wrapped = OutboxError(self._outbox.name, f"write failed: {error!r}")
                 wrapped.__cause__ = error
@@ -584,6 +610,10 @@ class AsyncOutboxPublisher(OutboxRoom):
             pub.release_slot()
             return
         record = entry.record
+        if record.exchange not in self._exchanges.known:
+            pub.release_slot()
+            self._exchanges.hold(entry)  # sent once the exchange is known to exist
+            return
         frames = entry.frames
         entry.frames = None
         if frames is None:
@@ -591,7 +621,7 @@ class AsyncOutboxPublisher(OutboxRoom):
                 frames = self._frames(record)
             except LocalProtocolError as exc:
                 pub.release_slot()
-                self._kill(entry, f"cannot be encoded: {exc}")
+                self._kill(entry, f"cannot be encoded: {exc}", "not encodable")
                 return
         if entry.sends:
             self._resent += 1
@@ -626,7 +656,7 @@ class AsyncOutboxPublisher(OutboxRoom):
         self._in_flight.pop(entry.record.id, None)
         if isinstance(exc, Unroutable):
             message = exc.message
-            self._kill(entry, f"{message.reply_code} {message.reply_text}")
+            self._kill(entry, f"{message.reply_code} {message.reply_text}", "unroutable")
             return
         if isinstance(exc, PublishRefused):
             # A definite refusal (404 no such exchange, 406 too large...): sending it
@@ -635,16 +665,28 @@ class AsyncOutboxPublisher(OutboxRoom):
             record.attempts += 1
             record.last_error = f"{type(exc).__name__}: {exc}"
             self._batch.failures.append((record.id, record.attempts, record.last_error))
-            self._kill(entry, f"refused by the broker: {exc.reply_code} {exc.reply_text}")
+            if exc.reply_code == 404:  # it was there when checked: check it again
+                self._exchanges.forget(record.exchange)
+            self._kill(
+                entry, f"refused by the broker: {exc.reply_code} {exc.reply_text}", "refused"
+            )
             return
         if self._closing:
             entry.state = _WAITING  # stays stored; the next publisher sends it
             return
         self._retry_later(entry, exc)
 
-    def _kill(self, entry: _Entry, reason: str) -> None:
+    def _exchange_exists(self, entries: list[_Entry]) -> None:
+        for entry in entries:
+            entry.state = _READY
+            self._ready.append(entry)
+        if entries:
+            self._ready_event.set()
+
+    def _kill(self, entry: _Entry, reason: str, kind: str) -> None:
         entry.state = _DEAD
-        logger.error(
+        self._dead_log.log(
+            kind,
             "outbox %s: message %s moved to the dead table (rabbitry outbox status shows "
             "it; retry-dead sends it again): %s",
             self._outbox.name,

@@ -11,7 +11,9 @@ What a call can raise:
 
 * :class:`~rabbitry.exceptions.RpcTimeout` (also a ``rabbitry.Timeout``): no reply
   within the call's ``timeout``; it names the routing key and the timeout. A reply that
-  arrives later is dropped with an ERROR log.
+  arrives later is dropped and counted (``client.late_replies``); late replies are
+  logged at ERROR, rate-limited with counts (a few in full per minute, then one
+  summary line with the number dropped).
 * :class:`~rabbitry.exceptions.RpcUnroutable`: no queue is bound for the routing key
   (requests are mandatory, so the broker returns them at once).
 * :class:`~rabbitry.exceptions.RpcInterrupted`: the connection (or the client's
@@ -21,7 +23,16 @@ What a call can raise:
 * :class:`~rabbitry.exceptions.RpcRemoteError`: the server's handler raised; the reply
   carried the error's type and text instead of a body.
 
-How a server treats requests (the rule):
+A request expires with its call: a call with a ``timeout`` sends its request with the
+per-message TTL (``expiration``) set to the time the call has left when it is sent
+(rounded up to the millisecond), so that a request whose caller gave up is dropped by
+the broker instead of being run by a server that starts (or catches up) later. An
+``expiration`` set on ``properties`` that is shorter is kept; a longer one is shortened
+to the call's. Only a request still in the queue expires: one a server has already
+received runs (its reply then arrives late). ``timeout=None`` sets no TTL.
+
+How a server treats requests (the rule; its ERROR records are rate-limited with counts:
+a few in full per minute, then one summary line, and one more when the server stops):
 
 * The handler returns the reply body (``bytes``, or ``str`` sent as UTF-8); the server
   publishes it to ``reply_to`` with the request's ``correlation_id`` and then acks the
@@ -43,11 +54,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import traceback
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from ._failure_log import RateLimitedLog
 from .aio.channel import Subscription
 from .aio.connection import remove_callback
 from .consumer import AsyncConsumer
@@ -90,6 +103,9 @@ ReplyBody = bytes | bytearray | memoryview | str
 RpcHandler = Callable[[Message], Awaitable[ReplyBody]]
 _DEFAULT_TIMEOUT = 30.0
 _UNSET: Any = object()
+# Records logged in full per interval (then counted), for late replies and server errors.
+_LOG_BURST = 5
+_LOG_INTERVAL = 60.0
 
 
 def _check_timeout(timeout: float | None, field: str = "timeout") -> None:
@@ -133,6 +149,14 @@ class AsyncRpcClient:
         self._pending: dict[str, tuple[asyncio.Future[Message], str]] = {}
         self._closed = False
         self._watching = False
+        self._late = RateLimitedLog(
+            logger,
+            "RPC client",
+            "late replies",
+            burst=_LOG_BURST,
+            interval=_LOG_INTERVAL,
+            note="dropped without a record each",
+        )
 
     def __repr__(self) -> str:
         return f"<AsyncRpcClient pending={len(self._pending)}{' closed' if self._closed else ''}>"
@@ -148,6 +172,12 @@ class AsyncRpcClient:
     def pending(self) -> int:
         """Calls waiting for their reply."""
         return len(self._pending)
+
+    @property
+    def late_replies(self) -> int:
+        """Replies that matched no waiting call (their call had timed out or was
+        interrupted): dropped, counted here, and logged rate-limited."""
+        return self._late.total
 
     async def start(self, timeout: float | None = None) -> None:
         """Open the client's channel and subscribe to direct reply-to (idempotent).
@@ -203,11 +233,13 @@ class AsyncRpcClient:
                 exchange).
             body: the request body (``str`` is sent as UTF-8).
             exchange: overrides the client's exchange for this call.
-            timeout: seconds to wait for the reply (default: the client's ``timeout``).
+            timeout: seconds to wait for the reply (default: the client's ``timeout``);
+                the request expires with it (per-message TTL, see the module docstring).
             headers: set on the request.
             content_type: set on the request.
             properties: more request properties; ``reply_to`` and ``correlation_id`` are
-                the client's.
+                the client's; an ``expiration`` longer than what is left of ``timeout``
+                is shortened to it.
 
         Returns:
             The reply message (``body``, ``properties``...). It needs no ack (direct
@@ -242,6 +274,9 @@ class AsyncRpcClient:
         target = self.exchange if exchange is None else exchange
         try:
             async with asyncio.timeout(deadline) as scope:
+                when = scope.when()
+                if when is not None:
+                    request = _expiring(request, when - loop.time())
                 await channel.basic_publish(
                     target, routing_key, body, properties=request, mandatory=True
                 )
@@ -263,6 +298,7 @@ class AsyncRpcClient:
             return
         self._closed = True
         self._fail_all(InvalidStateError("the RPC client was closed"))
+        self._late.close()
         if self._watching:  # a closed client no longer listens to its connection
             remove_callback(self._conn, self._on_state)
             self._watching = False
@@ -282,10 +318,13 @@ class AsyncRpcClient:
         correlation_id = message.properties.correlation_id or ""
         entry = self._pending.pop(correlation_id, None)
         if entry is None or entry[0].done():
-            logger.error(
+            self._late.log(
+                "dropped",
                 "RPC reply with correlation_id %r matches no waiting call (it timed out, "
-                "was interrupted, or is not ours): dropped",
+                "was interrupted, or is not ours): dropped (%d late replies so far; "
+                "client.late_replies counts them)",
                 correlation_id,
+                self._late.total + 1,
             )
             return
         entry[0].set_result(message)
@@ -333,32 +372,58 @@ def _request_properties(
     return BasicProperties(**fields)
 
 
+def _expiring(request: BasicProperties, remaining: float) -> BasicProperties:
+    """``request`` with the TTL of a call that has ``remaining`` seconds left: the
+    time left in milliseconds, rounded up, unless a shorter ``expiration`` is set."""
+    ttl = max(1, math.ceil(remaining * 1000))
+    own = request.expiration
+    if own is not None and (not own.isdigit() or int(own) <= ttl):
+        return request  # shorter (or invalid: the encoder names the field)
+    fields = {name: getattr(request, name) for name in BasicProperties.FIELDS}
+    fields["expiration"] = str(ttl)
+    return BasicProperties(**fields)
+
+
 # --------------------------------------------------------------------------- server
 
 
-def check_request(message: Message, queue: str) -> None:
+def server_log(queue: str, loop: asyncio.AbstractEventLoop | None = None) -> RateLimitedLog:
+    """The rate-limited ERROR log of an RPC server on ``queue`` (for the two servers)."""
+    return RateLimitedLog(
+        logger,
+        f"RPC server on {queue!r}",
+        "failed requests",
+        burst=_LOG_BURST,
+        interval=_LOG_INTERVAL,
+        loop=loop,
+    )
+
+
+def check_request(message: Message, errors: RateLimitedLog) -> None:
     """Refuse a request that cannot be answered (see the module's rule)."""
     props = message.properties
     if not props.reply_to or not props.correlation_id:
         missing = "reply_to" if not props.reply_to else "correlation_id"
-        logger.error(
-            "RPC server on %r: request without %s cannot be answered: rejected without "
-            "requeue (dead-lettered if the queue has a dead-letter exchange)",
-            queue,
+        errors.log(
+            "rejected as unanswerable",
+            "%s: request without %s cannot be answered: rejected without requeue "
+            "(dead-lettered if the queue has a dead-letter exchange)",
+            errors.subject,
             missing,
         )
         raise Reject(f"request without {missing}")
 
 
 def reply_for(
-    message: Message, outcome: ReplyBody | BaseException, queue: str
+    message: Message, outcome: ReplyBody | BaseException, errors: RateLimitedLog
 ) -> tuple[ReplyBody, BasicProperties]:
     """The reply to publish for ``message``: the handler's result, or its error."""
     correlation_id = message.properties.correlation_id
     if isinstance(outcome, BaseException):
-        logger.error(
-            "RPC server on %r: the handler failed for request %r; answered with the error",
-            queue,
+        errors.log(
+            "answered with the handler's error",
+            "%s: the handler failed for request %r; answered with the error",
+            errors.subject,
             correlation_id,
             exc_info=outcome,
         )
@@ -369,17 +434,17 @@ def reply_for(
             f"the RPC handler must return bytes or str (the reply body), got "
             f"{type(outcome).__name__}"
         )
-        return reply_for(message, error, queue)
+        return reply_for(message, error, errors)
     return outcome, BasicProperties(correlation_id=correlation_id)
 
 
-def reply_lost(queue: str, message: Message, exc: AMQPError) -> None:
+def reply_lost(message: Message, exc: AMQPError, errors: RateLimitedLog) -> None:
     """The reply could not be sent: the request counts as handled (it is acked, not run
     again); its caller gets ``RpcTimeout`` or ``RpcInterrupted``."""
-    logger.error(
-        "RPC server on %r: the reply to request %r could not be sent (%r); the caller "
-        "will time out",
-        queue,
+    errors.log(
+        "handled, reply lost",
+        "%s: the reply to request %r could not be sent (%r); the caller will time out",
+        errors.subject,
         message.properties.correlation_id,
         exc,
     )
@@ -421,6 +486,7 @@ class AsyncRpcServer:
         self.queue = queue
         self._handler = handler
         self._reply_channel: AsyncChannel | None = None
+        self._errors = server_log(queue)
         self.consumer: AsyncConsumer = AsyncConsumer(
             connection, queue, self._serve, prefetch=prefetch, concurrency=concurrency
         )
@@ -450,7 +516,10 @@ class AsyncRpcServer:
         Args:
             timeout: seconds to wait for running handlers; past it they are cancelled.
         """
-        await self.consumer.stop(timeout=timeout)
+        try:
+            await self.consumer.stop(timeout=timeout)
+        finally:
+            self._errors.close()
         channel, self._reply_channel = self._reply_channel, None
         if channel is not None and channel.is_open:
             await channel.close()
@@ -467,13 +536,13 @@ class AsyncRpcServer:
         return await self.consumer.wait(timeout)
 
     async def _serve(self, message: Message) -> None:
-        check_request(message, self.queue)
+        check_request(message, self._errors)
         outcome: ReplyBody | BaseException
         try:
             outcome = await self._handler(message)
         except Exception as exc:
             outcome = exc
-        body, properties = reply_for(message, outcome, self.queue)
+        body, properties = reply_for(message, outcome, self._errors)
         assert message.properties.reply_to is not None
         try:
             channel = self._reply_channel
@@ -483,4 +552,4 @@ class AsyncRpcServer:
                 "", message.properties.reply_to, body, properties=properties
             )
         except AMQPError as exc:
-            reply_lost(self.queue, message, exc)
+            reply_lost(message, exc, self._errors)

@@ -1,8 +1,10 @@
 """Model-based fault test: random sequences of the public API, interleaved with faults.
 
 A hypothesis ``RuleBasedStateMachine`` drives the synchronous API (channel declares,
-binds, ``basic_consume``, ``consume()`` iterators, ``Topology.apply``, publishers with
-and without confirms, ``conn.consumer(...)`` in both ack modes, acks, nacks, cancels)
+binds, ``basic_consume``, ``consume()`` iterators (one of them acking every Nth
+message or record with ``multiple=True``), ``Topology.apply``, publishers with and
+without confirms, a batching publisher's envelopes, ``conn.consumer(...)`` in both ack
+modes, acks, nacks, cancels)
 over a connection that goes through the fault proxy to a throw-away node, and injects
 faults between the steps: TCP resets, forced closes, blackholes shorter than the
 heartbeat, publishes cut by a reset, and (in the restart variant) node restarts.
@@ -66,6 +68,7 @@ from tests.support.proxy import TcpProxy
 
 import rabbitry
 from rabbitry import AMQPError, Binding, Message, Queue, State, Topology
+from rabbitry.batching import decode_records, is_envelope
 from rabbitry.protocol import spec
 
 if TYPE_CHECKING:
@@ -284,14 +287,14 @@ class FaultModel(RuleBasedStateMachine):
                     queue.name = new
 
     def _delivered(self, message: Message, queue: ModelQueue, who: ModelConsumer | None) -> None:
-        mid = message.body.decode()
-        with self.lock:
-            self.checker.deliver(mid, message.redelivered)
-            self.seen_in.setdefault(queue.key, set()).add(mid)
-            if who is not None:
-                who.got.append(mid)
-                if who.consumer is not None:  # the raw callbacks note arrivals themselves
-                    who.arrived.append(mid)
+        for mid in _mids(message):
+            with self.lock:
+                self.checker.deliver(mid, message.redelivered)
+                self.seen_in.setdefault(queue.key, set()).add(mid)
+                if who is not None:
+                    who.got.append(mid)
+                    if who.consumer is not None:  # the raw callbacks note arrivals themselves
+                        who.arrived.append(mid)
 
     # ------------------------------------------------------------------ helpers
 
@@ -542,7 +545,7 @@ class FaultModel(RuleBasedStateMachine):
 
         def on_message(message: Message) -> None:
             with self.lock:
-                consumer.arrived.append(message.body.decode())
+                consumer.arrived.extend(_mids(message))
             if settle == "nack_then_ack" and not message.redelivered:
                 with contextlib.suppress(AMQPError, rabbitry.InvalidStateError):
                     message.nack(requeue=True)  # comes back redelivered, then acked
@@ -613,6 +616,26 @@ class FaultModel(RuleBasedStateMachine):
             self._delivered(message, queue, None)
             message.ack()
             taken += 1
+        self._after_cancel(queue)
+
+    @rule(queue=queues, every=st.integers(min_value=2, max_value=4))
+    def iterate_acking_every_nth(self, queue: ModelQueue, every: int) -> None:
+        """A ``consume()`` iterator that acks every Nth message or batch record with
+        ``multiple=True`` (the usual loop), then the last one it took the same way."""
+        assume(not queue.deleted)
+        queue.had_consumer = True
+        last: Message | None = None
+        handed = 0
+        for message in self.iterator_ch.consume(queue.name, prefetch=5, timeout=0.3):
+            self._delivered(message, queue, None)
+            handed += 1
+            last = message
+            if handed % every == 0:
+                message.ack(multiple=True)
+                last = None
+        if last is not None:
+            with contextlib.suppress(AMQPError, rabbitry.InvalidStateError):
+                last.ack(multiple=True)
         self._after_cancel(queue)
 
     @rule(queue=queues, fault=st.sampled_from(["reset", "forced_close"]))
@@ -774,6 +797,27 @@ class FaultModel(RuleBasedStateMachine):
     def publish_to_queue(self, queue: ModelQueue, count: int, via: str) -> None:
         assume(not queue.deleted)
         self._publish_confirmed(via, "", queue.name, count)
+
+    @rule(
+        queue=queues,
+        count=st.integers(min_value=1, max_value=12),
+        size=st.integers(min_value=2, max_value=5),
+    )
+    def publish_batched(self, queue: ModelQueue, count: int, size: int) -> None:
+        """Records in envelopes of ``size`` through a ``BatchingPublisher`` over the
+        publisher; each record owed like a message once its envelope is confirmed."""
+        assume(not queue.deleted)
+        batching = rabbitry.BatchingPublisher(
+            self.publisher, batch_records=size, linger=30, persistent=True
+        )
+        pending = []
+        for _ in range(count):
+            mid = self._new_message("", queue.name)
+            pending.append((mid, batching.publish(mid.encode(), routing_key=queue.name)))
+        batching.flush()
+        for mid, future in pending:
+            self._settle(mid, future)
+        batching.close()
 
     @rule(queue=queues, count=st.integers(min_value=1, max_value=5))
     def publish_without_confirms(self, queue: ModelQueue, count: int) -> None:
@@ -946,6 +990,13 @@ class FaultModel(RuleBasedStateMachine):
 
 
 # ---------------------------------------------------------------------- the tests
+
+
+def _mids(message: Message) -> list[str]:
+    """The message ids a delivery carries: its body, or each record of a batch envelope."""
+    if is_envelope(message):
+        return [record.decode() for record in decode_records(message.body)]
+    return [message.body.decode()]
 
 
 def _seed() -> int:

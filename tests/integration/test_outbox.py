@@ -364,31 +364,54 @@ async def test_refused_rows_go_to_the_dead_table_with_the_reason_and_are_not_res
 ) -> None:
     path = str(tmp_path / "o.db")
     queue = names.queue()
+    gone = names.exchange("deleted")
     missing = names.exchange("never-declared")
     await channel.queue_declare(queue)
+    await channel.exchange_declare(gone, "fanout")
+    await channel.queue_bind(queue, gone)
     publisher = await conn.publisher(outbox=SQLiteOutbox(path, retry_delay=0.01))
     try:
+        first = await publisher.publish(b"first", exchange=gone)
+        await publisher.flush(timeout=30)  # the exchange was checked and is remembered
+        await channel.exchange_delete(gone)
         before = await publisher.publish(b"before", routing_key=queue)
-        refused = await publisher.publish(b"refused", exchange=missing, routing_key="k")
+        refused = await publisher.publish(b"refused", exchange=gone, routing_key="k")
         after = await publisher.publish(b"after", routing_key=queue)
         await publisher.flush(timeout=30)
+        never = await publisher.publish(b"never sent", exchange=missing, routing_key="k")
+        again = await publisher.publish(b"checked again", exchange=gone)
+        await publisher.flush(timeout=30)
+        await channel.exchange_declare(gone, "fanout")
+        await channel.queue_bind(queue, gone)
+        back = await publisher.publish(b"back", exchange=gone)
+        await publisher.flush(timeout=30)
         stats = publisher.stats()
-        assert (stats.pending, stats.dead) == (0, 1)
+        assert (stats.pending, stats.dead) == (0, 3)
     finally:
         await publisher.close()
-    (dead,) = SQLiteOutbox(path).dead()
-    assert dead.record.message_id == refused
-    assert dead.reason.startswith("refused by the broker: 404 NOT_FOUND")
-    assert missing in dead.reason
-    assert dead.record.attempts == 1  # one send, no resend
+    dead = {d.record.message_id: d for d in SQLiteOutbox(path).dead()}
+    assert set(dead) == {refused, never, again}
+    # Sent once, refused by the broker (404: deleted after it was checked), not resent.
+    assert dead[refused].reason.startswith("refused by the broker: 404 NOT_FOUND")
+    assert gone in dead[refused].reason
+    assert dead[refused].record.attempts == 1
+    # Checked before sending (the refusal made the name unknown again): never sent.
+    for message_id, name in ((never, missing), (again, gone)):
+        assert dead[message_id].reason.startswith("exchange not found: 404 NOT_FOUND")
+        assert name in dead[message_id].reason
+        assert dead[message_id].record.attempts == 0
     errors = [r for r in caplog.records if r.levelname == "ERROR" and "dead table" in r.message]
-    assert len(errors) == 1 and refused in errors[0].getMessage()
+    assert len(errors) == 3 and refused in errors[0].getMessage()
     got = await drain(channel, queue)
-    assert {m.properties.message_id for m in got} == {before, after}
+    # (An exchange deleted after its check can still cost a resend of a row sent before
+    # the refused one: the refusal closes the channel. Hence a set.)
+    assert {m.properties.message_id for m in got} == {first, before, after, back}
     result = CliRunner().invoke(cli, ["--json", "outbox", "status", path])
     assert result.exit_code == 0, result.output
     status = json.loads(result.stdout)
-    assert status["dead"] == 1
-    assert status["dead_reasons"] == [{"reason": dead.reason, "rows": 1}]
+    assert status["dead"] == 3
+    assert {r["reason"]: r["rows"] for r in status["dead_reasons"]} == {
+        d.reason: 1 for d in dead.values()
+    }
     text = CliRunner().invoke(cli, ["outbox", "status", path])
-    assert "dead (1): refused by the broker: 404" in text.stdout
+    assert "refused by the broker: 404" in text.stdout

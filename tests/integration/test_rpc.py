@@ -311,3 +311,29 @@ async def test_a_missing_exchange_fails_the_call_and_the_next_call_works(
         assert isinstance(caught.value.reason, rabbitry.NotFound)  # the broker's 404
         # The broker closed the client's channel; the next call opens another.
         assert (await client.call(queue, b"2", timeout=DEADLINE)).body == b"echo:2"
+
+
+async def test_a_handler_failing_on_every_request_is_logged_rate_limited_with_counts(
+    conn: AsyncConnection, names: Names, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = names.queue()
+    await (await conn.channel()).queue_declare(queue)
+
+    async def fail(request: Message) -> bytes:
+        raise ValueError("always")
+
+    with caplog.at_level(logging.ERROR, logger="rabbitry.rpc"):
+        server = conn.rpc_server(queue, fail)
+        await server.start()
+        async with await conn.rpc_client() as client:
+            for i in range(20):
+                with pytest.raises(RpcRemoteError):
+                    await client.call(queue, b"%d" % i, timeout=DEADLINE)
+        during = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        await server.stop()  # logs the summary of what was only counted
+    assert len(during) == 6  # five with their traceback, then the notice
+    assert sum("handler failed" in m for m in during) == 5
+    assert caplog.records[-1].getMessage() == (
+        f"RPC server on {queue!r}: 15 more failed requests (without traceback): "
+        "15 answered with the handler's error"
+    )

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 import rabbitry
 from rabbitry.cli._app import cli
-from rabbitry.exceptions import LocalProtocolError
+from rabbitry.exceptions import LocalProtocolError, ManagementNotFound
 from rabbitry.protocol.spec import BasicProperties
 
 if TYPE_CHECKING:
@@ -180,3 +180,21 @@ def test_cli_publish_via_http(mgmt_node: BrokerNode, mgmt_url: str, uid: str) ->
             assert "unroutable" in result.output or "not confirmed" in result.output
         finally:
             channel.queue_delete(f"{uid}.q")
+
+
+def test_publish_to_a_missing_exchange_raises_management_not_found(
+    api: ManagementClient, uid: str
+) -> None:
+    with pytest.raises(ManagementNotFound) as caught:
+        api.publish(f"{uid}.missing", "k", b"x")
+    # The API answers 400 and passes the broker's 404 on in its reason.
+    assert caught.value.status == 400
+    assert f"404 NOT_FOUND - no exchange '{uid}.missing'" in caught.value.reason
+    assert f"{uid}.missing" in caught.value.path
+
+
+async def test_async_publish_to_a_missing_exchange_raises_management_not_found(
+    aapi: AsyncManagementClient, uid: str
+) -> None:
+    with pytest.raises(ManagementNotFound):
+        await aapi.publish(f"{uid}.missing", "k", "x")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -26,6 +26,7 @@ from rabbitry.spark._options import ReadOptions, parse_read_options
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
 
     import rabbitry
 
@@ -91,9 +92,8 @@ def test_a_range_starting_on_an_offset_without_a_message_reads_what_follows(
         assert _offsets(options, gap, after[-1] + 1) == after, gap
 
 
-def test_a_range_whose_start_retention_removed_is_a_loss(
-    conn: rabbitry.Connection, url: str, stream: str
-) -> None:
+def _retention_moved(conn: rabbitry.Connection, url: str, stream: str) -> int:
+    """A stream of 100 messages whose first segments retention removed; its first offset."""
     # Retention keeps about four segments: the stream never runs empty.
     _declare(conn, stream, **{"x-max-length-bytes": 20_000})
     _publish(conn, stream, 100)
@@ -103,6 +103,47 @@ def test_a_range_whose_start_retention_removed_is_a_loss(
     while (head := stream_first(options)) == 0:
         assert time.monotonic() < deadline, "retention removed no segment within 30 s"
         time.sleep(0.2)
+    return head
+
+
+def test_a_streaming_read_past_removed_offsets_reads_data_in_its_first_batch(
+    spark: Any, conn: rabbitry.Connection, url: str, stream: str, tmp_path: Path
+) -> None:
+    head = _retention_moved(conn, url, stream)
+    tail = stream_tail(_options(url, stream))
+    assert head > 20  # more removed offsets than two batches' limit
+    batches: list[tuple[int, list[int]]] = []
+
+    def keep(frame: Any, batch_id: int) -> None:  # runs in this (the driver's) process
+        batches.append((batch_id, [row.offset for row in frame.collect()]))
+
+    query = (
+        spark.readStream.format("rabbitmq")
+        .options(queue=stream, queueType="stream", url=url)
+        .option("startingOffsets", "0")  # as a checkpoint from before retention moved
+        .option("failOnDataLoss", "false")
+        .option("maxRecordsPerTrigger", "10")
+        .load()
+        .writeStream.foreachBatch(keep)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(120), "the AvailableNow run did not finish"
+    assert query.exception() is None
+    # Before: a batch of 10 removed offsets after another, each empty, until the
+    # batches reached the stream's first offset.
+    assert batches and all(offsets for _id, offsets in batches), batches
+    offsets = [offset for _id, rows in batches for offset in rows]
+    assert offsets == sorted(set(offsets))
+    assert offsets[0] >= head and offsets[-1] == tail - 1
+
+
+def test_a_range_whose_start_retention_removed_is_a_loss(
+    conn: rabbitry.Connection, url: str, stream: str
+) -> None:
+    head = _retention_moved(conn, url, stream)
+    options = _options(url, stream)
     tail = stream_tail(options)
     with pytest.raises(DataLossError, match=r"offsets \[0, \d+\) are gone \(retention"):
         _offsets(options, 0, tail)

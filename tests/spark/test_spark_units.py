@@ -103,6 +103,100 @@ def test_a_misspelt_option_is_refused_naming_the_one_meant(key: str, meant: str)
         parse_write_options({"exchange": "x", key: "1"})
 
 
+# Every option of Spark's Kafka source and sink (Structured Streaming + Kafka
+# Integration Guide, Spark 4), and what format rabbitmq does with it: "same" (an option
+# of the same name and meaning), an alias (taken as the option named), or refused with
+# a message naming what to use instead.
+_KAFKA_OPTIONS: dict[str, str] = {
+    "startingOffsets": "same",
+    "endingOffsets": "same",
+    "failOnDataLoss": "same",
+    "maxOffsetsPerTrigger": "alias maxRecordsPerTrigger",
+    "assign": "superStream",
+    "subscribe": "queue",
+    "subscribePattern": "superStream",
+    "topic": "exchange",
+    "startingTimestamp": "startingOffsets=timestamp:",
+    "startingOffsetsByTimestamp": "startingOffsets=timestamp:",
+    "startingOffsetsByTimestampStrategy": "startingOffsets=timestamp:",
+    "endingTimestamp": "endingOffsets",
+    "endingOffsetsByTimestamp": "endingOffsets",
+    "minOffsetsPerTrigger": "maxRecordsPerTrigger",
+    "maxTriggerDelay": "maxBatchWaitMs",
+    "minPartitions": "numPartitions",
+    "maxRecordsPerPartition": "numPartitions",
+    "groupIdPrefix": "checkpoint",
+    "kafkaConsumer.pollTimeoutMs": "pollTimeoutMs",
+    "fetchOffset.numRetries": "probe",
+    "fetchOffset.retryIntervalMs": "probe",
+    "includeHeaders": "headers",
+    "kafka.bootstrap.servers": "option url",
+    "kafka.group.id": "option url",
+    "kafka.security.protocol": "tls",
+}
+
+# Names of this source's options as other RabbitMQ connectors spell them.
+_OTHER_NAMES: dict[str, str] = {
+    "queueName": "option queue",
+    "exchangeName": "option exchange",
+    "streamName": "queueType=stream",
+    "superStreamName": "option superStream",
+    "routingKeys": "option routingKey",
+    "exchangeType": "topology",
+    "host": "option url",
+    "hostname": "option url",
+    "port": "option url",
+    "username": "option url",
+    "user": "option url",
+    "password": "option url",
+    "vhost": "option url",
+    "virtualHost": "option url",
+    "uri": "option url",
+    "prefetchCount": "option prefetch",
+    "qos": "option prefetch",
+    "autoAck": "consume=destructive",
+    "batchSize": "batchRecords",
+    "maxMessagesPerTrigger": "maxMessagesPerBatch",
+    "deliveryMode": "option persistent",
+    "publisherConfirms": "maxInFlight",
+    "ssl": "amqps://",
+    "useSsl": "amqps://",
+}
+
+
+@pytest.mark.parametrize(("name", "decision"), sorted({**_KAFKA_OPTIONS, **_OTHER_NAMES}.items()))
+def test_every_kafka_source_option_and_other_connectors_name_is_taken_or_refused(
+    name: str, decision: str
+) -> None:
+    read = {"queue": "s", "queueType": "stream"}
+    key = name.lower()  # as Spark hands keys over
+    if decision == "same":
+        value = {"failOnDataLoss": "false"}.get(name, "7")
+        parse_read_options({**read, key: value})
+        return
+    if decision.startswith("alias "):
+        target = decision.split()[1]
+        assert parse_read_options({**read, key: "7"}) == parse_read_options({**read, target: "7"})
+        with pytest.raises(ConfigurationError, match=rf"option {name}: .*option {target}"):
+            parse_read_options({**read, key: "7", target: "8"})
+        return
+    # Refused, reads and writes alike, naming the key and what to use instead: ignoring
+    # it would read or write with a default the user did not mean.
+    for parse, options in ((parse_read_options, read), (parse_write_options, {"exchange": "x"})):
+        with pytest.raises(ConfigurationError) as refused:
+            parse({**options, key: "1"})
+        message = str(refused.value)
+        assert message.lower().startswith(f"option {key}: not an option of format rabbitmq")
+        assert decision in message
+
+
+def test_a_misspelt_kafka_option_is_refused_with_the_hint_of_the_kafka_option() -> None:
+    with pytest.raises(ConfigurationError, match=r"nor is startingOffsetsByTimestamp.*timestamp:"):
+        parse_read_options({"queue": "q", "startingoffsetbytimestamp": "{}"})
+    with pytest.raises(ConfigurationError, match=r"did you mean maxOffsetsPerTrigger\?"):
+        parse_read_options({"queue": "q", "maxoffsetpertrigger": "5"})
+
+
 def test_options_spark_adds_are_ignored() -> None:
     parse_read_options({"queue": "q", "path": "/p", "checkpointLocation": "/c"})
     parse_write_options({"exchange": "x", "path": "/p", "checkpointLocation": "/c"})

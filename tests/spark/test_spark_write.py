@@ -6,9 +6,13 @@ import re
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import pytest
+from tests.support.broker_ctl import rabbitmqctl
 
+from rabbitry.config import parse_urls
+from rabbitry.spark._core import PublishFailed
 from rabbitry.spark._options import parse_write_options
 from rabbitry.spark._write import UnroutableRows, publish_rows
 
@@ -44,6 +48,43 @@ def test_unroutable_rows_error_names_route_and_count(url: str) -> None:
         publish_rows(options, rows, "job:0", 0, 0)
     assert info.value.returned >= 1
     assert set(info.value.routes) == {("amq.direct", key)}
+
+
+@pytest.fixture
+def refused_writer_url(url: str) -> Iterator[str]:
+    """The URL of a user of the broker who may write to no exchange but ``only-this``
+    (created with rabbitmqctl, deleted afterwards)."""
+    user = f"rabbitry-spark-no-write-{uuid.uuid4().hex[:8]}"
+    password = uuid.uuid4().hex
+    params = parse_urls(url)[0]
+    rabbitmqctl(url, "add_user", user, password)
+    try:
+        rabbitmqctl(
+            url, "set_permissions", "-p", params.virtual_host, user, "^$", "^only-this$", ".*"
+        )
+        host = f"[{params.host}]" if ":" in params.host else params.host
+        vhost = quote(params.virtual_host, safe="")
+        yield f"amqp://{user}:{password}@{host}:{params.port}/{vhost}"
+    finally:
+        rabbitmqctl(url, "delete_user", user)
+
+
+_REFUSED = r"403\) ACCESS_REFUSED - access to exchange 'amq.default' in vhost '[^']*' refused"
+
+
+def test_a_write_the_broker_refuses_names_the_403_and_its_text(refused_writer_url: str) -> None:
+    options = parse_write_options({"url": refused_writer_url, "routingKey": "anywhere"})
+    with pytest.raises(PublishFailed, match=_REFUSED):
+        publish_rows(options, ({"body": b"x"} for _ in range(5)), "job:0", 0, 0)
+
+
+def test_a_spark_write_without_permission_fails_with_the_broker_reason(
+    spark: Any, refused_writer_url: str
+) -> None:
+    df = spark.range(10).coalesce(1).selectExpr("cast(id as string) as body")
+    writer = df.write.format("rabbitmq").option("url", refused_writer_url)
+    with pytest.raises(Exception, match=_REFUSED):
+        writer.option("routingKey", "anywhere").mode("append").save()
 
 
 def _rss_mb() -> float:

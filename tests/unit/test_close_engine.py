@@ -16,7 +16,7 @@ import pytest
 from fake_broker import FakeBroker
 
 import rabbitry
-from rabbitry.exceptions import ConnectionClosedByClient, ProtocolError
+from rabbitry.exceptions import ConnectionClosedByClient, ProtocolError, RemoteProtocolError
 from rabbitry.protocol import spec
 from rabbitry.protocol.connection import ConnectionState
 
@@ -97,3 +97,61 @@ def test_sync_close_fails_a_call_waiting_in_another_thread(broker: FakeBroker) -
     caller.join(HANG)
     assert not caller.is_alive()
     assert len(outcome) == 1 and isinstance(outcome[0], ConnectionClosedByClient)
+
+
+async def _violated(broker: FakeBroker, conn: rabbitry.AsyncConnection) -> None:
+    """The broker sends a frame on a channel that was never opened; the client answers
+    with connection.close (504) and waits for a close-ok that never comes."""
+    broker.send(7, spec.BasicAck(delivery_tag=1))
+    await asyncio.to_thread(broker.wait_for, lambda: bool(broker.sent(spec.ConnectionClose)))
+
+
+@pytest.mark.parametrize("recovery", ["default", "none"])
+async def test_calls_after_a_protocol_violation_fail_at_once_with_the_violation_as_cause(
+    broker: FakeBroker, recovery: str
+) -> None:
+    conn = (
+        rabbitry.AsyncConnection(broker.url)
+        if recovery == "default"
+        else rabbitry.AsyncConnection(broker.url, recovery=None)
+    )
+    await conn.connect()
+    try:
+        channel = await conn.channel()
+        await _violated(broker, conn)
+        calls = {
+            "channel": conn.channel(timeout=HANG),
+            "queue_declare": channel.queue_declare("q", timeout=HANG),
+            "basic_publish": channel.basic_publish("", "q", b"x"),
+        }
+        for name, call in calls.items():
+            with pytest.raises(rabbitry.InvalidStateError, match="closing") as caught:
+                await call
+            cause = caught.value.__cause__
+            assert isinstance(cause, RemoteProtocolError), name
+            assert cause.reply_code == 504 and "unopened channel 7" in str(cause)
+        # Nothing more went out after connection.close.
+        (close_index,) = [
+            i for i, (_, m) in enumerate(broker.methods) if isinstance(m, spec.ConnectionClose)
+        ]
+        assert broker.methods[close_index + 1 :] == []
+    finally:
+        await conn.close(timeout=0.1)
+
+
+def test_sync_calls_after_a_protocol_violation_fail_at_once_with_the_cause(
+    broker: FakeBroker,
+) -> None:
+    with rabbitry.Connection(broker.url) as conn:
+        channel = conn.channel()
+        broker.send(7, spec.BasicAck(delivery_tag=1))
+        broker.wait_for(lambda: bool(broker.sent(spec.ConnectionClose)))
+        for name, call in (
+            ("channel", lambda: conn.channel(timeout=HANG)),
+            ("queue_declare", lambda: channel.queue_declare("q", timeout=HANG)),
+            ("basic_publish", lambda: channel.basic_publish("", "q", b"x")),
+        ):
+            with pytest.raises(rabbitry.InvalidStateError, match="closing") as caught:
+                call()
+            assert isinstance(caught.value.__cause__, RemoteProtocolError), name
+        conn.close(timeout=0.1)

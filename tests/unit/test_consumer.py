@@ -195,6 +195,7 @@ COUNTERS = {
     "deduplicated",
     "delivered",
     "dropped",
+    "dropped_records",
     "failed",
     "parked",
     "released",

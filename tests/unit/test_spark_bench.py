@@ -38,6 +38,13 @@ def test_defaults_are_100k_rows_of_128_bytes_on_local_2_then_a_two_worker_cluste
     assert (options.batch, options.master, options.url) == (25_000, "local[2]", None)
     assert options.cluster == 2
     assert bench.parse_args(["--cluster", "0"]).cluster == 0
+    # The remote-broker row: super streams of 1, 2 and 4 partitions through a proxy
+    # adding 2 ms each way, on a master with a task slot per partition.
+    assert (options.remote_ms, options.remote_partitions) == (2.0, (1, 2, 4))
+    assert (options.remote_master, options.remote_only) == ("local[4]", False)
+    assert bench.parse_args(["--remote-ms", "0"]).remote_ms == 0
+    quick = bench.parse_args(["--remote-only", "--remote-partitions", "1,8"])
+    assert (quick.remote_only, quick.remote_partitions) == (True, (1, 8))
     labels = [t.label for t in bench.targets(options)]
     assert labels == [
         "classic queue",
@@ -75,6 +82,11 @@ def test_options_scale_a_quick_run(bench: ModuleType) -> None:
         (["--master", " "], "--master"),
         (["--cluster", "-1"], "--cluster"),
         (["--cluster", "two"], "--cluster"),
+        (["--remote-ms", "-1"], "--remote-ms"),
+        (["--remote-ms", "far"], "--remote-ms"),
+        (["--remote-partitions", "0"], "--remote-partitions"),
+        (["--remote-master", ""], "--remote-master"),
+        (["--remote-only", "--remote-ms", "0"], "--remote-only"),
     ],
 )
 def test_a_bad_value_exits_2_naming_the_option(
@@ -118,4 +130,21 @@ def test_each_super_stream_is_compared_with_the_stream_read_on_the_same_master(
         "* local[2]: super stream, 2 partitions: read ÷ the stream queue's read 1.20",
         "* cluster of 2: super stream, 2 partitions: read ÷ the stream queue's read 1.75",
         "* cluster of 2: super stream, 4 partitions: read ÷ the stream queue's read 2.00",
+    ]
+
+
+def test_the_remote_row_gives_each_partition_count_its_ratio_to_one_and_cpu_per_row(
+    bench: ModuleType,
+) -> None:
+    results = [
+        bench.RemoteResult(1, 5_000.0, 120.0, 6_000.0, 4),
+        bench.RemoteResult(2, 9_500.0, 110.5, None, 4),
+        bench.RemoteResult(4, 16_000.0, 101.25, 20_000.0, 3),
+    ]
+    lines = bench.render_remote(results, 2.0, "local[4]").splitlines()
+    assert "2 ms each way, on local[4]" in lines[0]
+    assert lines[4:] == [
+        "| 1 | 5.0k | 1.00 | 6.0k | 120.0 | 4 |",
+        "| 2 | 9.5k | 1.90 | - | 110.5 | 4 |",
+        "| 4 | 16.0k | 3.20 | 20.0k | 101.2 | 3 |",
     ]

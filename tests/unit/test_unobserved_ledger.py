@@ -109,17 +109,6 @@ def test_a_full_ledger_drops_the_futures_looked_at_meanwhile(
     assert [e.delivery_tag for e in caught.value.failures] == [1, 2, 3]  # type: ignore[attr-defined]
 
 
-def test_a_ledger_that_reported_hands_later_failures_to_the_next_one() -> None:
-    publisher = UnobservedLedger("Publisher")
-    batching = UnobservedLedger("BatchingPublisher", then=publisher)
-    batching.report()
-    late = ConfirmFuture[None]()
-    batching.fail(late, Nacked(1))
-    with pytest.raises(UnobservedPublishFailures) as caught:
-        publisher.report()
-    assert caught.value.first is late.exception()
-
-
 def test_repeated_reports_are_rate_limited_with_counts(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .._failure_log import RateLimitedLog
 from ..exceptions import AMQPError
 from ..message import Message
 from ..protocol import spec
@@ -92,6 +93,7 @@ class _Consumer:
 
     __slots__ = (
         "callback",
+        "errors",
         "is_async",
         "on_cancel",
         "on_close",
@@ -117,6 +119,17 @@ class _Consumer:
         self.queued_bytes = 0
         self.paused = False
         self.task: asyncio.Task[None] | None = None
+        # The rate-limited ERROR log of its callback's failures (made at the first one).
+        self.errors: RateLimitedLog | None = None
+
+    def failed(self, exc: Exception) -> None:
+        """The callback raised: ERROR with the traceback, rate-limited with counts."""
+        errors = self.errors
+        if errors is None:
+            errors = self.errors = RateLimitedLog(
+                logger, f"consumer callback {self.callback!r}", "callback failures"
+            )
+        errors.log("raised", "consumer callback %r failed", self.callback, exc_info=exc)
 
 
 class _ReadFlow(Protocol):
@@ -281,8 +294,8 @@ class ConsumerMethods:
             return
         try:
             consumer.callback(message)
-        except Exception:
-            logger.exception("consumer callback %r failed", consumer.callback)
+        except Exception as exc:
+            consumer.failed(exc)
 
     async def _run_async_consumer(self, consumer: _Consumer) -> None:
         queue = consumer.queue
@@ -305,8 +318,8 @@ class ConsumerMethods:
                 result = consumer.callback(item)
                 if result is not None:
                     await result
-            except Exception:
-                logger.exception("consumer callback %r failed", consumer.callback)
+            except Exception as exc:
+                consumer.failed(exc)
 
     def _release_consumer_pause(self, consumer: _Consumer) -> None:
         if consumer.paused:
@@ -315,6 +328,8 @@ class ConsumerMethods:
 
     def _drop_consumer(self, tag: str) -> _Consumer | None:
         consumer = self._consumers.pop(tag, None)
+        if consumer is not None and consumer.errors is not None:
+            consumer.errors.close()  # the summary of the failures only counted
         if consumer is not None and consumer.is_async and consumer.queue is not None:
             consumer.queue.put_nowait(_END)
             if self._closed.done():

@@ -12,8 +12,10 @@ import copy
 import logging
 from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from .._failure_log import RateLimitedLog
 from ..exceptions import (
     AMQPError,
     ChannelClosedByBroker,
@@ -169,8 +171,15 @@ class ChannelLifecycle:
         for callback in list(self._return_callbacks):
             try:
                 callback(message)
-            except Exception:
-                logger.exception("return callback %r failed", callback)
+            except Exception as exc:
+                self._return_errors.log(
+                    "raised", "return callback %r failed", callback, exc_info=exc
+                )
+
+    @cached_property
+    def _return_errors(self) -> RateLimitedLog:
+        """Return callbacks that raise: ERROR, rate-limited with counts."""
+        return RateLimitedLog(logger, f"channel {self.channel_id}", "return callback failures")
 
     def _on_flow(self, active: bool) -> None:
         logger.info("channel %s: broker flow %s", self.channel_id, "on" if active else "off")

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 
 from .._waiters import Waiters
-from ..batching import iter_delivery
+from ..batching import RecordLedger, iter_delivery
 from ..exceptions import AMQPError, ChannelClosedByClient, ConsumerCancelled, Timeout
 from ..message import Message
 from ..protocol import spec
@@ -485,6 +485,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
             on_close=inbox.put_nowait,
         )
         tag = await self.start_consumer(subscription)
+        ledger = RecordLedger()
         try:
             while True:
                 try:
@@ -497,7 +498,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
                 if not unpack_batches:
                     yield item
                     continue
-                records = iter_delivery(item, no_ack)  # batch envelopes: records
+                records = iter_delivery(item, no_ack, ledger)  # batch envelopes: records
                 try:
                     for handed in records:
                         yield handed

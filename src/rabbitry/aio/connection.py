@@ -580,6 +580,10 @@ class AsyncConnection(ConnectionEvents, SocketIO):
         if proto is None or proto.state is not ConnectionState.OPEN:
             if self.close_exc is not None:
                 raise InvalidStateError("the connection is closed") from self.close_exc
+            if proto is not None and proto.close_exc is not None:
+                raise InvalidStateError(
+                    f"the connection is closing ({proto.close_exc})"
+                ) from proto.close_exc
             raise InvalidStateError("the connection is not open (call connect() first)")
         return proto
 

@@ -143,7 +143,8 @@ class ManagementClient(_Base):
 
     Every method raises :class:`~rabbitry.exceptions.ManagementError` (``status`` and the
     API's ``reason``) when the API refuses, :class:`~rabbitry.exceptions.ManagementNotFound`
-    on 404, and ``ManagementError`` with ``status=None`` when no answer came.
+    on 404 (and on a 400 that passes on the broker's ``404 NOT_FOUND``), and
+    ``ManagementError`` with ``status=None`` when no answer came.
     """
 
     def __init__(
@@ -451,6 +452,7 @@ class ManagementClient(_Base):
         Raises:
             LocalProtocolError: a property or argument breaks a rule (the message names
                 it); nothing was sent.
+            ManagementNotFound: the exchange (or the vhost) does not exist.
         """
         return self._send(
             _ops.publish(exchange, routing_key, body, properties, persistent, expiration, vhost)
@@ -772,6 +774,7 @@ class AsyncManagementClient(_Base):
         Raises:
             LocalProtocolError: a property or argument breaks a rule (the message names
                 it); nothing was sent.
+            ManagementNotFound: the exchange (or the vhost) does not exist.
         """
         return await self._send(
             _ops.publish(exchange, routing_key, body, properties, persistent, expiration, vhost)

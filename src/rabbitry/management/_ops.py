@@ -412,5 +412,16 @@ def error_for(status: int, text: str, method: str, path: str) -> ManagementError
         parts = [str(data[k]) for k in ("error", "reason") if data.get(k)]
         if parts:
             reason = ": ".join(dict.fromkeys(parts))
-    cls = ManagementNotFound if status == 404 else ManagementError
+    cls = (
+        ManagementNotFound
+        if status == 404 or _broker_not_found(status, reason)
+        else ManagementError
+    )
     return cls(status, reason, method, path)
+
+
+def _broker_not_found(status: int, reason: str) -> bool:
+    """A 400 that carries the broker's own 404: the API passed on an AMQP
+    ``NOT_FOUND`` (publishing to a missing exchange answers
+    ``bad_request: 404 NOT_FOUND - no exchange 'x' in vhost '/'``)."""
+    return status == 400 and "404 NOT_FOUND" in reason

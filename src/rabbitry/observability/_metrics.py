@@ -50,6 +50,7 @@ CONSUMER_COUNTERS = {
     "retried": "failed messages sent to a retry queue",
     "parked": "failed messages moved to the parking lot",
     "dropped": "failed messages dropped (no parking lot or dead-letter exchange)",
+    "dropped_records": "records lost to drops (a dropped batch envelope's records; 1 a message)",
     "requeued": "messages put back on their queue (Requeue, or a failed move)",
     "released": "prefetched messages handed back on stop",
     "deduplicated": "redelivered duplicates acked without calling the handler",

@@ -139,6 +139,8 @@ class ChannelProtocol:
         self.transactional = False
         self.flow_active = True
         self.close_exc: AMQPError | None = None
+        # The connection found a protocol violation and is closing: nothing may be sent.
+        self._connection_failed: AMQPError | None = None
         self._rpc_outstanding = False
         self._rpc_responses: tuple[type[Method], ...] = ()
         # Items waiting behind an outstanding request: a request (its answers and its
@@ -302,7 +304,9 @@ class ChannelProtocol:
         Raises:
             InvalidStateError: the channel is closing or closed.
         """
-        if self.state is not OPEN and self.state is not OPENING:
+        if (
+            self.state is not OPEN and self.state is not OPENING
+        ) or self._connection_failed is not None:
             self._check_usable("basic.publish")
         self._send_frames(frames)
         if self.confirm_mode:
@@ -330,7 +334,22 @@ class ChannelProtocol:
         self._pending.clear()
         self._write(frame)
 
+    @property
+    def connection_error(self) -> AMQPError | None:
+        """The protocol violation the connection is closing for, if any."""
+        return self._connection_failed
+
+    def connection_failed(self, exc: AMQPError) -> None:
+        """The connection found a protocol violation and sent connection.close: from
+        now on every send raises ``InvalidStateError`` caused by ``exc``."""
+        self._connection_failed = exc
+
     def _check_usable(self, what: str) -> None:
+        failed = self._connection_failed
+        if failed is not None:
+            raise InvalidStateError(
+                f"cannot send {what}: the connection is closing after a protocol error ({failed})"
+            ) from failed
         if self.state is CLOSING or self.state is CLOSED:
             why = f" ({self.close_exc})" if self.close_exc is not None else ""
             exc = InvalidStateError(f"cannot send {what}: channel {self.channel_id} is closed{why}")

@@ -580,6 +580,8 @@ class ConnectionProtocol:
             return
         self.state = CLOSING
         self.close_exc = exc
+        for channel in self.channels.values():
+            channel.connection_failed(exc)
         self._write(
             method_frame(
                 0,

@@ -151,18 +151,18 @@ def _silence(future: Any) -> None:
 class UnobservedLedger:
     """The failed futures of one publisher that nobody has looked at (yet).
 
+    A batching publisher fails its record futures through the ledger of the publisher
+    it sends through: that publisher's ``close()`` waits for the envelopes, so their
+    records are all settled by the report.
+
     Args:
         what: how the publisher is named in the log line and the error.
-        then: where failures go once this ledger has reported (a batching publisher
-            ends before the publisher it sends through, whose ledger then takes the
-            failures of the envelopes still in flight).
     """
 
-    __slots__ = ("_futures", "_lock", "_reported", "_untracked", "then", "what")
+    __slots__ = ("_futures", "_lock", "_reported", "_untracked", "what")
 
-    def __init__(self, what: str, then: UnobservedLedger | None = None) -> None:
+    def __init__(self, what: str) -> None:
         self.what = what
-        self.then = then
         self._lock = threading.Lock()
         self._futures: list[Any] = []
         self._untracked = 0
@@ -198,9 +198,6 @@ class UnobservedLedger:
                     self._untracked += 1  # counted only: the ledger keeps KEEP at most
                     _silence(future)
                 return
-        # This publisher has ended: the one it sent through reports it, if any.
-        if self.then is not None:
-            self.then.note(future)
 
     def pending(self) -> int:
         """How many recorded failures are still unobserved (a snapshot)."""

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ..batching import is_envelope
-from ._rows import PROPERTY_FIELDS, headers_to_map, message_records
+from ._rows import PROPERTY_FIELDS, headers_to_map, message_records, row_message_id
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -180,7 +180,7 @@ class ArrowRows:
             pa.array([m.delivery_tag for m in messages], pa.int64()),
             pa.array([m.redelivered for m in messages], pa.bool_()),
             pa.array(list(map(_delivery_count, headers)), pa.int32()),
-            pa.array([p.message_id for p in props], pa.string()),
+            pa.array(list(map(row_message_id, messages)), pa.string()),
             pa.array([_timestamp(p.timestamp) for p in props], READ_ARROW_SCHEMA.field(9).type),
             pa.array(list(map(headers_to_map, headers)), READ_ARROW_SCHEMA.field(10).type),
             properties,

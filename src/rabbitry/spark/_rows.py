@@ -11,7 +11,7 @@ import json
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..batching import is_envelope, unpack
+from ..batching import BatchRecord, is_envelope, unpack
 from ..exceptions import ConfigurationError
 from ..protocol.spec import BasicProperties
 
@@ -32,6 +32,7 @@ __all__ = [
     "message_rows",
     "message_to_row",
     "row_fields",
+    "row_message_id",
     "row_to_message",
 ]
 
@@ -85,6 +86,20 @@ def headers_to_map(headers: Mapping[str, Any] | None) -> dict[str, str] | None:
     }
 
 
+def row_message_id(message: Message) -> str | None:
+    """The ``message_id`` of a message's row.
+
+    A record of a batch envelope gets ``<envelope's message_id>:<record's index>``
+    (from 0): the records of an envelope share its properties, so each needs an id of
+    its own to be told apart, and a redelivered envelope gives its records the same ids
+    again. ``None`` when the envelope has no ``message_id``.
+    """
+    message_id = message.properties.message_id
+    if message_id is not None and isinstance(message, BatchRecord):
+        return f"{message_id}:{message.index}"
+    return message_id
+
+
 def message_to_row(
     message: Message, queue: str, offset: int, *, stream_offset: bool = False
 ) -> tuple[Any, ...]:
@@ -112,7 +127,7 @@ def message_to_row(
         message.delivery_tag,
         message.redelivered,
         delivery_count,
-        props.message_id,
+        row_message_id(message),
         timestamp,
         headers_to_map(headers),
         tuple(getattr(props, name) for name, _ in PROPERTY_FIELDS),
@@ -128,7 +143,8 @@ def message_records(message: Message) -> list[Message]:
 
     The records of an envelope (``springBatchFormat`` header, see
     :mod:`rabbitry.batching`) carry the envelope's ``delivery_tag``, ``redelivered`` flag
-    and properties (without the batch headers).
+    and properties (without the batch headers); their rows' ``message_id`` is
+    :func:`row_message_id`.
 
     Raises:
         BatchFormatError: an envelope of an unknown format, or a malformed one.
@@ -144,8 +160,9 @@ def message_rows(
     """The rows of one delivery: one, or one per record of a batch envelope.
 
     The records of an envelope (``springBatchFormat`` header, see
-    :mod:`rabbitry.batching`) get the envelope's ``delivery_tag``, ``message_id`` and
-    properties (without the batch headers), and its ``offset`` (a message position), or
+    :mod:`rabbitry.batching`) get the envelope's ``delivery_tag`` and properties (without
+    the batch headers), a ``message_id`` each (:func:`row_message_id`), and the envelope's
+    ``offset`` (a message position), or
     with ``consecutive`` one offset each from ``offset`` on (a row count).
 
     Raises:

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..batching import encode_records, envelope_headers
 from ..batching_publisher import DEFAULT_BATCH_BYTES
-from ..exceptions import AMQPError, ConfigurationError, NotFound, Unroutable
+from ..exceptions import (
+    AMQPError,
+    ChannelClosed,
+    ConfigurationError,
+    ConnectionClosed,
+    NotFound,
+    Unroutable,
+)
 from ..protocol.spec import BasicProperties
 from ._arrow import batch_fields
 from ._core import PublishFailed
@@ -140,10 +147,29 @@ def _failure(tally: _Tally, partition_id: int, exchange: str) -> PublishFailed:
     message = (
         f"rabbitmq write (partition {partition_id}, exchange {exchange!r}): "
         f"{tally.failed} of {tally.sent} message(s) not confirmed: "
-        f"{type(error).__name__}: {error}"
+        f"{type(error).__name__}: {error}{_broker_reason(error)}"
     )
     logger.error("%s", message)
     return PublishFailed(message)
+
+
+def _broker_reason(error: BaseException | None) -> str:
+    """Why the broker closed the channel or connection that ``error`` came from, as text
+    to append to a message (empty when it did not say).
+
+    A publish whose channel the broker closed (a 403 on the exchange, a 406 ...) fails
+    with an outcome that names only the channel's end; the broker's reply code and text
+    are its ``__cause__``, which Spark does not show: the task's message must say them.
+    """
+    seen: set[int] = set()
+    cause = error.__cause__ if error is not None else None
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, ChannelClosed | ConnectionClosed) and cause.reply_code:
+            what = "channel" if isinstance(cause, ChannelClosed) else "connection"
+            return f" (the broker closed the {what}: {type(cause).__name__}: {cause})"
+        cause = cause.__cause__
+    return ""
 
 
 def publish_rows(
@@ -274,7 +300,7 @@ def _publish_rows(
         except AMQPError as exc:
             raise PublishFailed(
                 f"rabbitmq write (partition {partition_id}): publishing failed after "
-                f"{tally.sent} message(s): {exc}"
+                f"{tally.sent} message(s): {type(exc).__name__}: {exc}{_broker_reason(exc)}"
             ) from exc
         if not tally.wait(time.monotonic() + options.confirm_timeout):
             raise PublishFailed(

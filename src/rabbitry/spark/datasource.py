@@ -47,6 +47,7 @@ from ._core import (
     resolve_start,
     split_range,
     stream_bounds,
+    stream_first,
     stream_tail,
 )
 from ._metrics import Counts, enable_otel
@@ -454,6 +455,8 @@ class StreamQueueReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
         self._target: dict[str, int] | None = None
+        #: First offsets found past removed ones when the last batch was planned.
+        self._heads: dict[str, int] = {}
         if options.super_stream is not None:
             check_partition_count(options.connect, options.super_stream)
 
@@ -499,12 +502,40 @@ class StreamQueueReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         tails = self._target if self._target is not None else per_stream(self.options, stream_tail)
         if start is None:  # Spark < 4.2: no admission control
             return self._offset(tails)
-        begin = self._positions(start)
+        begin = self._skip_removed(self._positions(start), tails)
         available = {s: max(0, tails[s] - begin[s]) for s in begin}
         max_rows = getattr(limit, "max_rows", None)
         if isinstance(max_rows, int):
             available = share_limit(available, max_rows)
         return self._offset({s: begin[s] + available[s] for s in begin})
+
+    def _skip_removed(self, begin: dict[str, int], tails: dict[str, int]) -> dict[str, int]:
+        """With ``failOnDataLoss=false``: where each stream's next batch really starts.
+
+        Offsets that retention removed hold nothing to read; a batch planned from below
+        a stream's first offset with a row limit would cover only removed offsets and
+        come back empty, batch after batch, until its ranges reach the first offset
+        still there. The first offset is probed instead and the batch starts from it
+        (a WARNING names the offsets skipped); :meth:`partitions` splits only what is
+        left. With ``failOnDataLoss=true`` the read of such a range fails instead.
+        """
+        self._heads = {}
+        if self.options.fail_on_data_loss or all(begin[s] >= tails[s] for s in begin):
+            return begin
+        heads = per_stream(self.options, stream_first)
+        moved = dict(begin)
+        for stream, head in heads.items():
+            if head > begin[stream] and begin[stream] < tails[stream]:
+                logger.warning(
+                    "rabbitmq source %r: offsets [%d, %d) are gone (retention: the stream "
+                    "now starts at offset %d); skipped (failOnDataLoss=false)",
+                    stream,
+                    begin[stream],
+                    head,
+                    head,
+                )
+                moved[stream] = self._heads[stream] = min(head, tails[stream])
+        return moved
 
     def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
         """Split a micro-batch into offset ranges; Spark calls it.
@@ -514,9 +545,13 @@ class StreamQueueReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end: the offset after it.
 
         Returns:
-            ``numPartitions`` ranges per stream (each partition of a super stream).
+            ``numPartitions`` ranges per stream (each partition of a super stream),
+            from the first offset still in the stream where the batch was planned
+            past offsets retention removed (``failOnDataLoss=false``).
         """
         begin, finish = self._positions(start), self._positions(end)
+        for stream, head in self._heads.items():
+            begin[stream] = max(begin[stream], min(head, finish[stream]))
         n = self.options.num_partitions
         return [
             OffsetRange(low, high, stream)

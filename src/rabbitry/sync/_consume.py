@@ -7,7 +7,7 @@ import queue as queue_module
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..aio.channel import Subscription
-from ..batching import BATCH_FORMAT_HEADER, iter_delivery
+from ..batching import BATCH_FORMAT_HEADER, RecordLedger, iter_delivery
 from ..exceptions import AMQPError, ConsumerCancelled
 from ..protocol.message import Message
 
@@ -87,6 +87,7 @@ def consume(
         on_close=inbox.put,
     )
     tag = portal.call(engine.start_consumer, subscription)
+    ledger = RecordLedger()
     try:
         while True:
             try:
@@ -98,8 +99,9 @@ def consume(
             if unpack_batches:
                 headers = item.properties.headers
                 if headers is not None and BATCH_FORMAT_HEADER in headers:
-                    yield from iter_delivery(item, no_ack)  # batch envelopes: records
+                    yield from iter_delivery(item, no_ack, ledger)  # batch envelopes: records
                 else:
+                    ledger.last_plain = item
                     yield item  # (iter_delivery's own test, inlined: once per message)
             else:
                 yield item

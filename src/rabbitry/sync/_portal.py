@@ -46,6 +46,7 @@ from collections import deque
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .._failure_log import RateLimitedLog
 from ..exceptions import AMQPError, InvalidStateError, Timeout
 from ..publishing.unobserved import Observable, looks
 
@@ -673,6 +674,9 @@ class Dispatcher:
         self._low_water = max(1, maxsize // 2)
         self._stopping = False
         self._blocking_calls = 0
+        # Callbacks that raise (a consumer callback may raise on every message): ERROR
+        # with the traceback, rate-limited with counts; the IO loop times the summary.
+        self._errors = RateLimitedLog(logger, name, "callback failures", loop=portal.loop)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -750,14 +754,16 @@ class Dispatcher:
         while True:
             item = get()
             if item is self._STOP:
+                self._errors.flush()
                 return
             fn, args, channel = item
             if channel is None or channel.close_exc is None:
                 try:
                     fn(*args)
-                except Exception:
-                    logger.exception("callback %r failed", fn)
+                except Exception as exc:
+                    self._errors.log("raised", "callback %r failed", fn, exc_info=exc)
             if self._stopping and self._queue.empty():
+                self._errors.flush()
                 return
             if (
                 (self._paused or self._overflow)

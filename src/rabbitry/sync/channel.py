@@ -472,7 +472,8 @@ class Channel:
 
         Raises:
             LocalProtocolError: invalid field, property or body; nothing was queued.
-            InvalidStateError: the channel is closed.
+            InvalidStateError: the channel is closed, or its connection is closing after
+                a protocol error (the error is the cause).
         """
         channel = self._async
         if channel.close_exc is not None:  # channel.is_closed, without the property call
@@ -480,6 +481,11 @@ class Channel:
                 f"cannot publish: channel {self.channel_id} is closed"
             ) from channel.close_exc
         proto = self._pipe.protocol
+        if proto.connection_error is not None:
+            raise InvalidStateError(
+                f"cannot publish: the connection is closing after a protocol error "
+                f"({proto.connection_error})"
+            ) from proto.connection_error
         frames = proto.encode_publish(
             exchange,
             routing_key,

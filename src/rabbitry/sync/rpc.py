@@ -12,7 +12,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import AMQPError, ConfigurationError
-from ..rpc import _UNSET, AsyncRpcClient, ReplyBody, check_request, reply_for, reply_lost
+from ..rpc import (
+    _UNSET,
+    AsyncRpcClient,
+    ReplyBody,
+    check_request,
+    reply_for,
+    reply_lost,
+    server_log,
+)
 from ._connection import portal_of
 from .channel import _wait
 from .consumer import Consumer
@@ -53,6 +61,11 @@ class RpcClient:
     def pending(self) -> int:
         """Calls waiting for their reply."""
         return self._async.pending
+
+    @property
+    def late_replies(self) -> int:
+        """Replies that matched no waiting call: dropped, counted, logged rate-limited."""
+        return self._async.late_replies
 
     @property
     def exchange(self) -> str:
@@ -149,6 +162,7 @@ class RpcServer:
         self.queue = queue
         self._handler = handler
         self._reply_channel: Channel | None = None
+        self._errors = server_log(queue, portal_of(connection).loop)
         self.consumer: Consumer = Consumer(
             connection, queue, self._serve, prefetch=prefetch, concurrency=concurrency
         )
@@ -178,7 +192,10 @@ class RpcServer:
         Args:
             timeout: seconds to wait for running handlers.
         """
-        self.consumer.stop(timeout=timeout)
+        try:
+            self.consumer.stop(timeout=timeout)
+        finally:
+            self._errors.close()
         channel, self._reply_channel = self._reply_channel, None
         if channel is not None and channel.is_open:
             channel.close()
@@ -196,13 +213,13 @@ class RpcServer:
 
     def _serve(self, message: Message) -> None:
         # A pool thread: the handler may block; the reply leaves from here.
-        check_request(message, self.queue)
+        check_request(message, self._errors)
         outcome: ReplyBody | BaseException
         try:
             outcome = self._handler(message)
         except Exception as exc:
             outcome = exc
-        body, properties = reply_for(message, outcome, self.queue)
+        body, properties = reply_for(message, outcome, self._errors)
         assert message.properties.reply_to is not None
         try:
             channel = self._reply_channel
@@ -210,4 +227,4 @@ class RpcServer:
                 channel = self._reply_channel = self._conn.channel()
             channel.basic_publish("", message.properties.reply_to, body, properties=properties)
         except AMQPError as exc:
-            reply_lost(self.queue, message, exc)
+            reply_lost(message, exc, self._errors)
