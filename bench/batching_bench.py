@@ -44,7 +44,7 @@ async def run_async(url: str, batch: int, records: int, body: bytes) -> tuple[fl
             started, cpu = time.perf_counter(), time.process_time()
             if batch == 0:
                 for _ in range(records):
-                    await publisher.publish(body, routing_key=queue)
+                    await publisher.send(body, routing_key=queue)
                 await publisher.wait_for_confirms(timeout=120)
             else:
                 batching = AsyncBatchingPublisher(publisher, batch_records=batch, linger=0.01)

@@ -75,11 +75,11 @@ async def publish_loop(url: str, messages: int) -> float:
         )
         async with await conn.publisher(max_in_flight=1000) as publisher:
             for _ in range(2000):  # warm-up: caches, the SDK's first spans
-                await publisher.publish(body, routing_key=ok.queue)
+                await publisher.send(body, routing_key=ok.queue)
             await publisher.wait_for_confirms()
             start = time.process_time()
             for _ in range(messages):
-                await publisher.publish(body, routing_key=ok.queue)
+                await publisher.send(body, routing_key=ok.queue)
             await publisher.wait_for_confirms()
             return (time.process_time() - start) / messages
 

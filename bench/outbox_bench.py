@@ -54,7 +54,7 @@ async def memory_publish(conn: AsyncConnection, queue: str, count: int, _batch: 
                          body: bytes, _dir: str) -> None:  # fmt: skip
     publisher = await conn.publisher(max_in_flight=1000)
     for _ in range(count):
-        await publisher.publish(body, routing_key=queue)
+        await publisher.send(body, routing_key=queue)
     await publisher.wait_for_confirms()
     await publisher.close()
 

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .aio.connection import AsyncConnection
     from .protocol.message import Message
     from .publishing.pipe import PublishPipe, WritePath
+    from .publishing.unobserved import UnobservedLedger
     from .recovery import NackRetry
 
 logger = logging.getLogger("rabbitry.publisher")
@@ -124,7 +125,7 @@ class _Pending:
         if not future.done():
             if isinstance(exception, Nacked) and exception.delivery_tag != self.seq:
                 exception = Nacked(self.seq)  # a multiple nack names its highest tag
-            future.set_exception(exception)
+            self.owner._ledger.fail(future, exception)
         self.owner._finished(self)
 
     def expire(self) -> None:
@@ -132,8 +133,9 @@ class _Pending:
         self.timer = None
         future = self.future
         if not future.done():
-            future.set_exception(
-                PublishTimeout(f"publish #{self.seq} was not confirmed before its deadline")
+            self.owner._ledger.fail(
+                future,
+                PublishTimeout(f"publish #{self.seq} was not confirmed before its deadline"),
             )
 
 
@@ -236,6 +238,7 @@ class _PublisherCore:
     _closed_by: AMQPError | None
     _detached: bool
     _release_slot_cb: Callable[[], None]
+    _ledger: UnobservedLedger
 
     # ------------------------------------------------------------------ waiting (loop)
 
@@ -384,7 +387,7 @@ class _PublisherCore:
         pipe = self._pipe
         if self._closing:
             if future is not None:
-                future.set_exception(self._closed_error())
+                self._ledger.fail(future, self._closed_error())
             if release is not None:
                 release()
             return
@@ -471,7 +474,7 @@ class _PublisherCore:
             seq = proto.send_publish(frames)
         except AMQPError as exc:
             if future is not None:
-                future.set_exception(exc)
+                self._ledger.fail(future, exc)
             if release is not None:
                 release()
             return
@@ -518,7 +521,7 @@ class _PublisherCore:
                         0, f"not sent: no channel could be opened ({exc!r})"
                     )
                     error.__cause__ = exc
-                future.set_exception(error)
+                self._ledger.fail(future, error)
             if release is not None:
                 release()
         self._check_idle()
@@ -620,7 +623,7 @@ class _PublisherCore:
         record = same[0]  # duplicates: oldest first
         self._forget_returnable(record)
         if not record.future.done():
-            record.future.set_exception(Unroutable(message))
+            self._ledger.fail(record.future, Unroutable(message))
 
     def _on_blocked(self, reason: str | None) -> None:
         self._blocked_reason = reason
@@ -720,6 +723,7 @@ class PublisherPort:
         "encode_batch",
         "frames",
         "kick",
+        "ledger",
         "new_message_id",
         "release_slot",
         "reserve_more",
@@ -759,6 +763,8 @@ class PublisherPort:
         self.kick = core._writes.kick
         self.add_block_hook = core._add_block_hook
         self.add_close_hook = core._add_close_hook
+        #: The failed futures nobody looked at (reported when the publisher ends).
+        self.ledger = core._ledger
         self.closing = False
 
 

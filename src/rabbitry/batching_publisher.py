@@ -33,18 +33,22 @@ import struct
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from .batching import envelope_headers
 from .exceptions import ConfigurationError, InvalidStateError, LocalProtocolError
 from .protocol import spec
+from .publisher import as_properties, port_of
 from .sync._portal import ConfirmFuture
+from .sync.publisher import ledger_of
 
 if TYPE_CHECKING:
     import concurrent.futures
     from datetime import timedelta
 
     from .publisher import AsyncPublisher, Body
+    from .publishing.unobserved import UnobservedLedger
     from .sync.publisher import Publisher
 
 __all__ = [
@@ -188,16 +192,19 @@ class _EnvelopeOptions:
 
     def __init__(
         self,
-        properties: spec.BasicProperties | None,
+        properties: spec.BasicProperties | Mapping[str, Any] | None,
         persistent: bool | None,
         expiration: int | timedelta | None,
         mandatory: bool | None,
         timeout: float | None,
     ) -> None:
         if properties is not None and not isinstance(properties, spec.BasicProperties):
-            raise ConfigurationError(
-                f"properties: must be rabbitry.Properties, got {type(properties).__name__}"
-            )
+            if not isinstance(properties, Mapping):
+                raise ConfigurationError(
+                    "properties: must be rabbitry.Properties or a mapping of its fields, "
+                    f"got {type(properties).__name__}"
+                )
+            properties = as_properties(properties)
         if properties is not None and properties.message_id is not None:
             # Each envelope is one message and gets its own id from the publisher; one
             # fixed id would make a deduplicating consumer drop every envelope but one.
@@ -241,7 +248,7 @@ class _EnvelopeOptions:
         }
 
 
-def _settle_all(futures: list[Any], outcome: Any) -> None:
+def _settle_all(futures: list[Any], ledger: UnobservedLedger, outcome: Any) -> None:
     """Give every record future the envelope future's outcome."""
     if outcome.cancelled():
         error: BaseException | None = InvalidStateError("the envelope's publish was cancelled")
@@ -253,13 +260,21 @@ def _settle_all(futures: list[Any], outcome: Any) -> None:
         if error is None:
             future.set_result(None)
         else:
-            future.set_exception(error)
+            ledger.fail(future, error)
 
 
-def _fail_all(futures: list[Any], error: BaseException) -> None:
+def _fail_all(
+    futures: list[Any], error: BaseException, ledger: UnobservedLedger | None = None
+) -> None:
+    """Fail every record future not done yet (through ``ledger``, when given, so that
+    a failure nobody looks at is reported when the publisher ends)."""
     for future in futures:
-        if not future.done():
+        if future.done():
+            continue
+        if ledger is None:
             future.set_exception(error)
+        else:
+            ledger.fail(future, error)
 
 
 # --------------------------------------------------------------------------- asyncio
@@ -331,7 +346,7 @@ class AsyncBatchingPublisher:
         batch_records: int = 100,
         batch_bytes: int = DEFAULT_BATCH_BYTES,
         linger: float = 0.005,
-        properties: spec.BasicProperties | None = None,
+        properties: spec.BasicProperties | Mapping[str, Any] | None = None,
         persistent: bool | None = None,
         expiration: int | timedelta | None = None,
         mandatory: bool | None = None,
@@ -349,6 +364,9 @@ class AsyncBatchingPublisher:
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        # Record futures that fail with nobody looking at them are reported by the
+        # publisher's close(), which waits for their envelopes (this close does not).
+        self._ledger = port_of(publisher).ledger
 
     @property
     def stats(self) -> BatchingStats:
@@ -367,7 +385,10 @@ class AsyncBatchingPublisher:
         """Add a record to the batch for ``exchange``/``routing_key``; returns its future.
 
         Waits only when a full batch is being handed to the publisher (whose window
-        may be full).
+        may be full), never for the confirm: waiting for each record's confirm would
+        send one record per envelope. A record future that fails with nobody looking
+        at it is raised by the publisher's ``close()`` as
+        :class:`UnobservedPublishFailures`.
 
         Args:
             body: the record.
@@ -422,6 +443,9 @@ class AsyncBatchingPublisher:
         Records are refused from the moment ``close()`` is called: another task's
         :meth:`publish` while the last batches are handed over raises
         :class:`InvalidStateError`, so no record is accepted that nothing would send.
+        A record future that fails with nobody looking at it is reported by the
+        publisher's ``close()`` (:class:`UnobservedPublishFailures`), which waits for
+        the envelopes still in flight.
         """
         if self._closed:
             return
@@ -477,10 +501,10 @@ class AsyncBatchingPublisher:
         futures = batch.futures
         try:
             body, props = options.message(batch)
-            sent = await self.publisher.publish(body, **options.publish_options(batch, props))
+            sent = await self.publisher.send(body, **options.publish_options(batch, props))
         except BaseException as exc:
             if isinstance(exc, Exception) and self.publisher.is_closed:
-                _fail_all(futures, exc)
+                _fail_all(futures, exc, self._ledger)
                 _publisher_gone(self._acc, len(futures), exc)  # one ERROR for all of them
                 return
             logger.error(
@@ -489,17 +513,19 @@ class AsyncBatchingPublisher:
                 exc,
             )
             if isinstance(exc, Exception):
-                _fail_all(futures, exc)
+                _fail_all(futures, exc, self._ledger)
                 return
             # This sending task itself was cancelled (the event loop is shutting down):
             # nothing will send these records, so their futures fail now.
-            _fail_all(futures, InvalidStateError(f"the envelope was not sent: {exc!r}"))
+            _fail_all(
+                futures, InvalidStateError(f"the envelope was not sent: {exc!r}"), self._ledger
+            )
             raise
         if len(futures) == 1:
             self._acc.stats.singles += 1
         else:
             self._acc.stats.envelopes += 1
-        sent.add_done_callback(functools.partial(_settle_all, futures))
+        sent.add_done_callback(functools.partial(_settle_all, futures, self._ledger))
 
 
 # --------------------------------------------------------------------------- threads
@@ -513,9 +539,9 @@ class BatchingPublisher:
     record filled it, by :meth:`flush`, or by a linger thread (started with the first
     record) when ``linger`` passes; that thread waits while the publisher's window is
     full, and other publishing threads wait with it. Record futures are settled on the
-    connection's IO thread, as the publisher's are: callbacks added to them must be
-    quick and must not publish (the IO thread would wait for a window that only it can
-    free). Same options as the async twin.
+    connection's callback thread, never on its IO thread: callbacks added to them run
+    there, in order, and should be quick (other callbacks wait for them). Same options
+    as the async twin.
     """
 
     def __init__(
@@ -525,7 +551,7 @@ class BatchingPublisher:
         batch_records: int = 100,
         batch_bytes: int = DEFAULT_BATCH_BYTES,
         linger: float = 0.005,
-        properties: spec.BasicProperties | None = None,
+        properties: spec.BasicProperties | Mapping[str, Any] | None = None,
         persistent: bool | None = None,
         expiration: int | timedelta | None = None,
         mandatory: bool | None = None,
@@ -544,6 +570,8 @@ class BatchingPublisher:
         self._deadline: float | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
+        # As in the async twin: reported by the publisher's close().
+        self._ledger = ledger_of(publisher)
 
     @property
     def stats(self) -> BatchingStats:
@@ -608,7 +636,11 @@ class BatchingPublisher:
         self.publisher.wait_for_confirms(timeout=timeout)
 
     def close(self) -> None:
-        """Send the open batch, stop the linger thread, refuse new records."""
+        """Send the open batch, stop the linger thread, refuse new records.
+
+        Record failures nobody looked at are reported by the publisher's ``close()``,
+        as for :meth:`AsyncBatchingPublisher.close`.
+        """
         with self._lock:
             if self._closed:
                 return
@@ -637,7 +669,7 @@ class BatchingPublisher:
             except Exception as exc:
                 sealed.popleft()
                 if self.publisher.is_closed:
-                    _fail_all(futures, exc)
+                    _fail_all(futures, exc, self._ledger)
                     _publisher_gone(self._acc, len(futures), exc)  # one ERROR for all
                     continue
                 logger.error(
@@ -645,7 +677,7 @@ class BatchingPublisher:
                     len(futures),
                     exc,
                 )
-                _fail_all(futures, exc)
+                _fail_all(futures, exc, self._ledger)
                 continue
             except BaseException:
                 # Interrupted while the envelope waited for the publisher: the linger
@@ -659,7 +691,7 @@ class BatchingPublisher:
                 self._acc.stats.singles += 1
             else:
                 self._acc.stats.envelopes += 1
-            sent.add_done_callback(functools.partial(_settle_all, futures))
+            sent.add_done_callback(functools.partial(_settle_all, futures, self._ledger))
 
     def _start_linger_thread(self) -> None:
         if self._thread is None:

@@ -55,6 +55,8 @@ The tree::
     │   ├── PublishRefused(reply_code, reply_text)  the broker closed the channel because
     │   │                                     of this publish (404, 403, 406): do not resend
     │   ├── PublishOutcomeUnknown          the channel or connection died before the confirm
+    │   ├── UnobservedPublishFailures(count, failures)  a publisher ended holding failed
+    │   │                                     publishes nobody looked at
     │   └── PublishTimeout (also Timeout)  a publish's deadline passed (room, block, confirm)
     │       └── OutboxFull                 the durable outbox stayed at its bound (rows/bytes)
     ├── OutboxError(path)                  the durable outbox cannot be used (path and cause)
@@ -179,6 +181,7 @@ __all__ = [
     "TopologyMissingExchange",
     "TopologyValidationError",
     "UnexpectedFrame",
+    "UnobservedPublishFailures",
     "Unroutable",
     "VirtualHostAccessRefused",
     "VirtualHostNotFound",
@@ -625,6 +628,39 @@ class PublishRefused(PublishError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.delivery_tag, self.reply_code, self.reply_text))
+
+
+class UnobservedPublishFailures(PublishError):
+    """A publisher ended (``close()``, or the end of its ``with`` / ``async with`` block)
+    while it held failed publishes whose outcome nobody looked at.
+
+    A future returned by ``publish`` (sync) or ``send`` (asyncio) counts as looked at
+    once its ``result()`` or ``exception()`` was called, it was awaited, or a
+    done-callback was added to it before it failed. The failures are logged at ERROR
+    too; when the block already ends with an exception, they are only logged, so that
+    exception is not replaced.
+
+    Attributes:
+        count: how many failed publishes nobody looked at.
+        failures: the first of them (at most a thousand), oldest first: each the
+            exception its future holds (:class:`Unroutable`, :class:`PublishRefused`...).
+        first: ``failures[0]``.
+        what: the kind of publisher that ended ("Publisher", "AsyncBatchingPublisher"...).
+    """
+
+    def __init__(self, count: int, failures: list[BaseException], what: str = "publisher") -> None:
+        first = failures[0] if failures else None
+        super().__init__(
+            f"{what} ended with {count} failed publish{'es' if count != 1 else ''} nobody "
+            f"looked at; the first: {type(first).__name__}: {first}"
+        )
+        self.count = count
+        self.failures = failures
+        self.first = first
+        self.what = what
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.count, self.failures, self.what))
 
 
 class HandlerSignal(AMQPError):

@@ -41,9 +41,7 @@ import itertools
 import logging
 import secrets
 from collections import deque
-from dataclasses import dataclass
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from ._publisher_core import PublisherPort, _Batch, _Encoded, _Pending, _PublisherCore
 from ._waiters import Waiters
@@ -58,106 +56,41 @@ from .exceptions import (
 )
 from .observability import _state as _obs
 from .protocol.channel import ChannelState
-from .protocol.publish import PublishEncoder, as_body, properties_prefix, retarget
+from .protocol.publish import PublishEncoder, as_body, properties_prefix
+from .protocol.spec import BasicProperties
+from .publishing.messages import (
+    Body,
+    OutgoingMessage,
+    UnconfirmedMessage,
+    as_properties,
+    expiration_ms,
+)
+from .publishing.unobserved import UnobservedLedger
 from .recovery import NackRetry, State
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Mapping
+    from datetime import timedelta
 
     from .aio.channel import AsyncChannel, Settleable
     from .aio.connection import AsyncConnection
     from .protocol import spec
     from .publishing.pipe import PublishPipe
 
-__all__ = ["AsyncPublisher", "Body", "OutgoingMessage", "UnconfirmedMessage", "expiration_ms"]
+__all__ = [
+    "AsyncPublisher",
+    "Body",
+    "OutgoingMessage",
+    "UnconfirmedMessage",
+    "as_properties",
+    "expiration_ms",
+]
 
 logger = logging.getLogger("rabbitry.publisher")
 
-#: What a message body may be; ``str`` is sent as UTF-8.
-Body = bytes | bytearray | memoryview | str
-
 _OPEN = ChannelState.OPEN
-_MAX_EXPIRATION = 2**32 - 1  # RabbitMQ: rabbit_misc:check_expiry, ?MAX_EXPIRY_TIMER
-_ONE_MS = timedelta(milliseconds=1)
 _CACHE_LIMIT = 512
 _PLAIN_TEMPLATE = properties_prefix(None, None)
-
-
-# --------------------------------------------------------------------------- messages
-
-
-@dataclass(frozen=True, slots=True)
-class OutgoingMessage:
-    """One message of :meth:`AsyncPublisher.publish_batch`.
-
-    Fields left at ``None`` take the value given to ``publish_batch`` itself.
-
-    Attributes:
-        body: the payload (``str`` is sent as UTF-8).
-        exchange: the exchange to publish to.
-        routing_key: the routing key.
-        properties: the basic properties (``message_id`` is generated when absent).
-        mandatory: ask the broker to return the message if no queue gets it.
-        persistent: ``True`` sends delivery mode 2 (persistent), ``False`` mode 1.
-        expiration: per-message TTL, int milliseconds or a ``timedelta``.
-    """
-
-    body: Body
-    exchange: str | None = None
-    routing_key: str | None = None
-    properties: spec.BasicProperties | None = None
-    mandatory: bool | None = None
-    persistent: bool | None = None
-    expiration: int | timedelta | None = None
-
-
-class UnconfirmedMessage(NamedTuple):
-    """A message sent and not yet settled, as kept in the outbox (for recovery).
-
-    Attributes:
-        seq: its publish sequence number on the channel it was sent on.
-        message_id: its ``message_id`` (generated when the publisher set it).
-        frames: the encoded frames as written (channel number included).
-    """
-
-    seq: int
-    message_id: str | None
-    frames: list[bytes]
-
-    def frames_for(self, channel_id: int) -> list[bytes]:
-        """The same frames addressed to channel ``channel_id`` (for a resend)."""
-        return retarget(self.frames, channel_id)
-
-
-def expiration_ms(value: int | timedelta | str, field: str = "expiration") -> str:
-    """Convert a per-message TTL to the digit string RabbitMQ requires.
-
-    Args:
-        value: int milliseconds, a ``timedelta`` (whole milliseconds, rounded down) or a
-            string of digits.
-        field: the name used in the error message.
-
-    Raises:
-        LocalProtocolError: a bool, a float, a negative value, a value above
-            2^32 - 1 ms (RabbitMQ's limit) or anything else.
-    """
-    if isinstance(value, bool) or not isinstance(value, int | timedelta | str):
-        raise LocalProtocolError(
-            f"{field}: must be int milliseconds or a timedelta, got {type(value).__name__}"
-        )
-    if isinstance(value, timedelta):
-        ms = value // _ONE_MS
-    elif isinstance(value, str):
-        if not (value.isascii() and value.isdigit()):
-            raise LocalProtocolError(f"{field}: must be a string of digits, got {value!r}")
-        ms = int(value)
-    else:
-        ms = value
-    if ms < 0:
-        raise LocalProtocolError(f"{field}: must not be negative, got {ms} ms")
-    if ms > _MAX_EXPIRATION:
-        raise LocalProtocolError(f"{field}: at most {_MAX_EXPIRATION} ms, got {ms} ms")
-    return str(ms)
 
 
 # --------------------------------------------------------------------------- publisher
@@ -270,6 +203,8 @@ class AsyncPublisher(_PublisherCore):
         # Told (loop thread) when the publisher closes or its connection ends.
         self._close_hooks: list[Callable[[], None]] = []
         self._closing = False
+        # Failed futures nobody looked at, reported when the publisher ends.
+        self._ledger = UnobservedLedger("AsyncPublisher")
         # The members the sync twin and the outbox drive (closing mirrors _closing).
         self._port = PublisherPort(self, self._encode, self._encode_batch, self._new_message_id)
         # The connection's end, when that is what closed the publisher.
@@ -305,8 +240,11 @@ class AsyncPublisher(_PublisherCore):
     async def __aenter__(self) -> AsyncPublisher:
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
+    async def __aexit__(self, exc_type: object, *exc_info: object) -> None:
+        await self._shutdown(None)
+        await asyncio.sleep(0)  # done-callbacks already scheduled run first
+        # A block that raised keeps its exception; the failures are logged then.
+        self._ledger.report(raise_error=exc_type is None)
 
     # ------------------------------------------------------------------ state
 
@@ -368,13 +306,74 @@ class AsyncPublisher(_PublisherCore):
         *,
         exchange: str = "",
         routing_key: str = "",
-        properties: spec.BasicProperties | None = None,
+        properties: spec.BasicProperties | Mapping[str, Any] | None = None,
+        mandatory: bool | None = None,
+        persistent: bool | None = None,
+        expiration: int | timedelta | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """Publish one message and wait until the broker has confirmed it.
+
+        The call returns once the broker acked the message (with ``confirm=False``:
+        once it is queued for the socket) and raises when it did not. One message at a
+        time this way waits a round trip per message; for throughput, :meth:`send`
+        returns the future at once, or use :meth:`publish_batch`.
+
+        Args:
+            body: the payload; ``str`` is sent as UTF-8.
+            exchange: the exchange ("" is the default exchange).
+            routing_key: the routing key (the queue name on the default exchange).
+            properties: the basic properties, or a mapping of their fields
+                (``{"message_id": "a"}``). ``message_id`` is generated when absent.
+            mandatory: ask the broker to return the message when no queue gets it
+                (``None``: the publisher's default).
+            persistent: ``True`` sets delivery mode 2 (persistent), ``False`` mode 1.
+            expiration: per-message TTL, int milliseconds or a ``timedelta``.
+            timeout: the deadline in seconds (``None``: the publisher's default) for
+                waiting while blocked, for room in the window and for the confirm.
+
+        Raises:
+            LocalProtocolError: an invalid argument; nothing was sent.
+            Nacked: the broker refused the message.
+            Unroutable: ``mandatory`` and no queue got it (``exc.message`` is the
+                returned message).
+            PublishRefused: the broker closed the channel because of this message
+                (e.g. 404 for a missing exchange).
+            PublishOutcomeUnknown: the channel or connection ended before the confirm.
+            PublishTimeout: the deadline passed before the confirm.
+            InvalidStateError: the publisher or its connection is closed.
+        """
+        await (
+            await self.send(
+                body,
+                exchange=exchange,
+                routing_key=routing_key,
+                properties=properties,
+                mandatory=mandatory,
+                persistent=persistent,
+                expiration=expiration,
+                timeout=timeout,
+            )
+        )
+
+    async def send(
+        self,
+        body: Body,
+        *,
+        exchange: str = "",
+        routing_key: str = "",
+        properties: spec.BasicProperties | Mapping[str, Any] | None = None,
         mandatory: bool | None = None,
         persistent: bool | None = None,
         expiration: int | timedelta | None = None,
         timeout: float | None = None,
     ) -> asyncio.Future[None]:
-        """Publish one message; returns a future for its outcome.
+        """Publish one message without waiting for its confirm; returns its future.
+
+        The pipelined form of :meth:`publish`: many messages are in flight at once (up
+        to ``max_in_flight``). Look at each future (``await`` it, or its ``result()``):
+        a failure nobody looked at is logged and raised as
+        :class:`UnobservedPublishFailures` when the publisher closes.
 
         Waits (before sending) while the connection is blocked by the broker, while
         ``max_in_flight`` messages are unconfirmed, and while the socket's write buffer
@@ -385,8 +384,9 @@ class AsyncPublisher(_PublisherCore):
             body: the payload; ``str`` is sent as UTF-8.
             exchange: the exchange ("" is the default exchange).
             routing_key: the routing key (the queue name on the default exchange).
-            properties: the basic properties. ``message_id`` is generated when absent,
-                so that consumers can de-duplicate a message sent twice.
+            properties: the basic properties, or a mapping of their fields.
+                ``message_id`` is generated when absent, so that consumers can
+                de-duplicate a message sent twice.
             mandatory: ask the broker to return the message when no queue gets it
                 (``None``: the publisher's default).
             persistent: ``True`` sets delivery mode 2 (persistent), ``False`` mode 1.
@@ -415,6 +415,8 @@ class AsyncPublisher(_PublisherCore):
         """
         if mandatory is None:
             mandatory = self._mandatory
+        if properties is not None and type(properties) is not BasicProperties:
+            properties = as_properties(properties)
         traced = _obs.active
         finish = None
         if traced is not None:  # rabbitry.observability: a span, its context in headers
@@ -457,7 +459,7 @@ class AsyncPublisher(_PublisherCore):
         *,
         exchange: str = "",
         routing_key: str = "",
-        properties: spec.BasicProperties | None = None,
+        properties: spec.BasicProperties | Mapping[str, Any] | None = None,
         mandatory: bool | None = None,
         persistent: bool | None = None,
         expiration: int | timedelta | None = None,
@@ -491,6 +493,8 @@ class AsyncPublisher(_PublisherCore):
             InvalidStateError: the publisher or its connection is closed before the
                 first message was sent (later, the unsent messages get it as outcome).
         """
+        if properties is not None and type(properties) is not BasicProperties:
+            properties = as_properties(properties)
         traced = _obs.active
         finish = None
         if traced is not None:  # rabbitry.observability: a span per message
@@ -581,12 +585,24 @@ class AsyncPublisher(_PublisherCore):
 
         Idempotent. Messages still unconfirmed when the channel closes fail with
         :class:`PublishOutcomeUnknown`; later publishes raise :class:`InvalidStateError`.
-        Raises nothing: a timeout is logged, an error closing the channel ignored.
+        A timeout is logged, an error closing the channel ignored.
 
         Args:
             timeout: seconds to wait for the confirms, and then for the channel's
                 close-ok (``None``: no limit).
+
+        Raises:
+            UnobservedPublishFailures: futures returned by :meth:`send` failed and
+                nobody looked at them (they are logged at ERROR too); raised once.
         """
+        await self._shutdown(timeout)
+        # Done-callbacks scheduled by the last settles run first (a batching
+        # publisher's records are failed in one of them).
+        await asyncio.sleep(0)
+        self._ledger.report()
+
+    async def _shutdown(self, timeout: float | None) -> None:
+        """:meth:`close` without the report of the failures nobody looked at."""
         if self._closing:
             return
         self._closing = self._port.closing = True
@@ -618,7 +634,7 @@ class AsyncPublisher(_PublisherCore):
         body: Body,
         exchange: str,
         routing_key: str,
-        properties: spec.BasicProperties | None,
+        properties: spec.BasicProperties | Mapping[str, Any] | None,
         mandatory: bool,
         persistent: bool | None,
         expiration: int | timedelta | None,
@@ -647,6 +663,8 @@ class AsyncPublisher(_PublisherCore):
                 exchange, routing_key, mandatory, template, body, message_id.encode()
             )
         else:
+            if type(properties) is not BasicProperties:
+                properties = as_properties(properties)
             props, message_id = self._properties(properties, persistent, expiration)
             frames = encoder.frames(exchange, routing_key, mandatory, props, body)
         return frames, message_id
@@ -656,7 +674,7 @@ class AsyncPublisher(_PublisherCore):
         messages: Iterable[OutgoingMessage | Body],
         exchange: str,
         routing_key: str,
-        properties: spec.BasicProperties | None,
+        properties: spec.BasicProperties | Mapping[str, Any] | None,
         mandatory: bool | None,
         persistent: bool | None,
         expiration: int | timedelta | None,

@@ -181,8 +181,8 @@ class AsyncShardedPublisher:
     async def __aenter__(self) -> AsyncShardedPublisher:
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
+    async def __aexit__(self, exc_type: Any, *exc_info: Any) -> None:
+        await self.publisher.__aexit__(exc_type, *exc_info)
 
     async def publish(
         self,
@@ -192,11 +192,28 @@ class AsyncShardedPublisher:
         properties: BasicProperties | None = None,
         persistent: bool | None = None,
         timeout: float | None = None,
+    ) -> None:
+        """Publish ``body`` to the shard that ``key`` hashes to and wait for its confirm,
+        as :meth:`AsyncPublisher.publish` does (it raises the same errors)."""
+        await (
+            await self.send(
+                body, key, properties=properties, persistent=persistent, timeout=timeout
+            )
+        )
+
+    async def send(
+        self,
+        body: Body,
+        key: str,
+        *,
+        properties: BasicProperties | None = None,
+        persistent: bool | None = None,
+        timeout: float | None = None,
     ) -> asyncio.Future[None]:
         """Publish ``body`` to the shard that ``key`` hashes to; returns the confirm
-        future of :meth:`AsyncPublisher.publish`."""
+        future of :meth:`AsyncPublisher.send`."""
         key = _check_key(key)
-        return await self.publisher.publish(
+        return await self.publisher.send(
             body,
             exchange=self.shards.exchange,
             routing_key=key,
@@ -235,8 +252,23 @@ class ShardedPublisher:
     def __enter__(self) -> ShardedPublisher:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, *exc_info: Any) -> None:
+        self.publisher.__exit__(exc_type, *exc_info)
+
+    def send(
+        self,
+        body: Body,
+        key: str,
+        *,
+        properties: BasicProperties | None = None,
+        persistent: bool | None = None,
+        timeout: float | None = None,
+    ) -> concurrent.futures.Future[None]:
+        """The same as :meth:`publish` (the name the asyncio twin gives to the call that
+        returns the future)."""
+        return self.publish(
+            body, key, properties=properties, persistent=persistent, timeout=timeout
+        )
 
     def publish(
         self,

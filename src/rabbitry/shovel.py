@@ -548,7 +548,7 @@ class AsyncShovel:
         if digest in self._sent:
             self._count(possible_duplicates=1)
         try:
-            future = await publisher.publish(
+            future = await publisher.send(
                 message.body,
                 exchange=self.exchange,
                 routing_key=self.routing_key

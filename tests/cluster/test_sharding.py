@@ -91,7 +91,7 @@ async def test_async_sharding_spreads_keys_and_keeps_per_key_order(
         for n in range(PER_KEY):
             for k in range(KEYS):
                 key = f"customer-{k}"
-                await publisher.publish(
+                await publisher.send(
                     str(n).encode(), key, properties=Properties(headers={"key": key})
                 )
         await publisher.wait_for_confirms(timeout=WAIT)

@@ -57,7 +57,7 @@ async def test_stream_survives_its_leader_and_keeps_offsets(
         await Topology(queues=[Queue(queue, queue_type="stream")]).aapply(conn)
         async with await conn.publisher() as publisher:
             for i in range(COUNT):
-                await publisher.publish(str(i), routing_key=queue)
+                await publisher.send(str(i), routing_key=queue)
             await publisher.wait_for_confirms(timeout=WAIT)
         before = await read_from(conn, queue, "first", COUNT)
     offsets = sorted(before)

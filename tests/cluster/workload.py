@@ -191,9 +191,7 @@ class Publishing:
         self.checker.attempted.add(n)
         if self.trace is not None:
             self.trace.add("publish", id=n, client=self.client)
-        future = await self.publisher.publish(
-            str(n).encode(), routing_key=self.queue, persistent=True
-        )
+        future = await self.publisher.send(str(n).encode(), routing_key=self.queue, persistent=True)
         if not self.pending:
             self.stalls.busy()
         self.pending.add(future)

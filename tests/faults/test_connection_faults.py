@@ -66,7 +66,7 @@ async def test_r3_blackhole_is_detected_within_two_heartbeats(
             proxy.blackhole()
             if busy:  # confirms now wait in vain until the resend after recovery
                 for i in range(50):
-                    pending.append(await publisher.publish(b"%d" % i, routing_key=queue))
+                    pending.append(await publisher.send(b"%d" % i, routing_key=queue))
             assert await eventually(lambda: conn.state is State.RECOVERING, 3 * heartbeat + 2)
             when, cause = log.first(State.RECOVERING)
             detected = when - start
@@ -127,7 +127,7 @@ async def test_r4_latency_and_low_bandwidth_cause_no_reconnect(broker_node: Brok
                     futures.append(
                         (
                             message_id,
-                            await publisher.publish(
+                            await publisher.send(
                                 body,
                                 routing_key=queue,
                                 properties=Properties(message_id=message_id),
@@ -218,7 +218,7 @@ async def test_r6_flapping_resets_lose_nothing(broker_node: BrokerNode) -> None:
                 checker.attempt(message_id)
                 if i % 50 == 0:
                     await asyncio.sleep(0.02)  # ~2.5k msg/s: the stream outlasts the chaos
-                future = await publisher.publish(
+                future = await publisher.send(
                     message_id.encode(),
                     routing_key=queue,
                     properties=Properties(message_id=message_id),
@@ -294,7 +294,7 @@ async def test_r7_cut_mid_frame_never_corrupts_a_body(broker_node: BrokerNode) -
                         message_id = str(count)
                         count += 1
                         checker.attempt(message_id)
-                        await feed.publish(
+                        await feed.send(
                             body,
                             routing_key=queue,
                             properties=Properties(

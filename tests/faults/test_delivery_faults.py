@@ -63,7 +63,7 @@ async def _feed(node: BrokerNode, queue: str, checker: Checker, count: int) -> N
         for i in range(count):
             checker.attempt(str(i))
             await (
-                await publisher.publish(
+                await publisher.send(
                     b"x", routing_key=queue, properties=Properties(message_id=str(i))
                 )
             )
@@ -90,7 +90,7 @@ async def test_p1_lost_confirm_is_retransmitted(broker_node: BrokerNode) -> None
         try:
             publisher = await conn.publisher(republish_unconfirmed=True)
             proxy.drop("downstream")
-            first = await publisher.publish(
+            first = await publisher.send(
                 b"one", routing_key=queue, properties=Properties(message_id="one")
             )
             depth = 0
@@ -105,7 +105,7 @@ async def test_p1_lost_confirm_is_retransmitted(broker_node: BrokerNode) -> None
             proxy.reset()
             await asyncio.wait_for(first, WAIT)
             assert publisher._channel is not None and publisher._channel.republished == 1
-            second = await publisher.publish(
+            second = await publisher.send(
                 b"two", routing_key=queue, properties=Properties(message_id="two")
             )
             await asyncio.wait_for(second, WAIT)
@@ -132,7 +132,7 @@ async def test_p6_timed_out_publish_stays_in_the_outbox_until_confirmed(
             publisher = await conn.publisher(republish_unconfirmed=True, timeout=1.0)
             proxy.blackhole()
             started = time.monotonic()
-            future = await publisher.publish(
+            future = await publisher.send(
                 b"late", routing_key=queue, properties=Properties(message_id="late")
             )
             with pytest.raises(PublishTimeout):
@@ -170,7 +170,7 @@ async def test_publisher_close_during_recovery_waits_for_the_resend(
             publisher = await conn.publisher(republish_unconfirmed=True)
             proxy.drop("upstream")  # the broker never sees them
             futures = [
-                await publisher.publish(
+                await publisher.send(
                     b"%d" % i, routing_key=queue, properties=Properties(message_id=str(i))
                 )
                 for i in range(20)
@@ -365,7 +365,7 @@ async def test_t2_entity_changed_out_of_band(broker_node: BrokerNode, mode: str)
             publisher = await conn.publisher()
             for n in (names[0], names[2]):
                 await asyncio.wait_for(
-                    await publisher.publish(b"x", exchange=exchange, routing_key=n), WAIT
+                    await publisher.send(b"x", exchange=exchange, routing_key=n), WAIT
                 )
             channel = await conn.channel()
             for n in (names[0], names[2]):
@@ -502,7 +502,7 @@ async def test_t3_queue_deleted_during_topology_recovery(broker_node: BrokerNode
             publisher = await conn.publisher()
             for key in ("t3.one", "t3.two"):
                 await asyncio.wait_for(
-                    await publisher.publish(key.encode(), exchange="amq.topic", routing_key=key),
+                    await publisher.send(key.encode(), exchange="amq.topic", routing_key=key),
                     WAIT,
                 )
             await publisher.close()

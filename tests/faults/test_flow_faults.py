@@ -81,7 +81,7 @@ async def test_b1_memory_alarm_held_for_4h_publisher_survives(broker_node: Broke
         for i in range(1000):
             checker.attempt(str(i))
             futures.append(
-                await publisher.publish(
+                await publisher.send(
                     b"x", routing_key=out, properties=Properties(message_id=str(i))
                 )
             )
@@ -131,7 +131,7 @@ async def test_b2_overlapping_alarms_unblock_only_when_both_clear(
         publisher = await conn.publisher()
         await asyncio.to_thread(broker_node.set_alarm, "memory")
         await asyncio.to_thread(broker_node.set_alarm, "disk")
-        future = await publisher.publish(b"x", routing_key=queue)
+        future = await publisher.send(b"x", routing_key=queue)
         assert await eventually(lambda: conn.is_blocked, WAIT)
         await asyncio.to_thread(broker_node.clear_alarm, "memory")
         await asyncio.sleep(1.5)
@@ -156,7 +156,7 @@ async def test_b3_alarm_raised_before_connecting(broker_node: BrokerNode) -> Non
         blocks = Blocks(conn)
         assert conn.is_open and not conn.is_blocked
         publisher = await conn.publisher()
-        future = await publisher.publish(b"x", routing_key=queue)
+        future = await publisher.send(b"x", routing_key=queue)
         assert await eventually(lambda: conn.is_blocked, WAIT)
         await asyncio.to_thread(broker_node.clear_alarm, "disk")
         await asyncio.wait_for(future, WAIT)
@@ -177,9 +177,9 @@ async def test_b4_close_while_blocked_returns_in_time(broker_node: BrokerNode) -
     try:
         publisher = await conn.publisher()
         await asyncio.to_thread(broker_node.set_alarm, "memory")
-        first = await publisher.publish(b"x" * 100_000, routing_key=queue)
+        first = await publisher.send(b"x" * 100_000, routing_key=queue)
         assert await eventually(lambda: conn.is_blocked, WAIT)
-        stuck = asyncio.ensure_future(publisher.publish(b"y", routing_key=queue))
+        stuck = asyncio.ensure_future(publisher.send(b"y", routing_key=queue))
         started = time.monotonic()
         await asyncio.wait_for(conn.close(timeout=2), WAIT)  # a hang fails, not a slow box
         print(f"B4: close took {time.monotonic() - started:.2f} s while blocked")

@@ -132,13 +132,13 @@ async def test_async_publisher_on_a_blocked_connection_times_out_naming_the_bloc
         publisher = await conn.publisher()
         try:
             await asyncio.to_thread(broker_node.set_alarm, "memory")
-            first = await publisher.publish(b"first", routing_key=queue)
+            first = await publisher.send(b"first", routing_key=queue)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + HANG
             while not publisher.is_blocked and loop.time() < deadline:
                 await asyncio.sleep(0.01)
             with pytest.raises(PublishTimeout, match="connection blocked by the broker: "):
-                await publisher.publish(b"second", routing_key=queue, timeout=0.5)
+                await publisher.send(b"second", routing_key=queue, timeout=0.5)
             await asyncio.to_thread(broker_node.clear_alarm, "memory")
             assert await asyncio.wait_for(first, HANG) is None
         finally:

@@ -349,7 +349,7 @@ async def test_headline_10k_confirmed_connection_killed_twice_all_delivered(
             kills.append(asyncio.ensure_future(kill_when_open()))
         if index % 100 == 0:
             await asyncio.sleep(0.02)  # ~5k msg/s: the stream outlasts each kill
-        future = await publisher.publish(
+        future = await publisher.send(
             message_id.encode(),
             routing_key=queue,
             properties=rabbitry.Properties(message_id=message_id),

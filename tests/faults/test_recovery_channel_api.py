@@ -395,7 +395,7 @@ async def test_consumer_connection_reset_200_times_under_load_loses_nothing(
                         await asyncio.sleep(0.01)
                         continue
                     batch = [
-                        await publisher.publish(str(n + i).encode(), routing_key=queue)
+                        await publisher.send(str(n + i).encode(), routing_key=queue)
                         for i in range(20)
                     ]
                     for i, future in enumerate(batch):

@@ -472,7 +472,7 @@ def measure_sync(path: str, url: str, queue: str, n: int, warmup: int) -> Measur
 
 
 async def _async_publisher_each(conn: rabbitry.AsyncConnection, queue: str) -> Any:
-    """``await publisher.publish(...)`` with the publisher's defaults (confirms on, a
+    """``await publisher.send(...)`` with the publisher's defaults (confirms on, a
     window of 1000), every message's confirm future awaited: gathered per chunk of
     ``WINDOW`` messages, as an application that wants each outcome does."""
     ch = await conn.channel()
@@ -480,7 +480,7 @@ async def _async_publisher_each(conn: rabbitry.AsyncConnection, queue: str) -> A
     publisher = await conn.publisher()
 
     async def phase(n: int) -> None:
-        publish = publisher.publish
+        publish = publisher.send
         left = n
         while left:
             k = min(WINDOW, left)

@@ -114,7 +114,7 @@ async def test_async_iterator_and_consumer_hand_out_records(
         futures = [await batching.publish(b"r%d" % i, routing_key=queue) for i in range(20)]
     await asyncio.wait_for(asyncio.gather(*futures), WAIT)
     # A plain message among the envelopes passes through unchanged.
-    await (await publisher.publish(b"plain", routing_key=queue))
+    await (await publisher.send(b"plain", routing_key=queue))
     got = []
     async for message in channel.consume(queue, prefetch=5, timeout=1):
         got.append(message.body)
@@ -199,7 +199,7 @@ async def test_hand_built_spring_envelope_is_split_for_consumers(
     records = [b"alpha", b"", b"\x00\x01\x02" * 50]
     props = Properties(headers={**SPRING, "x": 1}, content_type="text/plain")
     for _ in range(2):
-        await (await publisher.publish(by_hand(*records), routing_key=queue, properties=props))
+        await (await publisher.send(by_hand(*records), routing_key=queue, properties=props))
     got = []
     async for message in channel.consume(queue, timeout=1):
         got.append((message.body, message.properties.headers, message.properties.content_type))
@@ -324,7 +324,7 @@ async def test_an_unknown_batch_format_is_parked_not_handed_out(
     await Topology(queues=[Queue(queue)]).with_retry(queue, policy).aapply(conn)
     publisher = await conn.publisher()
     odd = Properties(headers={"springBatchFormat": "lengthHeader8"})
-    await (await publisher.publish(b"\x00" * 16, routing_key=queue, properties=odd))
+    await (await publisher.send(b"\x00" * 16, routing_key=queue, properties=odd))
     handled: list[Message] = []
 
     async def handle(message: Message) -> None:
@@ -339,7 +339,7 @@ async def test_an_unknown_batch_format_is_parked_not_handed_out(
     parked = await channel.basic_get(retry_names.parking_lot, no_ack=True)
     assert parked is not None and parked.body == b"\x00" * 16
     # The iterator raises it, with the envelope unsettled for the caller.
-    await (await publisher.publish(b"\x00" * 16, routing_key=queue, properties=odd))
+    await (await publisher.send(b"\x00" * 16, routing_key=queue, properties=odd))
     with pytest.raises(BatchFormatError, match="lengthHeader8") as caught:
         async for _ in channel.consume(queue, timeout=5):
             pass
@@ -357,7 +357,7 @@ async def test_a_truncated_envelope_is_refused_by_the_iterator(
     publisher = await conn.publisher()
     truncated = by_hand(b"abc", b"defg")[:-2]
     await (
-        await publisher.publish(truncated, routing_key=queue, properties=Properties(headers=SPRING))
+        await publisher.send(truncated, routing_key=queue, properties=Properties(headers=SPRING))
     )
     with pytest.raises(BatchFormatError, match="truncated"):
         async for _ in channel.consume(queue, timeout=5):
@@ -381,7 +381,7 @@ async def test_list_handlers_get_records_and_a_failed_record_parks_its_envelope(
         for body in (b"a0", b"a1", b"a2", b"b0", b"b1", b"b2"):
             await batching.publish(body, routing_key=queue)
     await batching.wait_for_confirms(timeout=WAIT)
-    await (await publisher.publish(b"plain", routing_key=queue))
+    await (await publisher.send(b"plain", routing_key=queue))
     seen: list[list[bytes]] = []
     done = asyncio.Event()
 
@@ -600,12 +600,10 @@ async def test_a_deduplicating_consumer_handles_a_repeated_envelope_once(
     publisher = await conn.publisher()
     envelope = Properties(message_id="envelope-1", headers=SPRING)
     for _ in range(2):
-        await (
-            await publisher.publish(by_hand(b"r0", b"r1"), routing_key=queue, properties=envelope)
-        )
+        await (await publisher.send(by_hand(b"r0", b"r1"), routing_key=queue, properties=envelope))
     for _ in range(2):
         plain = Properties(message_id="plain-1")
-        await (await publisher.publish(b"plain", routing_key=queue, properties=plain))
+        await (await publisher.send(b"plain", routing_key=queue, properties=plain))
     seen: list[bytes] = []
 
     async def one(message: Message) -> None:
@@ -640,7 +638,7 @@ async def test_an_async_iterator_left_inside_an_envelope_returns_it_to_the_queue
     await channel.queue_declare(queue)
     publisher = await conn.publisher()
     await (
-        await publisher.publish(
+        await publisher.send(
             by_hand(b"r0", b"r1", b"r2"), routing_key=queue, properties=Properties(headers=SPRING)
         )
     )

@@ -122,7 +122,7 @@ async def test_a_body_over_the_brokers_limit_is_refused_before_sending(
         assert "max_message_size 16777216 (16 MiB)" in str(refused.value)
         async with await conn.publisher(confirm=True) as publisher:
             with pytest.raises(MessageTooLarge):
-                await publisher.publish(body, routing_key=queue)
+                await publisher.send(body, routing_key=queue)
         expected = 0
     else:
         assert conn.max_message_size == RABBITMQ_3_MAX_MESSAGE_SIZE

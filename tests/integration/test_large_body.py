@@ -51,7 +51,7 @@ SCRIPT = textwrap.dedent(
                 await channel.queue_declare(queue)
                 publisher = await conn.publisher()
                 before = peak()
-                await (await publisher.publish(body, routing_key=queue))
+                await (await publisher.send(body, routing_key=queue))
                 after = peak()
                 await channel.queue_delete(queue)
                 return before, after

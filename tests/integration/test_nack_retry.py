@@ -56,7 +56,7 @@ async def test_nacked_messages_are_resent_until_a_consumer_makes_room(
     await channel.queue_declare(queue, arguments=BOUNDED)
     publisher = await conn.publisher(nack_retry=PATIENT)
     futures = [
-        await publisher.publish(
+        await publisher.send(
             b"%d" % i, routing_key=queue, properties=BasicProperties(message_id=f"id-{i}")
         )
         for i in range(100)
@@ -95,7 +95,7 @@ async def test_retries_are_bounded_then_the_nack_surfaces(
     queue = names.queue()
     await channel.queue_declare(queue, arguments=BOUNDED)
     publisher = await conn.publisher(nack_retry=NackRetry(max_attempts=2, initial_delay=0.01))
-    futures = [await publisher.publish(b"%d" % i, routing_key=queue) for i in range(30)]
+    futures = [await publisher.send(b"%d" % i, routing_key=queue) for i in range(30)]
     await asyncio.wait(futures, timeout=30)
     results = [f.exception() for f in futures]
     assert sum(r is None for r in results) == 10

@@ -141,7 +141,7 @@ async def test_one_trace_follows_a_message_through_two_retries_to_the_parking_lo
     parking_lot = declare_retry(names, queue, policy)
     await Topology(queues=[Queue(queue)]).with_retry(queue, policy).aapply(conn)
     async with await conn.publisher() as publisher:
-        await (await publisher.publish(b"doomed", routing_key=queue))
+        await (await publisher.send(b"doomed", routing_key=queue))
 
     async def failing(message: Message) -> None:
         raise RuntimeError("cannot handle it")
@@ -196,7 +196,7 @@ async def test_a_handler_span_is_a_child_of_the_process_span(
             pass
 
     async with await conn.publisher() as publisher:
-        await (await publisher.publish(b"m", routing_key=queue))
+        await (await publisher.send(b"m", routing_key=queue))
     async with conn.consumer(queue, handler):
         await eventually(lambda: len(telemetry.finished(f"process {queue}")) == 1, "processed")
     (process,) = telemetry.finished(f"process {queue}")
@@ -238,7 +238,7 @@ async def test_a_returned_publish_ends_its_span_with_error_status(
     exchange = names.exchange()
     await Topology(exchanges=[Exchange(exchange, "direct")]).aapply(conn)
     async with await conn.publisher() as publisher:
-        future = await publisher.publish(b"lost", exchange=exchange, routing_key="nowhere",
+        future = await publisher.send(b"lost", exchange=exchange, routing_key="nowhere",
                                          mandatory=True)  # fmt: skip
         with pytest.raises(rabbitry.Unroutable):
             await future
@@ -260,7 +260,7 @@ async def test_a_nacked_publish_ends_its_span_with_error_status(
     await Topology(queues=[Queue(queue, arguments=full)]).aapply(conn)
     async with await conn.publisher() as publisher:
         with pytest.raises(rabbitry.Nacked):
-            await (await publisher.publish(b"refused", routing_key=queue))
+            await (await publisher.send(b"refused", routing_key=queue))
     (span,) = telemetry.finished("publish amq.default")
     assert span.status.status_code is StatusCode.ERROR
     assert span.attributes["rabbitry.outcome"] == "nacked"
@@ -326,7 +326,7 @@ async def test_a_refused_publish_ends_its_span_with_error_status(
     missing = names.exchange("never-declared")
     async with await conn.publisher() as publisher:
         with pytest.raises(rabbitry.PublishRefused):
-            await (await publisher.publish(b"m", exchange=missing, routing_key="k"))
+            await (await publisher.send(b"m", exchange=missing, routing_key="k"))
     (span,) = telemetry.finished(f"publish {missing}")
     assert span.status.status_code is StatusCode.ERROR
     assert span.attributes["rabbitry.outcome"] == "refused"
@@ -406,13 +406,13 @@ async def test_instrumenting_again_with_the_same_meter_provider_keeps_counting(
     await Topology(queues=[Queue(queue)]).aapply(conn)
     default = {"messaging__destination__name": "amq.default"}
     async with await conn.publisher() as publisher:
-        await (await publisher.publish(b"1", routing_key=queue))
+        await (await publisher.send(b"1", routing_key=queue))
         observability.uninstrument()
         assert telemetry.value("rabbitry.publisher.published", **default) is None
-        await (await publisher.publish(b"not counted", routing_key=queue))
+        await (await publisher.send(b"not counted", routing_key=queue))
         observability.instrument(telemetry.tracer_provider, telemetry.meter_provider)
         observability.instrument(telemetry.tracer_provider, telemetry.meter_provider)
-        await (await publisher.publish(b"2", routing_key=queue))
+        await (await publisher.send(b"2", routing_key=queue))
     assert telemetry.value("rabbitry.publisher.published", **default) == 2
     assert telemetry.value("rabbitry.publisher.confirmed", **default) == 2
     assert len(telemetry.finished("publish amq.default")) == 2
@@ -479,7 +479,7 @@ async def test_consumer_lag_exports_the_depth_of_the_consumed_queue(
 
         async with await conn.publisher() as publisher:
             for _ in range(5):
-                await (await publisher.publish(b"m", routing_key=queue))
+                await (await publisher.send(b"m", routing_key=queue))
         consumer = conn.consumer(queue, stuck, prefetch=1)
         async with consumer:
             of_queue = {"messaging__destination__name": queue}
@@ -554,7 +554,7 @@ async def test_without_an_sdk_instrumenting_leaves_messages_untouched(
     observability.instrument()
     try:
         async with await conn.publisher() as publisher:
-            await (await publisher.publish(b"m", routing_key=queue))
+            await (await publisher.send(b"m", routing_key=queue))
     finally:
         observability.uninstrument()
     channel = await conn.channel()

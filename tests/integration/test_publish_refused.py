@@ -120,9 +120,7 @@ async def test_delivery_mode_outside_1_and_2_is_refused_locally_before_sending(
         await ch.basic_publish("", queue, b"x", properties=BasicProperties(delivery_mode=3))
     publisher = await conn.publisher()
     with pytest.raises(LocalProtocolError, match="delivery_mode"):
-        await publisher.publish(
-            b"x", routing_key=queue, properties=BasicProperties(delivery_mode=0)
-        )
+        await publisher.send(b"x", routing_key=queue, properties=BasicProperties(delivery_mode=0))
     # Nothing was sent: the channel is still open and usable.
     assert ch.is_open
     assert await outcome(await ch.basic_publish("", queue, b"ok")) is None
@@ -136,10 +134,10 @@ async def test_publisher_with_nack_retry_does_not_resend_a_refused_message(
     ch = await conn.channel()
     await ch.queue_declare(queue)
     publisher = await conn.publisher(nack_retry=NackRetry(max_attempts=5, initial_delay=0.01))
-    future = await publisher.publish(b"x", exchange=missing, routing_key="k")
+    future = await publisher.send(b"x", exchange=missing, routing_key="k")
     error = await outcome(future)
     assert isinstance(error, PublishRefused) and error.reply_code == 404
     assert publisher.nack_resends == 0
     # The publisher opens a new channel and goes on.
-    assert await outcome(await publisher.publish(b"ok", routing_key=queue)) is None
+    assert await outcome(await publisher.send(b"ok", routing_key=queue)) is None
     assert (await ch.queue_declare(queue, passive=True)).message_count == 1

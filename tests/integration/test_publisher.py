@@ -56,7 +56,7 @@ async def test_100k_confirmed_messages_all_acked(
     queue = names.queue()
     await channel.queue_declare(queue)
     publisher = await conn.publisher(max_in_flight=1000)
-    futures = [await publisher.publish(b"%d" % i, routing_key=queue) for i in range(100_000)]
+    futures = [await publisher.send(b"%d" % i, routing_key=queue) for i in range(100_000)]
     await publisher.wait_for_confirms(timeout=120)
     assert publisher.in_flight == 0
     failed = [e for e in await outcomes(futures) if e is not None]
@@ -88,7 +88,7 @@ async def test_nack_surfaces_exactly_the_rejected_messages(
         queue, arguments={"x-max-length": 10, "x-overflow": "reject-publish"}
     )
     publisher = await conn.publisher()
-    futures = [await publisher.publish(b"%d" % i, routing_key=queue) for i in range(100)]
+    futures = [await publisher.send(b"%d" % i, routing_key=queue) for i in range(100)]
     results = await outcomes(futures)
     acked = [i for i, r in enumerate(results) if r is None]
     nacked = [i for i, r in enumerate(results) if isinstance(r, Nacked)]
@@ -123,7 +123,7 @@ async def test_unroutable_mandatory_carries_the_returned_message(
     futures = []
     for i in range(50):
         key = queue if i % 2 == 0 else missing
-        futures.append(await publisher.publish(b"%d" % i, routing_key=key))
+        futures.append(await publisher.send(b"%d" % i, routing_key=key))
     results = await outcomes(futures)
     for i, result in enumerate(results):
         if i % 2 == 0:
@@ -134,7 +134,7 @@ async def test_unroutable_mandatory_carries_the_returned_message(
             assert result.message.reply_code == 312
             assert result.message.routing_key == missing
     # Not mandatory: the broker drops it silently and acks.
-    dropped = await publisher.publish(b"x", routing_key=missing, mandatory=False)
+    dropped = await publisher.send(b"x", routing_key=missing, mandatory=False)
     await asyncio.wait_for(dropped, 10)
     assert (await channel.queue_declare(queue, passive=True)).message_count == 25
     await publisher.close()
@@ -147,15 +147,15 @@ async def test_missing_exchange_fails_and_publisher_keeps_working(
     await channel.queue_declare(queue)
     publisher = await conn.publisher()
     old_channel = publisher.channel_id
-    before = await publisher.publish(b"before", routing_key=queue)
+    before = await publisher.send(b"before", routing_key=queue)
     await asyncio.wait_for(before, 10)
-    bad = await publisher.publish(b"bad", exchange=names.exchange("missing"))
+    bad = await publisher.send(b"bad", exchange=names.exchange("missing"))
     (error,) = await outcomes([bad])
     assert isinstance(error, PublishRefused) and error.reply_code == 404
     assert isinstance(error.__cause__, NotFound)
     assert "no exchange" in error.reply_text
     # Transparently on a fresh channel.
-    after = await publisher.publish(b"after", routing_key=queue)
+    after = await publisher.send(b"after", routing_key=queue)
     await asyncio.wait_for(after, 10)
     assert publisher.channel_id != old_channel
     assert sorted(m.body for m in await drain(channel, queue)) == [b"after", b"before"]
@@ -192,13 +192,13 @@ async def test_properties_reach_the_consumer(
     await channel.queue_declare(queue, durable=True)
     publisher = await conn.publisher()
     await asyncio.wait_for(
-        await publisher.publish(
+        await publisher.send(
             b"p", routing_key=queue, persistent=True, expiration=timedelta(minutes=5)
         ),
         10,
     )
     await asyncio.wait_for(
-        await publisher.publish(
+        await publisher.send(
             b"q",
             routing_key=queue,
             properties=rabbitry.Properties(message_id="given", content_type="text/plain"),
@@ -223,7 +223,7 @@ async def test_expired_message_is_dropped_by_the_broker(
     await channel.queue_declare(queue)
     publisher = await conn.publisher()
     await asyncio.wait_for(
-        await publisher.publish(b"gone", routing_key=queue, expiration=timedelta(milliseconds=1)),
+        await publisher.send(b"gone", routing_key=queue, expiration=timedelta(milliseconds=1)),
         10,
     )
     await asyncio.sleep(0.2)
@@ -238,7 +238,7 @@ async def test_confirm_false_fire_and_forget(
     await channel.queue_declare(queue)
     publisher = await conn.publisher(confirm=False)
     for i in range(1000):
-        await publisher.publish(b"%d" % i, routing_key=queue)
+        await publisher.send(b"%d" % i, routing_key=queue)
     await publisher.wait_for_confirms()
     deadline = time.monotonic() + 10
     while (await channel.queue_declare(queue, passive=True)).message_count < 1000:
@@ -288,14 +288,14 @@ async def test_memory_alarm_blocks_then_releases_publishers_without_loss(
                 queue, lambda m: received.append(m.body), no_ack=True
             )
             publisher = await publishing.publisher(max_in_flight=window)
-            first = await publisher.publish(b"warm-up", routing_key=queue)
+            first = await publisher.send(b"warm-up", routing_key=queue)
             await asyncio.wait_for(first, 10)
             await asyncio.to_thread(node.set_alarm, "memory")
             futures: list[asyncio.Future[None]] = []
 
             async def produce() -> None:
                 for i in range(total):
-                    futures.append(await publisher.publish(b"%d" % i, routing_key=queue))
+                    futures.append(await publisher.send(b"%d" % i, routing_key=queue))
 
             task = asyncio.create_task(produce())
             await _wait_for(lambda: publisher.is_blocked)

@@ -32,7 +32,7 @@ WAIT = 10.0
 async def publish_all(conn: rabbitry.AsyncConnection, queue: str, bodies: list[str]) -> None:
     async with await conn.publisher() as publisher:
         for body in bodies:
-            await publisher.publish(body, routing_key=queue)
+            await publisher.send(body, routing_key=queue)
         await publisher.wait_for_confirms(timeout=WAIT)
 
 

@@ -77,7 +77,7 @@ async def test_declare_verify_and_route_by_hash(
     keys = [f"customer-{n}" for n in range(30)]
     async with await conn.publisher(mandatory=True) as publisher:
         outcomes = [
-            await publisher.publish(key, exchange=name, routing_key=layout.binding_key_for(key))
+            await publisher.send(key, exchange=name, routing_key=layout.binding_key_for(key))
             for key in keys
         ]
         # Confirmed, not returned: every binding key reaches its partition.

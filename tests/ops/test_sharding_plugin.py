@@ -128,7 +128,7 @@ async def test_async_consumer_of_the_sharded_queue(
         async with AsyncShardedQueueConsumer(conn, exchange, handle, consumers=3):
             publisher = await conn.publisher()
             for i in range(60):
-                await publisher.publish(b"%d" % i, exchange=exchange, routing_key=str(i))
+                await publisher.send(b"%d" % i, exchange=exchange, routing_key=str(i))
             await publisher.wait_for_confirms(timeout=30)
             await publisher.close()
             await asyncio.wait_for(done.wait(), 30)

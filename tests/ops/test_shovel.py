@@ -42,7 +42,7 @@ async def _fill(url: str, queue: str, n: int, **properties: Any) -> None:
         async with await conn.publisher(max_in_flight=2000) as publisher:
             for i in range(n):
                 props = BasicProperties(message_id=str(i), **properties)
-                await publisher.publish(b"body-%d" % i, routing_key=queue, properties=props)
+                await publisher.send(b"body-%d" % i, routing_key=queue, properties=props)
             await publisher.wait_for_confirms(timeout=60)
     finally:
         await conn.close()
@@ -239,7 +239,7 @@ def test_cli_shovel_with_filter_and_count_leaves_the_rest_in_order(
             for i in range(20):
                 kind = "a" if i % 2 == 0 else "b"
                 props = BasicProperties(message_id=str(i), type=kind)
-                await publisher.publish(b"x", routing_key=source, properties=props)
+                await publisher.send(b"x", routing_key=source, properties=props)
         await conn.close()
 
     asyncio.run(fill())

@@ -115,11 +115,11 @@ async def test_publish_sets_message_id_persistent_and_expiration(
     broker: FakeBroker, conn: rabbitry.AsyncConnection
 ) -> None:
     pub = await conn.publisher(confirm=False)
-    await pub.publish(b"a", routing_key="q")
-    await pub.publish(b"b", routing_key="q", persistent=True, expiration=timedelta(seconds=1.5))
-    await pub.publish(b"c", routing_key="q", persistent=False, expiration=0)
+    await pub.send(b"a", routing_key="q")
+    await pub.send(b"b", routing_key="q", persistent=True, expiration=timedelta(seconds=1.5))
+    await pub.send(b"c", routing_key="q", persistent=False, expiration=0)
     user = spec.BasicProperties(message_id="mine", content_type="text/plain", headers={"k": 1})
-    await pub.publish("é", routing_key="q", properties=user, persistent=True, expiration=10)
+    await pub.send("é", routing_key="q", properties=user, persistent=True, expiration=10)
     got = await published(broker, 4)
     ids = [p.properties.message_id for p in got]
     assert all(ids) and len(set(ids)) == 4
@@ -140,7 +140,7 @@ async def test_generated_message_id_when_user_properties_lack_one(
 ) -> None:
     pub = await conn.publisher(confirm=False)
     user = spec.BasicProperties(app_id="me")
-    await pub.publish(b"x", routing_key="q", properties=user)
+    await pub.send(b"x", routing_key="q", properties=user)
     (got,) = await published(broker, 1)
     assert got.properties.message_id and got.properties.app_id == "me"
     assert user.message_id is None
@@ -151,13 +151,13 @@ async def test_invalid_input_raises_before_anything_is_sent(
 ) -> None:
     pub = await conn.publisher()
     with pytest.raises(LocalProtocolError, match="routing_key"):
-        await pub.publish(b"x", routing_key="r" * 300)
+        await pub.send(b"x", routing_key="r" * 300)
     with pytest.raises(LocalProtocolError, match="body"):
-        await pub.publish(12345)  # type: ignore[arg-type]
+        await pub.send(12345)  # type: ignore[arg-type]
     with pytest.raises(LocalProtocolError, match="expiration"):
-        await pub.publish(b"x", expiration=-5)
+        await pub.send(b"x", expiration=-5)
     with pytest.raises(LocalProtocolError, match="expiration"):
-        await pub.publish(b"x", expiration=True)
+        await pub.send(b"x", expiration=True)
     with pytest.raises(LocalProtocolError, match="message"):
         await pub.publish_batch(b"not a list")  # type: ignore[arg-type]
     with pytest.raises(LocalProtocolError):
@@ -189,7 +189,7 @@ async def test_ack_and_multiple_ack_resolve_exactly_the_covered_messages(
 ) -> None:
     pub = await conn.publisher()
     assert broker.sent(spec.ConfirmSelect)
-    futures = [await pub.publish(b"%d" % i, routing_key="q") for i in range(10)]
+    futures = [await pub.send(b"%d" % i, routing_key="q") for i in range(10)]
     got = await published(broker, 10)
     assert [p.seq for p in got] == list(range(1, 11))
     broker.ack(2)
@@ -211,7 +211,7 @@ async def test_nack_fails_with_nacked_naming_each_message(
     broker: FakeBroker, conn: rabbitry.AsyncConnection
 ) -> None:
     pub = await conn.publisher()
-    futures = [await pub.publish(b"x", routing_key="q") for _ in range(5)]
+    futures = [await pub.send(b"x", routing_key="q") for _ in range(5)]
     await published(broker, 5)
     broker.ack(1)
     broker.nack(2)
@@ -228,8 +228,8 @@ async def test_return_then_ack_fails_with_unroutable_and_the_ack_does_not_hide_i
     broker: FakeBroker, conn: rabbitry.AsyncConnection
 ) -> None:
     pub = await conn.publisher(max_in_flight=2)
-    ok = await pub.publish(b"ok", routing_key="q", mandatory=True)
-    lost = await pub.publish(b"lost", routing_key="nowhere", mandatory=True)
+    ok = await pub.send(b"ok", routing_key="q", mandatory=True)
+    lost = await pub.send(b"lost", routing_key="nowhere", mandatory=True)
     got = await published(broker, 2)
     broker.return_then_ack(got[1], multiple=True)  # one multiple ack covers both
     assert await settle(ok) is None
@@ -249,8 +249,8 @@ async def test_duplicate_message_ids_match_returns_oldest_first(
 ) -> None:
     pub = await conn.publisher(mandatory=True)
     props = spec.BasicProperties(message_id="same")
-    first = await pub.publish(b"1", routing_key="nowhere", properties=props)
-    second = await pub.publish(b"2", routing_key="nowhere", properties=props)
+    first = await pub.send(b"1", routing_key="nowhere", properties=props)
+    second = await pub.send(b"2", routing_key="nowhere", properties=props)
     got = await published(broker, 2)
     broker.return_message(got[0])
     broker.ack(2, multiple=True)
@@ -262,7 +262,7 @@ async def test_return_without_mandatory_publish_in_flight_is_logged(
     broker: FakeBroker, conn: rabbitry.AsyncConnection, caplog: pytest.LogCaptureFixture
 ) -> None:
     pub = await conn.publisher()
-    future = await pub.publish(b"x", routing_key="q")  # not mandatory: not correlated
+    future = await pub.send(b"x", routing_key="q")  # not mandatory: not correlated
     (got,) = await published(broker, 1)
     broker.return_then_ack(got)
     assert await settle(future) is None
@@ -276,12 +276,12 @@ async def test_window_full_publish_waits_and_waiters_are_served_in_order(
     broker: FakeBroker, conn: rabbitry.AsyncConnection
 ) -> None:
     pub = await conn.publisher(max_in_flight=2)
-    await pub.publish(b"1", routing_key="q")
-    await pub.publish(b"2", routing_key="q")
+    await pub.send(b"1", routing_key="q")
+    await pub.send(b"2", routing_key="q")
     order: list[int] = []
 
     async def later(i: int) -> None:
-        await pub.publish(b"%d" % i, routing_key="q")
+        await pub.send(b"%d" % i, routing_key="q")
         order.append(i)
 
     tasks = [asyncio.create_task(later(i)) for i in (3, 4, 5)]
@@ -295,22 +295,24 @@ async def test_window_full_publish_waits_and_waiters_are_served_in_order(
     assert order == [3, 4, 5]
     got = await published(broker, 5)
     assert [p.body for p in got] == [b"1", b"2", b"3", b"4", b"5"]
+    broker.ack(5, multiple=True)
+    await pub.wait_for_confirms(timeout=WAIT)
 
 
 async def test_timeout_while_window_full_raises_and_sends_nothing(
     broker: FakeBroker, conn: rabbitry.AsyncConnection
 ) -> None:
     pub = await conn.publisher(max_in_flight=1)
-    first = await pub.publish(b"1", routing_key="q")
+    first = await pub.send(b"1", routing_key="q")
     with pytest.raises(PublishTimeout, match="no room") as caught:
-        await pub.publish(b"2", routing_key="q", timeout=0.05)
+        await pub.send(b"2", routing_key="q", timeout=0.05)
     assert isinstance(caught.value, Timeout) and isinstance(caught.value, TimeoutError)
     await asyncio.sleep(0.05)
     assert len(broker.published) == 1
     broker.ack(1)
     assert await settle(first) is None
     # The timed-out waiter left no trace: the window is usable again.
-    second = await pub.publish(b"3", routing_key="q", timeout=WAIT)
+    second = await pub.send(b"3", routing_key="q", timeout=WAIT)
     await published(broker, 2)
     broker.ack(2)
     assert await settle(second) is None
@@ -328,9 +330,9 @@ async def test_a_slot_handed_to_a_publish_cancelled_in_the_same_pass_goes_to_the
         waiting[0].cancel()  # ...which is cancelled before it resumes
 
     pub._release_slot_cb = release_then_cancel
-    first = await pub.publish(b"1", routing_key="q")
+    first = await pub.send(b"1", routing_key="q")
     for body in (b"2", b"3"):
-        waiting.append(asyncio.create_task(pub.publish(body, routing_key="q")))
+        waiting.append(asyncio.create_task(pub.send(body, routing_key="q")))
     await wait_until(lambda: len(pub._room_waiters) == 2)
     broker.ack(1)
     assert await settle(first) is None
@@ -348,7 +350,7 @@ async def test_confirm_deadline_fails_the_future_but_keeps_the_message_in_flight
     broker: FakeBroker, conn: rabbitry.AsyncConnection
 ) -> None:
     pub = await conn.publisher(timeout=0.1)
-    future = await pub.publish(b"slow", routing_key="q")
+    future = await pub.send(b"slow", routing_key="q")
     assert isinstance(await settle(future), PublishTimeout)
     (kept,) = pub.unconfirmed()
     assert kept.seq == 1 and kept.frames[0][1:3] == (pub.channel_id or 0).to_bytes(2, "big")
@@ -363,7 +365,7 @@ async def test_unconfirmed_frames_can_be_readdressed(
 ) -> None:
     pub = await conn.publisher()
     big = b"z" * 300_000  # three body frames
-    await pub.publish(big, routing_key="q")
+    await pub.send(big, routing_key="q")
     (entry,) = pub.unconfirmed()
     moved = entry.frames_for(7)
     heads = [moved[0]] + [moved[i] for i in range(1, len(moved), 3)]
@@ -371,6 +373,9 @@ async def test_unconfirmed_frames_can_be_readdressed(
     assert all(head[1:3] == b"\x00\x07" for head in heads)
     assert b"".join(moved[i] for i in range(len(moved)) if i % 3 != 1)[20:] != b""
     assert [len(x) for x in moved] == [len(x) for x in entry.frames]
+    await published(broker, 1)
+    broker.ack(1)
+    await pub.wait_for_confirms(timeout=WAIT)
 
 
 # --------------------------------------------------------------------------- blocked
@@ -383,11 +388,11 @@ async def test_blocked_connection_makes_publishes_wait(
     broker.block("low on memory")
     await wait_until(lambda: pub.is_blocked)
     assert pub.blocked_reason == "low on memory"
-    task = asyncio.create_task(pub.publish(b"x", routing_key="q"))
+    task = asyncio.create_task(pub.send(b"x", routing_key="q"))
     await asyncio.sleep(0.05)
     assert not task.done() and broker.published == []
     with pytest.raises(PublishTimeout, match="blocked"):
-        await pub.publish(b"y", routing_key="q", timeout=0.05)
+        await pub.send(b"y", routing_key="q", timeout=0.05)
     broker.unblock()
     future = await asyncio.wait_for(task, WAIT)
     await published(broker, 1)
@@ -405,10 +410,10 @@ async def test_refused_publish_fails_refused_later_ones_discarded_and_next_publi
 ) -> None:
     pub = await conn.publisher()
     first_channel = pub.channel_id
-    acked = await pub.publish(b"ok", routing_key="q")
-    unconfirmed = await pub.publish(b"slow", routing_key="q")
-    bad = await pub.publish(b"bad", exchange="missing")
-    after = await pub.publish(b"after", routing_key="q")
+    acked = await pub.send(b"ok", routing_key="q")
+    unconfirmed = await pub.send(b"slow", routing_key="q")
+    bad = await pub.send(b"bad", exchange="missing")
+    after = await pub.send(b"after", routing_key="q")
     got = await published(broker, 4)
     broker.ack(1)
     broker.close_channel(got[2].channel, 404, "NOT_FOUND - no exchange 'missing' in vhost '/'")
@@ -426,7 +431,7 @@ async def test_refused_publish_fails_refused_later_ones_discarded_and_next_publi
     for error in (before, refused, later):
         assert isinstance(error.__cause__, NotFound)
     assert pub.in_flight == 0
-    fresh = await pub.publish(b"fresh", routing_key="q")
+    fresh = await pub.send(b"fresh", routing_key="q")
     more = await published(broker, 5)
     assert more[4].channel != got[0].channel
     assert pub.channel_id == more[4].channel != first_channel
@@ -439,8 +444,8 @@ async def test_connection_lost_fails_in_flight_with_outcome_unknown(
     broker: FakeBroker, conn: rabbitry.AsyncConnection
 ) -> None:
     pub = await conn.publisher(max_in_flight=1)
-    future = await pub.publish(b"x", routing_key="q")
-    waiting = asyncio.create_task(pub.publish(b"y", routing_key="q"))
+    future = await pub.send(b"x", routing_key="q")
+    waiting = asyncio.create_task(pub.send(b"y", routing_key="q"))
     await published(broker, 1)
     broker.drop()
     error = await settle(future)
@@ -449,7 +454,7 @@ async def test_connection_lost_fails_in_flight_with_outcome_unknown(
     with pytest.raises(InvalidStateError):
         await asyncio.wait_for(waiting, WAIT)
     with pytest.raises(InvalidStateError):
-        await pub.publish(b"z", routing_key="q")
+        await pub.send(b"z", routing_key="q")
 
 
 async def test_a_publish_as_recovery_reopens_the_channel_is_still_confirmed(
@@ -475,7 +480,7 @@ async def test_a_publish_as_recovery_reopens_the_channel_is_still_confirmed(
         while not (channel._suspended and channel._proto.state is ChannelState.OPEN):
             assert time.monotonic() < deadline, "the channel was not re-opened in time"
             await asyncio.sleep(0)
-        future = await pub.publish(b"m", routing_key="q")
+        future = await pub.send(b"m", routing_key="q")
         assert not future.done()
         sent = await published(broker, 1)
         assert (sent[0].body, sent[0].seq) == (b"m", 1)
@@ -508,7 +513,7 @@ async def test_confirm_mode_survives_a_recovery_attempt_that_fails_while_reopeni
         await asyncio.to_thread(broker.wait_for, lambda: opens() == 3)
         await conn.wait_recovered(timeout=WAIT)
         assert broker.connections == 3
-        future = await pub.publish(b"m", routing_key="q")
+        future = await pub.send(b"m", routing_key="q")
         sent = await published(broker, 1)
         assert (sent[0].body, sent[0].seq) == (b"m", 1)
         assert not future.done()
@@ -584,7 +589,7 @@ async def test_publish_batch_deadline(broker: FakeBroker, conn: rabbitry.AsyncCo
 
 async def test_fire_and_forget(broker: FakeBroker, conn: rabbitry.AsyncConnection) -> None:
     pub = await conn.publisher(confirm=False, max_in_flight=1)
-    futures = [await pub.publish(b"x", routing_key="q") for _ in range(5)]
+    futures = [await pub.send(b"x", routing_key="q") for _ in range(5)]
     assert all(f.done() and f.exception() is None for f in futures)
     await pub.wait_for_confirms()
     await published(broker, 5)
@@ -597,7 +602,7 @@ async def test_close_waits_for_confirms_then_refuses(
     broker: FakeBroker, conn: rabbitry.AsyncConnection
 ) -> None:
     pub = await conn.publisher()
-    future = await pub.publish(b"x", routing_key="q")
+    future = await pub.send(b"x", routing_key="q")
     await published(broker, 1)
     closing = asyncio.create_task(pub.close(timeout=WAIT))
     await asyncio.sleep(0.05)
@@ -607,7 +612,7 @@ async def test_close_waits_for_confirms_then_refuses(
     assert await settle(future) is None
     assert pub.is_closed
     with pytest.raises(InvalidStateError):
-        await pub.publish(b"y", routing_key="q")
+        await pub.send(b"y", routing_key="q")
     await pub.close()  # idempotent
 
 
@@ -615,10 +620,12 @@ async def test_close_with_unconfirmed_fails_them_as_unknown(
     broker: FakeBroker, conn: rabbitry.AsyncConnection
 ) -> None:
     pub = await conn.publisher()
-    future = await pub.publish(b"x", routing_key="q")
+    future = await pub.send(b"x", routing_key="q")
     await published(broker, 1)
+    outcome = asyncio.create_task(settle(future))  # someone waits for the outcome
+    await asyncio.sleep(0)
     await pub.close(timeout=0.05)
-    assert isinstance(await settle(future), PublishOutcomeUnknown)
+    assert isinstance(await outcome, PublishOutcomeUnknown)
 
 
 async def test_context_manager_and_repr(broker: FakeBroker, conn: rabbitry.AsyncConnection) -> None:
@@ -632,7 +639,7 @@ async def test_context_manager_and_repr(broker: FakeBroker, conn: rabbitry.Async
             None,
         )
         assert pub.republish_unconfirmed is False
-        future = await pub.publish(b"x", routing_key="q")
+        future = await pub.send(b"x", routing_key="q")
     assert await settle(future) is None
     assert pub.is_closed
 
@@ -795,7 +802,7 @@ async def test_close_while_the_channel_reopens_closes_the_new_channel(
     broker.close_channel(first)
     await wait_until(lambda: pub._channel is not None and not pub._channel.is_open)
     broker.hold_confirm_select = True
-    sending = asyncio.create_task(pub.publish(b"x", routing_key="q"))
+    sending = asyncio.create_task(pub.send(b"x", routing_key="q"))
     # The replacement channel is open; its confirm.select has no answer yet.
     await wait_until(lambda: len(broker.sent(spec.ConfirmSelect)) == 2)
     second = broker.sent(spec.ConfirmSelect)[1][0]
@@ -819,7 +826,7 @@ async def test_connection_lost_while_blocked_releases_the_waiter(
     pub = await conn.publisher()
     broker.block()
     await wait_until(lambda: pub.is_blocked)
-    waiting = asyncio.create_task(pub.publish(b"x", routing_key="q"))
+    waiting = asyncio.create_task(pub.send(b"x", routing_key="q"))
     await asyncio.sleep(0.02)
     broker.drop()
     with pytest.raises(InvalidStateError):
@@ -850,6 +857,8 @@ def test_sync_close_releases_threads_blocked_on_the_window(
 ) -> None:
     pub = sync_conn.publisher(max_in_flight=1)
     first = pub.publish(b"1", routing_key="q")
+    outcomes: list[BaseException | None] = []
+    first.add_done_callback(lambda f: outcomes.append(f.exception()))
     errors: list[BaseException] = []
 
     def blocked() -> None:

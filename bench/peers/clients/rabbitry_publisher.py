@@ -1,11 +1,12 @@
 """rabbitry, asyncio high-level API (AsyncPublisher), idiomatic use.
 
 ``await conn.publisher(...)`` gives a publisher on its own channel. ``await
-publisher.publish(...)`` waits only while ``max_in_flight`` messages are unconfirmed
+publisher.send(...)`` waits only while ``max_in_flight`` messages are unconfirmed
 (the window is the publisher's, not the benchmark's) and returns a future per message;
 the script keeps the futures and checks the settled ones in bulk, so nacks are counted
 without awaiting each one. Every message gets a generated ``message_id`` (the publisher
-always sets one), which the channel-level clients do not send. S1 uses
+always sets one), which the channel-level clients do not send. S2a uses ``await
+publisher.publish(...)``, which returns once the message is confirmed. S1 uses
 ``confirm=False`` (fire-and-forget); S6 sends batches of ``ctx.window`` messages with
 ``publish_batch`` (one write per batch) and waits for each batch's outcomes.
 """
@@ -45,7 +46,7 @@ def _count_failures(pending: deque, keep: int) -> int:
 
 async def _s1(ctx: Ctx) -> None:
     conn, ch, publisher = await _connect(ctx, confirm=False)
-    q, body, publish = ctx.queue, ctx.body, publisher.publish
+    q, body, publish = ctx.queue, ctx.body, publisher.send
     ctx.note("AsyncPublisher(confirm=False): fire-and-forget")
     ctx.start()
     for _ in range(ctx.n):
@@ -61,14 +62,14 @@ async def _s2a(ctx: Ctx) -> None:
     q, body, publish = ctx.queue, ctx.body, publisher.publish
     ctx.start()
     for _ in range(ctx.n):
-        await (await publish(body, routing_key=q))  # raises Nacked on nack
+        await publish(body, routing_key=q)  # returns once confirmed; raises Nacked on nack
     ctx.stop()
     await _finish(ctx, conn, ch, publisher)
 
 
 async def _pipelined(ctx: Ctx) -> None:
     conn, ch, publisher = await _connect(ctx, confirm=True)
-    q, body, publish = ctx.queue, ctx.body, publisher.publish
+    q, body, publish = ctx.queue, ctx.body, publisher.send
     persistent = True if ctx.persistent else None
     window = ctx.window
     pending: deque = deque()

@@ -1,7 +1,7 @@
 """rabbitry AsyncPublisher with confirms, every message's confirm future awaited.
 
 ``await conn.publisher()`` with its defaults: confirms on, ``max_in_flight=1000`` (the
-harness's ``ctx.window``). ``await publisher.publish(...)`` returns one confirm future per
+harness's ``ctx.window``). ``await publisher.send(...)`` returns one confirm future per
 message, and this script awaits every one of them, the way an application that wants
 each message's outcome would: it publishes ``ctx.window`` messages, then
 ``asyncio.gather``s their futures (``return_exceptions=True``: a nack is counted, not
@@ -32,7 +32,7 @@ async def _pipelined(ctx: Ctx) -> None:
     ch = await conn.channel()
     await ch.queue_declare(ctx.queue, durable=ctx.durable)
     publisher = await conn.publisher()
-    q, body, publish = ctx.queue, ctx.body, publisher.publish
+    q, body, publish = ctx.queue, ctx.body, publisher.send
     persistent = True if ctx.persistent else None
     chunk = ctx.window
     confirmed = failed = 0

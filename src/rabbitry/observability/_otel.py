@@ -32,6 +32,7 @@ from .._version import __version__
 from ..exceptions import AMQPError, Nacked, PublishRefused, Unroutable
 from ..protocol.spec import BasicProperties
 from ..publisher import OutgoingMessage, port_of
+from ..publishing.unobserved import peek
 from ..recovery import State
 from ._metrics import _OUTCOME_INDEX, A_DESTINATION, A_OUTCOME, A_STATE, metrics_for
 
@@ -447,7 +448,8 @@ class _PublishWatch:
         future.add_done_callback(self._settled)
 
     def _settled(self, future: Any) -> None:
-        self.settle(asyncio.CancelledError() if future.cancelled() else future.exception())
+        # peek: recording the outcome is not the application looking at it
+        self.settle(asyncio.CancelledError() if future.cancelled() else peek(future))
 
     def settle(self, exc: BaseException | None) -> None:
         """The broker (or the channel's end) settled the message: ``exc`` is why not."""

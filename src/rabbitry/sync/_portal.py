@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._failure_log import RateLimitedLog
 from ..exceptions import AMQPError, InvalidStateError, Timeout
+from ..publishing.unobserved import Observable, looks
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -74,7 +75,7 @@ _CANCELLED = (CANCELLED, CANCELLED_AND_NOTIFIED)
 _SHARED_CONDITION = threading.Condition()
 
 
-class ConfirmFuture(concurrent.futures.Future[T]):
+class ConfirmFuture(concurrent.futures.Future[T], Observable):
     """A ``concurrent.futures.Future`` that is cheap to create and to settle.
 
     The sync API returns one per confirmed publish, so its cost is paid per message. A
@@ -84,6 +85,16 @@ class ConfirmFuture(concurrent.futures.Future[T]):
     blocked in :meth:`result` or :meth:`exception` of this future. It is a subclass, so
     ``isinstance``, ``add_done_callback``, ``cancel``, ``concurrent.futures.wait`` and
     ``as_completed`` behave as with any future.
+
+    Done-callbacks never run on the IO thread, where the future is settled: they go to
+    the connection's callback thread (:class:`Dispatcher`), in order, so a slow one
+    cannot hold up heartbeats and other confirms. Without a callback the settle costs
+    nothing more. Once the dispatcher has stopped (the connection is closing), the
+    last settles run their callbacks where they are.
+
+    ``_observed`` says that someone looked at the outcome (``result()``,
+    ``exception()`` or a done-callback): :mod:`rabbitry.publishing.unobserved` reports
+    the failures nobody looked at.
     """
 
     def __init__(self) -> None:  # no super().__init__(): that builds the private lock
@@ -121,6 +132,7 @@ class ConfirmFuture(concurrent.futures.Future[T]):
                 self._sleepers -= 1
 
     def result(self, timeout: float | None = None) -> T:
+        self._observed = True
         self._wait_done(timeout)
         if self._state in _CANCELLED:
             raise concurrent.futures.CancelledError()
@@ -133,6 +145,7 @@ class ConfirmFuture(concurrent.futures.Future[T]):
         return self._result  # type: ignore[return-value]
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._observed = True
         self._wait_done(timeout)
         if self._state in _CANCELLED:
             raise concurrent.futures.CancelledError()
@@ -149,7 +162,7 @@ class ConfirmFuture(concurrent.futures.Future[T]):
             if self._sleepers:
                 self._condition.notify_all()
         if self._done_callbacks:
-            self._invoke_callbacks()  # type: ignore[attr-defined]
+            self._invoke_callbacks()
 
     def set_exception(self, exception: BaseException | None) -> None:
         with self._condition:
@@ -162,7 +175,33 @@ class ConfirmFuture(concurrent.futures.Future[T]):
             if self._sleepers:
                 self._condition.notify_all()
         if self._done_callbacks:
-            self._invoke_callbacks()  # type: ignore[attr-defined]
+            self._invoke_callbacks()
+
+    def add_done_callback(self, fn: Callable[[concurrent.futures.Future[T]], object]) -> None:
+        if looks(fn):
+            self._observed = True
+        super().add_done_callback(fn)
+
+    def _invoke_callbacks(self) -> None:
+        """Run the done-callbacks; from the IO thread, on the callback thread."""
+        portal = getattr(_IO_THREAD, "portal", None)
+        dispatcher = portal.dispatcher if portal is not None else None
+        if dispatcher is None or dispatcher.stopping:
+            super()._invoke_callbacks()  # type: ignore[misc]
+            return
+        for callback in self._done_callbacks:
+            dispatcher.post(_run_done_callback, callback, self)
+
+
+def _run_done_callback(callback: Callable[[Any], object], future: Any) -> None:
+    try:
+        callback(future)
+    except Exception:
+        logger.exception("exception calling callback for %r", future)
+
+
+# The portal whose loop runs on the current thread (set on each IO thread).
+_IO_THREAD = threading.local()
 
 
 #: Bytes of operations queued for the IO thread before ``submit`` blocks (publishes
@@ -259,6 +298,7 @@ class Portal:
         self._batch = (begin, end)
 
     def _run(self, started: threading.Event) -> None:
+        _IO_THREAD.portal = self
         asyncio.set_event_loop(self._loop)
         self._loop.call_soon(started.set)
         try:
@@ -644,6 +684,11 @@ class Dispatcher:
     def thread(self) -> threading.Thread:
         """The worker thread."""
         return self._thread
+
+    @property
+    def stopping(self) -> bool:
+        """:meth:`stop` was called: what is posted from now on may never run."""
+        return self._stopping
 
     def post(self, fn: Callable[..., Any], *args: Any) -> None:
         """Queue ``fn(*args)`` for the worker (IO thread only)."""

@@ -9,8 +9,12 @@ given back on the IO thread when a confirm settles the message; the broker's
 connection.blocked state is mirrored in a :class:`threading.Event`.
 
 Threads: any thread may publish. Futures are ``concurrent.futures.Future`` objects,
-settled on the IO thread; callbacks added with ``add_done_callback`` run there too, so
-they must be quick and must not call blocking rabbitry methods.
+settled on the IO thread; callbacks added with ``add_done_callback`` run on the
+connection's callback thread, in order, never on the IO thread.
+
+A future that fails and that nobody looks at (``result()``, ``exception()`` or a
+done-callback) is reported when the publisher ends: ``close()`` and the ``with`` exit
+raise :class:`UnobservedPublishFailures` (see :mod:`rabbitry.publishing.unobserved`).
 """
 
 from __future__ import annotations
@@ -19,23 +23,25 @@ import concurrent.futures
 import copy
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._publisher_core import _Batch
 from ..exceptions import AMQPError, InvalidStateError, PublishTimeout
 from ..observability import _state as _obs
-from ..publisher import port_of
+from ..protocol.spec import BasicProperties
+from ..publisher import as_properties, port_of
 from ._connection import portal_of
 from ._portal import ConfirmFuture
 from .channel import _wait
 
 if TYPE_CHECKING:
     import asyncio
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Mapping
     from datetime import timedelta
 
     from ..protocol import spec
     from ..publisher import AsyncPublisher, Body, OutgoingMessage, UnconfirmedMessage
+    from ..publishing.unobserved import UnobservedLedger
     from ._connection import Connection
 
 __all__ = ["Publisher"]
@@ -57,6 +63,7 @@ class Publisher:
         self._timeout = publisher.timeout
         self._confirm = publisher.confirm
         self._portal = portal_of(connection)
+        port.ledger.what = "Publisher"
         self._slots = _Window(publisher.max_in_flight)
         self._release = _Releaser(self._portal.loop, self._slots)
         self._unblocked = threading.Event()
@@ -71,8 +78,10 @@ class Publisher:
     def __enter__(self) -> Publisher:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
+        self._shutdown(None)
+        # A block that raised keeps its exception; the failures are logged then.
+        self._port.ledger.report(raise_error=exc_type is None)
 
     # ------------------------------------------------------------------ state
 
@@ -133,13 +142,60 @@ class Publisher:
 
     # ------------------------------------------------------------------ publishing
 
+    def send(
+        self,
+        body: Body,
+        *,
+        exchange: str = "",
+        routing_key: str = "",
+        properties: spec.BasicProperties | Mapping[str, Any] | None = None,
+        mandatory: bool | None = None,
+        persistent: bool | None = None,
+        expiration: int | timedelta | None = None,
+        timeout: float | None = None,
+    ) -> concurrent.futures.Future[None]:
+        """Publish one message; returns its future: the same as :meth:`publish`.
+
+        The name the asyncio twin gives to the pipelined publish
+        (:meth:`AsyncPublisher.send`), so that code reads the same in both APIs.
+
+        Args:
+            body: the payload; ``str`` is sent as UTF-8.
+            exchange: the exchange ("" is the default exchange).
+            routing_key: the routing key (the queue name on the default exchange).
+            properties: the basic properties, or a mapping of their fields.
+            mandatory: ask the broker to return the message when no queue gets it
+                (``None``: the publisher's default).
+            persistent: ``True`` sets delivery mode 2 (persistent), ``False`` mode 1.
+            expiration: per-message TTL, int milliseconds or a ``timedelta``.
+            timeout: the deadline in seconds (``None``: the publisher's default).
+
+        Returns:
+            The future, as :meth:`publish` returns it.
+
+        Raises:
+            LocalProtocolError: an invalid argument; nothing was sent.
+            PublishTimeout: the deadline passed before the message could be sent.
+            InvalidStateError: the publisher is closed.
+        """
+        return self.publish(
+            body,
+            exchange=exchange,
+            routing_key=routing_key,
+            properties=properties,
+            mandatory=mandatory,
+            persistent=persistent,
+            expiration=expiration,
+            timeout=timeout,
+        )
+
     def publish(
         self,
         body: Body,
         *,
         exchange: str = "",
         routing_key: str = "",
-        properties: spec.BasicProperties | None = None,
+        properties: spec.BasicProperties | Mapping[str, Any] | None = None,
         mandatory: bool | None = None,
         persistent: bool | None = None,
         expiration: int | timedelta | None = None,
@@ -155,7 +211,8 @@ class Publisher:
             body: the payload; ``str`` is sent as UTF-8.
             exchange: the exchange ("" is the default exchange).
             routing_key: the routing key (the queue name on the default exchange).
-            properties: the basic properties (``message_id`` is generated when absent).
+            properties: the basic properties, or a mapping of their fields
+                (``message_id`` is generated when absent).
             mandatory: ask the broker to return the message when no queue gets it
                 (``None``: the publisher's default).
             persistent: ``True`` sets delivery mode 2 (persistent), ``False`` mode 1.
@@ -166,9 +223,11 @@ class Publisher:
         Returns:
             A ``concurrent.futures.Future``: ``None`` on ack; fails with
             :class:`Nacked`, :class:`Unroutable`, :class:`PublishTimeout`,
-            :class:`PublishRefused` or :class:`PublishOutcomeUnknown`. With
-            ``confirm=False`` the future is already done when returned:
-            fire-and-forget reports nothing.
+            :class:`PublishRefused` or :class:`PublishOutcomeUnknown`. Call its
+            ``result()`` to wait for this message's outcome; a failure nobody looked
+            at makes ``close()`` (and the ``with`` exit) raise
+            :class:`UnobservedPublishFailures`. With ``confirm=False`` the future is
+            already done when returned: fire-and-forget reports nothing.
 
         Raises:
             LocalProtocolError: an invalid argument; nothing was sent.
@@ -178,6 +237,8 @@ class Publisher:
         engine = self._port
         if mandatory is None:
             mandatory = self._mandatory
+        if properties is not None and type(properties) is not BasicProperties:
+            properties = as_properties(properties)
         traced = _obs.active
         finish = None
         if traced is not None:  # rabbitry.observability: a span, its context in headers
@@ -243,7 +304,7 @@ class Publisher:
         *,
         exchange: str = "",
         routing_key: str = "",
-        properties: spec.BasicProperties | None = None,
+        properties: spec.BasicProperties | Mapping[str, Any] | None = None,
         mandatory: bool | None = None,
         persistent: bool | None = None,
         expiration: int | timedelta | None = None,
@@ -276,6 +337,8 @@ class Publisher:
             PublishTimeout: the outcomes were not all known a second after the deadline.
         """
         engine = self._port
+        if properties is not None and type(properties) is not BasicProperties:
+            properties = as_properties(properties)
         traced = _obs.active
         finish = None
         if traced is not None:  # rabbitry.observability: a span per message
@@ -341,6 +404,9 @@ class Publisher:
     def wait_for_confirms(self, *, timeout: float | None = None) -> None:
         """Block until nothing this publisher sent is unsettled (see the async twin).
 
+        The done-callbacks of the settled futures have run by then too (they run on
+        the connection's callback thread), unless this is called from one of them.
+
         Args:
             timeout: seconds to wait (``None``: no limit).
 
@@ -348,6 +414,7 @@ class Publisher:
             PublishTimeout: messages were still unconfirmed after ``timeout`` seconds.
         """
         self._portal.call(self._async.wait_for_confirms, timeout=timeout, wait=_wait(timeout))
+        self._callbacks_done(timeout)
 
     def unconfirmed(self) -> list[UnconfirmedMessage]:
         """The outbox: messages sent and not settled, oldest first (see the async twin)."""
@@ -376,14 +443,45 @@ class Publisher:
             Timeout: the confirms and the close-ok together took more than ``timeout``
                 seconds and a second of grace; the close was cut short there (the
                 publisher is closed all the same).
+            UnobservedPublishFailures: futures returned by :meth:`publish` failed and
+                nobody looked at them (they are logged at ERROR too); raised once.
         """
+        self._shutdown(timeout)
+        self._port.ledger.report()
+
+    def _shutdown(self, timeout: float | None) -> None:
+        """:meth:`close` without the report of the failures nobody looked at."""
         if self._async.is_closed or not self._connection.is_open:
             self._unblocked.set()
+        else:
+            try:
+                self._portal.call(self._async._shutdown, timeout, wait=_wait(timeout))
+            finally:
+                self._unblocked.set()  # threads waiting for an unblock see the close
+        self._callbacks_done(timeout)
+
+    def _callbacks_done(self, timeout: float | None) -> None:
+        """Wait until the done-callbacks of the futures settled so far have run.
+
+        They run on the callback thread, after the settle: a batching publisher's
+        records are failed there, and must be in the report of the failures.
+        """
+        portal = self._portal
+        dispatcher = portal.dispatcher
+        if (
+            dispatcher is None
+            or dispatcher.stopping
+            or portal.stopped
+            or portal.in_io_thread()
+            or threading.current_thread() is dispatcher.thread
+        ):
             return
+        passed = threading.Event()
         try:
-            self._portal.call(self._async.close, timeout=timeout, wait=_wait(timeout))
-        finally:
-            self._unblocked.set()  # threads waiting for an unblock see the close
+            portal.submit(portal.post_callback, passed.set)
+        except AMQPError:
+            return
+        passed.wait(timeout)
 
     # ------------------------------------------------------------------ internals
 
@@ -408,6 +506,12 @@ class Publisher:
             )
         if self._async.is_closed:
             raise self._port.closed_state()
+
+
+def ledger_of(publisher: Publisher) -> UnobservedLedger:
+    """The ledger of ``publisher``'s failed futures nobody looked at (for the library's
+    objects that send through it: a batching publisher hands its ledger over to it)."""
+    return publisher._port.ledger
 
 
 class _Window:
