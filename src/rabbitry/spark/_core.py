@@ -11,7 +11,6 @@ import queue as queue_module
 import re
 import time
 import uuid
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import (
@@ -21,11 +20,19 @@ from ..exceptions import (
     NotFound,
     PreconditionFailed,
 )
-from ._arrow import ArrowRows
 from ._rows import TupleRows
+from ._streams import (
+    DataLossError,
+    read_stream_range,
+    resolve_start,
+    split_range,
+    stream_bounds,
+    stream_first,
+    stream_tail,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
     from ..protocol.message import Message
     from ..sync.channel import Channel
@@ -42,8 +49,11 @@ __all__ = [
     "SourceCancelled",
     "check_queue_type",
     "read_stream_range",
+    "resolve_start",
     "split_range",
     "stream_bounds",
+    "stream_first",
+    "stream_tail",
 ]
 
 logger = logging.getLogger("rabbitry.spark")
@@ -52,10 +62,6 @@ Row = tuple[Any, ...]
 
 #: Seconds a read or commit waits for the broker to answer the round trip after its ack.
 _ACK_APPLIED_TIMEOUT = 30.0
-
-
-class DataLossError(RuntimeError):
-    """Offsets of a stream queue were asked for that retention already removed."""
 
 
 class SourceCancelled(RuntimeError):
@@ -539,201 +545,3 @@ def check_queue_type(conn: Connection, options: ReadOptions) -> None:
         f"option queueType: queue {options.queue!r} is a {actual} queue (the broker says "
         f"so), got {options.queue_type!r}: {why}; set queueType={actual}"
     )
-
-
-# ---------------------------------------------------------------- stream queues
-
-
-def split_range(start: int, end: int, parts: int) -> list[tuple[int, int]]:
-    """Split ``[start, end)`` into at most ``parts`` contiguous non-empty ranges."""
-    total = end - start
-    if total <= 0:
-        return []
-    parts = max(1, min(parts, total))
-    size, extra = divmod(total, parts)
-    ranges = []
-    low = start
-    for index in range(parts):
-        high = low + size + (1 if index < extra else 0)
-        ranges.append((low, high))
-        low = high
-    return ranges
-
-
-def _stream_offset(message: Message) -> int | None:
-    headers = message.properties.headers
-    if not headers:
-        return None
-    offset = headers.get("x-stream-offset")
-    return offset if isinstance(offset, int) else None
-
-
-def _probe(
-    options: ReadOptions,
-    spec: Any,
-    *,
-    first_only: bool,
-    max_seconds: float = 3.0,
-    first_wait: float | None = None,
-) -> int | None:
-    """Consume a stream from ``spec``: the first offset delivered, or the highest seen.
-
-    Waits ``first_wait`` (default: the poll timeout, at least 0.5 s) for the first
-    delivery; None when none came. A short-lived connection is used and closed without
-    cancel or reject (a reject closes the connection on a stream queue).
-    """
-    conn = options.connect.connect(" [spark stream probe]")
-    try:
-        channel = conn.channel()
-        inbox: queue_module.SimpleQueue[Message] = queue_module.SimpleQueue()
-        prefetch = 2000
-        channel.basic_qos(prefetch)
-        try:
-            channel.basic_consume(options.queue, inbox.put, arguments={"x-stream-offset": spec})
-        except NotFound:
-            raise ConfigurationError(
-                f"option queue: stream queue {options.queue!r} does not exist"
-            ) from None
-        highest: int | None = None
-        deadline = time.monotonic() + max_seconds
-        wait = max(options.poll_timeout, 0.5) if first_wait is None else first_wait
-        count = 0
-        while time.monotonic() < deadline:
-            try:
-                message = inbox.get(timeout=wait)
-            except queue_module.Empty:
-                break
-            wait = options.idle_timeout
-            offset = _stream_offset(message)
-            count += 1
-            if count % (prefetch // 2) == 0:
-                channel.basic_ack(message.delivery_tag, multiple=True)
-            if offset is None:
-                continue
-            if first_only:
-                return offset
-            highest = offset if highest is None else max(highest, offset)
-        return highest
-    finally:
-        conn.close(timeout=5)
-
-
-def stream_tail(options: ReadOptions) -> int:
-    """The next offset after the last message now in the stream (0 when empty)."""
-    highest = _probe(options, "last", first_only=False)
-    return 0 if highest is None else highest + 1
-
-
-def stream_first(options: ReadOptions) -> int:
-    """The first offset still in the stream (0 when empty)."""
-    first = _probe(options, "first", first_only=True)
-    return 0 if first is None else first
-
-
-def resolve_start(options: ReadOptions, spec: str) -> int:
-    """``startingOffsets`` (earliest, latest, n, timestamp:s) → an offset."""
-    if spec == "earliest":
-        return stream_first(options)
-    if spec == "latest":
-        return stream_tail(options)
-    if spec.startswith("timestamp:"):
-        seconds = int(spec.split(":", 1)[1])
-        when = datetime.fromtimestamp(seconds, UTC)
-        found = _probe(options, when, first_only=True)
-        return stream_tail(options) if found is None else found
-    return int(spec)
-
-
-def stream_bounds(options: ReadOptions) -> tuple[int, int]:
-    """Batch read of a stream: ``[startingOffsets, endingOffsets)`` as numbers."""
-    start = resolve_start(options, options.starting_offsets)
-    tail = stream_tail(options)
-    if options.ending_offsets == "latest":
-        end = tail
-    else:
-        end = int(options.ending_offsets)
-        if end > tail:
-            # A batch read does not wait for offsets to be written: reading towards
-            # them would only time out.
-            raise ConfigurationError(
-                f"option endingOffsets: {end} is past the end of stream queue "
-                f"{options.queue!r} (its next offset is {tail}); use latest or an offset "
-                f"up to {tail}"
-            )
-    return start, max(start, end)
-
-
-def read_stream_range(options: ReadOptions, start: int, end: int) -> Iterator[Any]:
-    """Executor side: the rows of offsets ``[start, end)`` of a stream queue, as record
-    batches (``pyarrow.RecordBatch``, see :class:`~rabbitry.spark._arrow.ArrowRows`).
-
-    Acks serve as credit only. Offsets can have gaps (an offset taken by an entry of
-    the stream's own, such as the one that opens each segment, holds no message), so
-    the read stops at the first offset ≥ ``end - 1``. When the first offset delivered is
-    above ``start``, the stream's first offset tells a gap from a loss: if the stream
-    now starts above ``start``, retention removed data (:class:`DataLossError` unless
-    ``failOnDataLoss=false``); otherwise ``[start, first delivered)`` held no message.
-    """
-    if end <= start:
-        return
-    conn = options.connect.connect(f" [spark stream {start}-{end}]")
-    try:
-        channel = conn.channel()
-        inbox: queue_module.SimpleQueue[Message] = queue_module.SimpleQueue()
-        prefetch = options.prefetch
-        channel.basic_qos(prefetch)
-        channel.basic_consume(options.queue, inbox.put, arguments={"x-stream-offset": start})
-        credit = max(1, prefetch // 2)
-        since_ack = 0
-        first = True
-        timeout = max(30.0, options.poll_timeout)
-        queue = options.queue
-        rows = ArrowRows(queue)
-        while True:
-            try:
-                message = inbox.get(timeout=timeout)
-            except queue_module.Empty:
-                raise DataLossError(
-                    f"stream queue {queue!r}: no delivery for {timeout:.0f} s while reading "
-                    f"offsets [{start}, {end})"
-                ) from None
-            since_ack += 1
-            if since_ack >= credit:
-                channel.basic_ack(message.delivery_tag, multiple=True)
-                since_ack = 0
-            offset = _stream_offset(message)
-            if offset is None:
-                continue
-            if first:
-                first = False
-                if offset > start and options.fail_on_data_loss:
-                    # The stream holds a message (this one), so the probe waits for it.
-                    head = _probe(
-                        options, "first", first_only=True, max_seconds=timeout, first_wait=timeout
-                    )
-                    if head is None:
-                        raise DataLossError(
-                            f"stream queue {queue!r}: the first offset delivered is {offset}, "
-                            f"above the range's start {start}, and the stream's first offset "
-                            f"could not be read within {timeout:.0f} s to tell a gap from a "
-                            "loss"
-                        )
-                    if head > start:
-                        raise DataLossError(
-                            f"stream queue {queue!r}: offsets [{start}, {head}) are gone "
-                            f"(retention: the stream now starts at offset {head}); set "
-                            "failOnDataLoss=false to skip them"
-                        )
-            if offset < start:
-                continue
-            if offset >= end:
-                break
-            rows.add(message, offset)
-            yield from rows.ready()
-            if offset >= end - 1:
-                break
-        yield from rows.finish()
-    finally:
-        # Close without cancel: a delivery for a cancelled consumer would be rejected,
-        # and a reject on a stream queue closes the connection with an error.
-        conn.close(timeout=5)
