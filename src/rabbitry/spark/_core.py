@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import queue as queue_module
 import re
+import threading
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -17,9 +18,13 @@ from ..exceptions import (
     AMQPError,
     ConfigurationError,
     ConsumerCancelled,
+    InvalidStateError,
     NotFound,
     PreconditionFailed,
+    Timeout,
 )
+from ..recovery import State, is_permanent
+from ._limits import delivery_count
 from ._rows import TupleRows
 from ._streams import (
     DataLossError,
@@ -42,6 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AckLedger",
+    "BrokerUnavailable",
     "DataLossError",
     "PublishFailed",
     "QueueConsumer",
@@ -63,9 +69,19 @@ Row = tuple[Any, ...]
 #: Seconds a read or commit waits for the broker to answer the round trip after its ack.
 _ACK_APPLIED_TIMEOUT = 30.0
 
+#: Seconds between two attempts to connect again during an outage (the first, doubled up
+#: to the last).
+_RECONNECT_DELAYS = (0.5, 5.0)
+
 
 class SourceCancelled(RuntimeError):
     """The broker cancelled the consumer of a streaming query (e.g. its queue was deleted)."""
+
+
+class BrokerUnavailable(RuntimeError):
+    """A streaming source lost its broker and could not get it back within
+    ``recoveryTimeoutMs`` (the query stops; its unacknowledged messages are back in the
+    queue, and a restart from the checkpoint goes on)."""
 
 
 class PublishFailed(RuntimeError):
@@ -223,6 +239,13 @@ class QueueConsumer:
         self.cancelled: str | None = None
         #: Names the current connection; offsets of its batches carry it.
         self.session: str | None = None
+        #: When the current outage ends the wait (``recoveryTimeoutMs`` after it was
+        #: noticed), or None while the broker is reachable.
+        self._outage_deadline: float | None = None
+        #: Quorum queues: the consumer takes no more than the batch (see read_into).
+        self._exact = options.queue_type == "quorum"
+        #: The highest ``x-delivery-count`` of the last batch read (quorum queues).
+        self.batch_count: int | None = None
 
     # state that must never be pickled (the reader is copied to executors for replays)
     def __getstate__(self) -> dict[str, Any]:
@@ -246,22 +269,79 @@ class QueueConsumer:
         )
 
     def _open(self) -> Channel:
+        """The source's channel; through an outage, the same or a new one (bounded wait).
+
+        The first connection fails at once (a wrong URL should not wait). Once the
+        source has been connected, a lost broker is waited for up to
+        ``recoveryTimeoutMs``: first for the connection's own recovery (the consumer is
+        subscribed again by it, and the batches of the old connection are told apart by
+        their recovery epoch), and if the connection ended for good, by connecting anew.
+
+        Raises:
+            BrokerUnavailable: the broker was not back within ``recoveryTimeoutMs``.
+        """
         if self._alive():
+            self._outage_deadline = None
             assert self._channel is not None
             return self._channel
+        if self._conn is None:
+            return self._connect_new()
+        if self._outage_deadline is None:
+            self._outage_deadline = time.monotonic() + self.options.recovery_timeout
+        if self._conn.state is State.RECOVERING:
+            try:
+                self._conn.wait_recovered(timeout=self._left())
+            except Timeout:
+                raise self._unavailable(self._conn.close_exc) from None
+            except InvalidStateError:
+                pass  # the connection ended for good: connect anew below
+            if self._alive():
+                self._outage_deadline = None
+                assert self._channel is not None
+                return self._channel
+        # The connection (or the channel) is gone: the broker requeued everything
+        # unacked; those tags are void on any new channel.
+        lost = self._ledger.reset()
+        self._unacked = []
+        self.reconnects += 1
+        logger.warning(
+            "rabbitmq source %r: connection lost (%s); %d unacknowledged batch(es) will "
+            "be redelivered; connecting again (waiting up to recoveryTimeoutMs, %d ms)",
+            self.options.queue,
+            self._conn.close_exc,
+            lost,
+            round(self.options.recovery_timeout * 1000),
+        )
+        self._inbox = self._consumer_tag = None  # nothing to cancel on a dead connection
+        self.close()
+        delay = _RECONNECT_DELAYS[0]
+        while True:
+            try:
+                channel = self._connect_new()
+            except AMQPError as exc:
+                if is_permanent(exc) or self._left() <= 0:
+                    raise self._unavailable(exc) from exc
+                time.sleep(min(delay, self._left()))
+                delay = min(2 * delay, _RECONNECT_DELAYS[1])
+                continue
+            self._outage_deadline = None
+            return channel
+
+    def _left(self) -> float:
+        """Seconds left of the current outage's wait."""
+        assert self._outage_deadline is not None
+        return max(0.0, self._outage_deadline - time.monotonic())
+
+    def _unavailable(self, cause: BaseException | None) -> BrokerUnavailable:
+        return BrokerUnavailable(
+            f"rabbitmq source {self.options.queue!r}: the broker was not reachable again "
+            f"within recoveryTimeoutMs ({round(self.options.recovery_timeout * 1000)} ms; "
+            f"last error: {cause}); its unacknowledged messages are back in the queue: "
+            "restart the query from its checkpoint, or raise recoveryTimeoutMs"
+        )
+
+    def _connect_new(self) -> Channel:
         if self._conn is not None:
-            # The connection died: the broker requeued everything unacked; those tags
-            # are void on any new channel.
-            lost = self._ledger.reset()
-            self._unacked = []
-            self.reconnects += 1
-            logger.warning(
-                "rabbitmq source %r: connection lost (%s); %d unacknowledged batch(es) will "
-                "be redelivered",
-                self.options.queue,
-                self._conn.close_exc,
-                lost,
-            )
             self.close()
         self._conn = self._connect(self.options.connect)
         self._channel = self._conn.channel()
@@ -271,21 +351,89 @@ class QueueConsumer:
         self._channel.queue_declare(session_marker(self.session), exclusive=True, auto_delete=True)
         return self._channel
 
-    def _subscribe(self) -> tuple[Channel, queue_module.SimpleQueue[Message]]:
+    def _subscribe(
+        self, window: int | None = None
+    ) -> tuple[Channel, queue_module.SimpleQueue[Message]]:
+        """The channel and the inbox of a consumer of the queue (subscribed if there is
+        none, with ``window`` as its prefetch, else option ``prefetch``)."""
         channel = self._open()
         if self._inbox is None:
             assert self._conn is not None
             check_queue_type(self._conn, self.options)
-            inbox: queue_module.SimpleQueue[Message] = queue_module.SimpleQueue()
-            channel.basic_qos(self.options.prefetch)
+            self._inbox = queue_module.SimpleQueue()
+            self._consumer_tag = None
+        if self._consumer_tag is None:
+            channel.basic_qos(window or self.options.prefetch)
             self._consumer_tag = channel.basic_consume(
-                self.options.queue, inbox.put, on_cancel=self._on_cancel
+                self.options.queue, self._inbox.put, on_cancel=self._on_cancel
             )
-            self._inbox = inbox
         return channel, self._inbox
+
+    def _close_window(
+        self, channel: Channel, inbox: queue_module.SimpleQueue[Message]
+    ) -> list[Message]:
+        """Cancel the consumer of a batch's window: the deliveries that arrived after the
+        batch closed, which belong to it too.
+
+        Once the broker's cancel-ok is in, it sends no more; the deliveries before it are
+        all handed to the inbox once the dispatcher thread has run what the IO thread
+        queued before (a barrier through the same queue).
+        """
+        tag, self._consumer_tag = self._consumer_tag, None
+        if tag is None or not channel.is_open:
+            return []
+        epoch = channel.epoch
+        try:
+            channel.basic_cancel(tag, timeout=_ACK_APPLIED_TIMEOUT)
+            if channel.epoch == epoch:
+                _dispatched(channel, _ACK_APPLIED_TIMEOUT)
+        except AMQPError as exc:
+            # The connection is gone (its deliveries go back to the queue and the epoch
+            # check leaves them out) or the broker did not answer in time.
+            logger.warning(
+                "rabbitmq source %r: cancelling the consumer of a closed batch failed: %r",
+                self.options.queue,
+                exc,
+            )
+        late: list[Message] = []
+        while True:
+            try:
+                late.append(inbox.get_nowait())
+            except queue_module.Empty:
+                return late
 
     def _on_cancel(self, consumer_tag: str) -> None:
         self.cancelled = consumer_tag
+
+    def _after_cancel(self, tag: str) -> None:
+        """The consumer was ended by the broker, or by a recovery that could not subscribe
+        it again (a quorum queue without a leader yet): the next read subscribes again,
+        unless the queue is gone.
+
+        Raises:
+            SourceCancelled: the queue does not exist.
+        """
+        self._open()
+        assert self._conn is not None
+        probe = self._conn.channel()
+        try:
+            probe.queue_declare(self.options.queue, passive=True)
+        except NotFound:
+            raise SourceCancelled(
+                f"rabbitmq source: the broker cancelled the consumer of queue "
+                f"{self.options.queue!r}, and the queue does not exist (deleted)"
+            ) from ConsumerCancelled(tag)
+        finally:
+            if probe.is_open:
+                probe.close()
+        logger.warning(
+            "rabbitmq source %r: the consumer was cancelled (%s) and the queue exists; "
+            "subscribing again",
+            self.options.queue,
+            tag,
+        )
+        self._inbox = self._consumer_tag = None
+        self.cancelled = None
 
     def prepare_available_now(self) -> int:
         """Fix the number of messages an AvailableNow run reads: the queue depth now.
@@ -376,14 +524,20 @@ class QueueConsumer:
         Returns ``start`` when nothing is new.
         """
         self.ack_through(start)
-        if self._conn is not None and not self._alive():
-            self._inbox = self._consumer_tag = None
         want = self.options.max_messages_per_batch
         if self._budget is not None:
             want = min(want, self._budget)
         if want <= 0:
             return start
-        channel, inbox = self._subscribe()
+        # A quorum queue counts every return of a delivery toward its delivery limit,
+        # so the consumer of a quorum queue takes exactly one batch: its prefetch is the
+        # batch, nothing is acknowledged while it runs (the previous batch was acked
+        # above), and it is cancelled when the batch closes, taking what arrived since
+        # into the batch. A failed run then returns only what Spark had.
+        window = min(want, 65535) if self._exact else None
+        if window is not None:
+            want = window
+        channel, inbox = self._subscribe(window)
         taken = _drain(
             inbox,
             want,
@@ -391,6 +545,8 @@ class QueueConsumer:
             self.options.idle_timeout,
             self.options.max_batch_wait,
         )
+        if window is not None:
+            taken += self._close_window(channel, inbox)
         epoch = channel.epoch
         fresh = [m for m in taken if m.epoch == epoch]
         if len(fresh) != len(taken):
@@ -405,13 +561,12 @@ class QueueConsumer:
             )
             taken = fresh
         if not taken and self.cancelled is not None:
-            raise SourceCancelled(
-                f"rabbitmq source: the broker cancelled the consumer of queue "
-                f"{self.options.queue!r} (queue deleted?)"
-            ) from ConsumerCancelled(self.cancelled)
+            self._after_cancel(self.cancelled)
         end = start
         for message in taken:  # a batch envelope gives one row per record
             end += rows.add(message, end, consecutive=True)
+        if self._exact:
+            self.batch_count = max((delivery_count(m) for m in taken), default=0)
         if taken:
             self._ledger.add(end, taken[-1].delivery_tag, epoch)
             self._unacked.append((end, len(taken), epoch))
@@ -471,6 +626,15 @@ def _drain(
     except queue_module.Empty:
         pass
     return taken
+
+
+def _dispatched(channel: Channel, timeout: float) -> None:
+    """Return once the dispatcher thread has run every callback (deliveries included) the
+    IO thread queued before this call."""
+    done = threading.Event()
+    portal = channel._portal
+    portal.submit(portal.post_callback, done.set)
+    done.wait(timeout)
 
 
 def queue_depth(options: ReadOptions) -> int:
