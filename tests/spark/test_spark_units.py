@@ -12,9 +12,10 @@ import pytest
 from tests.spark.conftest import refuse_like_a_classic_queue
 
 from rabbitry.config import DEFAULT_URL
-from rabbitry.exceptions import ConfigurationError
+from rabbitry.exceptions import ConfigurationError, NotFound
 from rabbitry.protocol.message import Message
 from rabbitry.protocol.spec import BasicProperties
+from rabbitry.recovery import State
 from rabbitry.spark._batch import delivery_count_refused
 from rabbitry.spark._core import AckLedger, QueueConsumer, SourceCancelled, _drain, split_range
 from rabbitry.spark._options import parse_read_options, parse_write_options
@@ -383,6 +384,8 @@ class _FakeChannel:
         self.is_open = True
         self.qos = 0
         self.epoch = 0
+        self.deleted: set[str] = set()
+        self.consumes = 0
 
     def basic_qos(self, prefetch: int, **_: Any) -> None:
         self.qos = prefetch
@@ -392,6 +395,7 @@ class _FakeChannel:
     ) -> str:
         refuse_like_a_classic_queue(queue, arguments)
         self.on_cancel = on_cancel
+        self.consumes += 1
         for message in self.messages:
             callback(message)
         return "tag"
@@ -403,6 +407,9 @@ class _FakeChannel:
         self.acks.append((tag, multiple))
 
     def queue_declare(self, queue: str, passive: bool = False, **_: Any) -> Any:
+        if queue in self.deleted:
+            raise NotFound(f"NOT_FOUND - no queue '{queue}'")
+
         class Ok:
             message_count = self.depth
             consumer_count = 0
@@ -415,6 +422,7 @@ class _FakeConnection:
         self._channel = channel
         self.is_open = True
         self.close_exc = None
+        self.state = State.OPEN  # a closed fake connection is closed for good
 
     def channel(self) -> _FakeChannel:
         return self._channel
@@ -520,13 +528,28 @@ def test_consumer_pickles_without_connection() -> None:
     assert copy._conn is None and copy._inbox is None and len(copy._ledger) == 0
 
 
-def test_broker_cancel_fails_the_read() -> None:
+def test_broker_cancel_of_a_deleted_queue_fails_the_read() -> None:
+    channel = _FakeChannel([_message(1)])
+    consumer = _consumer(channel)
+    consumer.read(0)
+    channel.deleted.add("q")
+    channel.on_cancel("ctag")
+    with pytest.raises(SourceCancelled, match=r"queue 'q'.*does not exist"):
+        consumer.read(1)
+
+
+def test_a_consumer_cancelled_while_its_queue_exists_is_subscribed_again() -> None:
+    # what a recovery that could not subscribe the consumer again (a quorum queue without
+    # a leader yet) or a broker-side cancel leaves
     channel = _FakeChannel([_message(1)])
     consumer = _consumer(channel)
     consumer.read(0)
     channel.on_cancel("ctag")
-    with pytest.raises(SourceCancelled, match="queue 'q'"):
-        consumer.read(1)
+    assert consumer.read(1) == ([], 1)
+    channel.messages = [_message(2)]
+    rows, end = consumer.read(1)
+    assert [r[5] for r in rows] == [2] and end == 2
+    assert channel.consumes == 2
 
 
 def test_quorum_refusal_names_the_limit_of_each_broker_generation() -> None:

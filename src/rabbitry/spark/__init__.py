@@ -16,8 +16,15 @@ driver and on every executor. Guarantees and options: ``docs/spark.md``.
 """
 
 from ._batch import DeliveryCountRefused, QueueBusy
-from ._core import DataLossError, PublishFailed, ReplayUnavailable, SourceCancelled
+from ._core import (
+    BrokerUnavailable,
+    DataLossError,
+    PublishFailed,
+    ReplayUnavailable,
+    SourceCancelled,
+)
 from ._options import ConnectOptions, ReadOptions, WriteOptions, trace_options
+from ._restart import DeliveryLimitRefused
 from ._write import UnroutableRows
 from .datasource import (
     PublishCommit,
@@ -28,9 +35,11 @@ from .datasource import (
 )
 
 __all__ = [
+    "BrokerUnavailable",
     "ConnectOptions",
     "DataLossError",
     "DeliveryCountRefused",
+    "DeliveryLimitRefused",
     "PublishCommit",
     "PublishFailed",
     "QueueBusy",

@@ -9,23 +9,35 @@ from __future__ import annotations
 import logging
 import queue as queue_module
 import re
+import threading
 import time
 import uuid
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import (
     AMQPError,
     ConfigurationError,
     ConsumerCancelled,
+    InvalidStateError,
     NotFound,
     PreconditionFailed,
+    Timeout,
 )
-from ._arrow import ArrowRows
+from ..recovery import State, is_permanent
+from ._limits import delivery_count
 from ._rows import TupleRows
+from ._streams import (
+    DataLossError,
+    read_stream_range,
+    resolve_start,
+    split_range,
+    stream_bounds,
+    stream_first,
+    stream_tail,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
     from ..protocol.message import Message
     from ..sync.channel import Channel
@@ -35,6 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AckLedger",
+    "BrokerUnavailable",
     "DataLossError",
     "PublishFailed",
     "QueueConsumer",
@@ -42,8 +55,11 @@ __all__ = [
     "SourceCancelled",
     "check_queue_type",
     "read_stream_range",
+    "resolve_start",
     "split_range",
     "stream_bounds",
+    "stream_first",
+    "stream_tail",
 ]
 
 logger = logging.getLogger("rabbitry.spark")
@@ -53,13 +69,19 @@ Row = tuple[Any, ...]
 #: Seconds a read or commit waits for the broker to answer the round trip after its ack.
 _ACK_APPLIED_TIMEOUT = 30.0
 
-
-class DataLossError(RuntimeError):
-    """Offsets of a stream queue were asked for that retention already removed."""
+#: Seconds between two attempts to connect again during an outage (the first, doubled up
+#: to the last).
+_RECONNECT_DELAYS = (0.5, 5.0)
 
 
 class SourceCancelled(RuntimeError):
     """The broker cancelled the consumer of a streaming query (e.g. its queue was deleted)."""
+
+
+class BrokerUnavailable(RuntimeError):
+    """A streaming source lost its broker and could not get it back within
+    ``recoveryTimeoutMs`` (the query stops; its unacknowledged messages are back in the
+    queue, and a restart from the checkpoint goes on)."""
 
 
 class PublishFailed(RuntimeError):
@@ -217,6 +239,13 @@ class QueueConsumer:
         self.cancelled: str | None = None
         #: Names the current connection; offsets of its batches carry it.
         self.session: str | None = None
+        #: When the current outage ends the wait (``recoveryTimeoutMs`` after it was
+        #: noticed), or None while the broker is reachable.
+        self._outage_deadline: float | None = None
+        #: Quorum queues: the consumer takes no more than the batch (see read_into).
+        self._exact = options.queue_type == "quorum"
+        #: The highest ``x-delivery-count`` of the last batch read (quorum queues).
+        self.batch_count: int | None = None
 
     # state that must never be pickled (the reader is copied to executors for replays)
     def __getstate__(self) -> dict[str, Any]:
@@ -240,22 +269,79 @@ class QueueConsumer:
         )
 
     def _open(self) -> Channel:
+        """The source's channel; through an outage, the same or a new one (bounded wait).
+
+        The first connection fails at once (a wrong URL should not wait). Once the
+        source has been connected, a lost broker is waited for up to
+        ``recoveryTimeoutMs``: first for the connection's own recovery (the consumer is
+        subscribed again by it, and the batches of the old connection are told apart by
+        their recovery epoch), and if the connection ended for good, by connecting anew.
+
+        Raises:
+            BrokerUnavailable: the broker was not back within ``recoveryTimeoutMs``.
+        """
         if self._alive():
+            self._outage_deadline = None
             assert self._channel is not None
             return self._channel
+        if self._conn is None:
+            return self._connect_new()
+        if self._outage_deadline is None:
+            self._outage_deadline = time.monotonic() + self.options.recovery_timeout
+        if self._conn.state is State.RECOVERING:
+            try:
+                self._conn.wait_recovered(timeout=self._left())
+            except Timeout:
+                raise self._unavailable(self._conn.close_exc) from None
+            except InvalidStateError:
+                pass  # the connection ended for good: connect anew below
+            if self._alive():
+                self._outage_deadline = None
+                assert self._channel is not None
+                return self._channel
+        # The connection (or the channel) is gone: the broker requeued everything
+        # unacked; those tags are void on any new channel.
+        lost = self._ledger.reset()
+        self._unacked = []
+        self.reconnects += 1
+        logger.warning(
+            "rabbitmq source %r: connection lost (%s); %d unacknowledged batch(es) will "
+            "be redelivered; connecting again (waiting up to recoveryTimeoutMs, %d ms)",
+            self.options.queue,
+            self._conn.close_exc,
+            lost,
+            round(self.options.recovery_timeout * 1000),
+        )
+        self._inbox = self._consumer_tag = None  # nothing to cancel on a dead connection
+        self.close()
+        delay = _RECONNECT_DELAYS[0]
+        while True:
+            try:
+                channel = self._connect_new()
+            except AMQPError as exc:
+                if is_permanent(exc) or self._left() <= 0:
+                    raise self._unavailable(exc) from exc
+                time.sleep(min(delay, self._left()))
+                delay = min(2 * delay, _RECONNECT_DELAYS[1])
+                continue
+            self._outage_deadline = None
+            return channel
+
+    def _left(self) -> float:
+        """Seconds left of the current outage's wait."""
+        assert self._outage_deadline is not None
+        return max(0.0, self._outage_deadline - time.monotonic())
+
+    def _unavailable(self, cause: BaseException | None) -> BrokerUnavailable:
+        return BrokerUnavailable(
+            f"rabbitmq source {self.options.queue!r}: the broker was not reachable again "
+            f"within recoveryTimeoutMs ({round(self.options.recovery_timeout * 1000)} ms; "
+            f"last error: {cause}); its unacknowledged messages are back in the queue: "
+            "restart the query from its checkpoint, or raise recoveryTimeoutMs"
+        )
+
+    def _connect_new(self) -> Channel:
         if self._conn is not None:
-            # The connection died: the broker requeued everything unacked; those tags
-            # are void on any new channel.
-            lost = self._ledger.reset()
-            self._unacked = []
-            self.reconnects += 1
-            logger.warning(
-                "rabbitmq source %r: connection lost (%s); %d unacknowledged batch(es) will "
-                "be redelivered",
-                self.options.queue,
-                self._conn.close_exc,
-                lost,
-            )
             self.close()
         self._conn = self._connect(self.options.connect)
         self._channel = self._conn.channel()
@@ -265,21 +351,89 @@ class QueueConsumer:
         self._channel.queue_declare(session_marker(self.session), exclusive=True, auto_delete=True)
         return self._channel
 
-    def _subscribe(self) -> tuple[Channel, queue_module.SimpleQueue[Message]]:
+    def _subscribe(
+        self, window: int | None = None
+    ) -> tuple[Channel, queue_module.SimpleQueue[Message]]:
+        """The channel and the inbox of a consumer of the queue (subscribed if there is
+        none, with ``window`` as its prefetch, else option ``prefetch``)."""
         channel = self._open()
         if self._inbox is None:
             assert self._conn is not None
             check_queue_type(self._conn, self.options)
-            inbox: queue_module.SimpleQueue[Message] = queue_module.SimpleQueue()
-            channel.basic_qos(self.options.prefetch)
+            self._inbox = queue_module.SimpleQueue()
+            self._consumer_tag = None
+        if self._consumer_tag is None:
+            channel.basic_qos(window or self.options.prefetch)
             self._consumer_tag = channel.basic_consume(
-                self.options.queue, inbox.put, on_cancel=self._on_cancel
+                self.options.queue, self._inbox.put, on_cancel=self._on_cancel
             )
-            self._inbox = inbox
         return channel, self._inbox
+
+    def _close_window(
+        self, channel: Channel, inbox: queue_module.SimpleQueue[Message]
+    ) -> list[Message]:
+        """Cancel the consumer of a batch's window: the deliveries that arrived after the
+        batch closed, which belong to it too.
+
+        Once the broker's cancel-ok is in, it sends no more; the deliveries before it are
+        all handed to the inbox once the dispatcher thread has run what the IO thread
+        queued before (a barrier through the same queue).
+        """
+        tag, self._consumer_tag = self._consumer_tag, None
+        if tag is None or not channel.is_open:
+            return []
+        epoch = channel.epoch
+        try:
+            channel.basic_cancel(tag, timeout=_ACK_APPLIED_TIMEOUT)
+            if channel.epoch == epoch:
+                _dispatched(channel, _ACK_APPLIED_TIMEOUT)
+        except AMQPError as exc:
+            # The connection is gone (its deliveries go back to the queue and the epoch
+            # check leaves them out) or the broker did not answer in time.
+            logger.warning(
+                "rabbitmq source %r: cancelling the consumer of a closed batch failed: %r",
+                self.options.queue,
+                exc,
+            )
+        late: list[Message] = []
+        while True:
+            try:
+                late.append(inbox.get_nowait())
+            except queue_module.Empty:
+                return late
 
     def _on_cancel(self, consumer_tag: str) -> None:
         self.cancelled = consumer_tag
+
+    def _after_cancel(self, tag: str) -> None:
+        """The consumer was ended by the broker, or by a recovery that could not subscribe
+        it again (a quorum queue without a leader yet): the next read subscribes again,
+        unless the queue is gone.
+
+        Raises:
+            SourceCancelled: the queue does not exist.
+        """
+        self._open()
+        assert self._conn is not None
+        probe = self._conn.channel()
+        try:
+            probe.queue_declare(self.options.queue, passive=True)
+        except NotFound:
+            raise SourceCancelled(
+                f"rabbitmq source: the broker cancelled the consumer of queue "
+                f"{self.options.queue!r}, and the queue does not exist (deleted)"
+            ) from ConsumerCancelled(tag)
+        finally:
+            if probe.is_open:
+                probe.close()
+        logger.warning(
+            "rabbitmq source %r: the consumer was cancelled (%s) and the queue exists; "
+            "subscribing again",
+            self.options.queue,
+            tag,
+        )
+        self._inbox = self._consumer_tag = None
+        self.cancelled = None
 
     def prepare_available_now(self) -> int:
         """Fix the number of messages an AvailableNow run reads: the queue depth now.
@@ -370,14 +524,20 @@ class QueueConsumer:
         Returns ``start`` when nothing is new.
         """
         self.ack_through(start)
-        if self._conn is not None and not self._alive():
-            self._inbox = self._consumer_tag = None
         want = self.options.max_messages_per_batch
         if self._budget is not None:
             want = min(want, self._budget)
         if want <= 0:
             return start
-        channel, inbox = self._subscribe()
+        # A quorum queue counts every return of a delivery toward its delivery limit,
+        # so the consumer of a quorum queue takes exactly one batch: its prefetch is the
+        # batch, nothing is acknowledged while it runs (the previous batch was acked
+        # above), and it is cancelled when the batch closes, taking what arrived since
+        # into the batch. A failed run then returns only what Spark had.
+        window = min(want, 65535) if self._exact else None
+        if window is not None:
+            want = window
+        channel, inbox = self._subscribe(window)
         taken = _drain(
             inbox,
             want,
@@ -385,6 +545,8 @@ class QueueConsumer:
             self.options.idle_timeout,
             self.options.max_batch_wait,
         )
+        if window is not None:
+            taken += self._close_window(channel, inbox)
         epoch = channel.epoch
         fresh = [m for m in taken if m.epoch == epoch]
         if len(fresh) != len(taken):
@@ -399,13 +561,12 @@ class QueueConsumer:
             )
             taken = fresh
         if not taken and self.cancelled is not None:
-            raise SourceCancelled(
-                f"rabbitmq source: the broker cancelled the consumer of queue "
-                f"{self.options.queue!r} (queue deleted?)"
-            ) from ConsumerCancelled(self.cancelled)
+            self._after_cancel(self.cancelled)
         end = start
         for message in taken:  # a batch envelope gives one row per record
             end += rows.add(message, end, consecutive=True)
+        if self._exact:
+            self.batch_count = max((delivery_count(m) for m in taken), default=0)
         if taken:
             self._ledger.add(end, taken[-1].delivery_tag, epoch)
             self._unacked.append((end, len(taken), epoch))
@@ -465,6 +626,15 @@ def _drain(
     except queue_module.Empty:
         pass
     return taken
+
+
+def _dispatched(channel: Channel, timeout: float) -> None:
+    """Return once the dispatcher thread has run every callback (deliveries included) the
+    IO thread queued before this call."""
+    done = threading.Event()
+    portal = channel._portal
+    portal.submit(portal.post_callback, done.set)
+    done.wait(timeout)
 
 
 def queue_depth(options: ReadOptions) -> int:
@@ -539,201 +709,3 @@ def check_queue_type(conn: Connection, options: ReadOptions) -> None:
         f"option queueType: queue {options.queue!r} is a {actual} queue (the broker says "
         f"so), got {options.queue_type!r}: {why}; set queueType={actual}"
     )
-
-
-# ---------------------------------------------------------------- stream queues
-
-
-def split_range(start: int, end: int, parts: int) -> list[tuple[int, int]]:
-    """Split ``[start, end)`` into at most ``parts`` contiguous non-empty ranges."""
-    total = end - start
-    if total <= 0:
-        return []
-    parts = max(1, min(parts, total))
-    size, extra = divmod(total, parts)
-    ranges = []
-    low = start
-    for index in range(parts):
-        high = low + size + (1 if index < extra else 0)
-        ranges.append((low, high))
-        low = high
-    return ranges
-
-
-def _stream_offset(message: Message) -> int | None:
-    headers = message.properties.headers
-    if not headers:
-        return None
-    offset = headers.get("x-stream-offset")
-    return offset if isinstance(offset, int) else None
-
-
-def _probe(
-    options: ReadOptions,
-    spec: Any,
-    *,
-    first_only: bool,
-    max_seconds: float = 3.0,
-    first_wait: float | None = None,
-) -> int | None:
-    """Consume a stream from ``spec``: the first offset delivered, or the highest seen.
-
-    Waits ``first_wait`` (default: the poll timeout, at least 0.5 s) for the first
-    delivery; None when none came. A short-lived connection is used and closed without
-    cancel or reject (a reject closes the connection on a stream queue).
-    """
-    conn = options.connect.connect(" [spark stream probe]")
-    try:
-        channel = conn.channel()
-        inbox: queue_module.SimpleQueue[Message] = queue_module.SimpleQueue()
-        prefetch = 2000
-        channel.basic_qos(prefetch)
-        try:
-            channel.basic_consume(options.queue, inbox.put, arguments={"x-stream-offset": spec})
-        except NotFound:
-            raise ConfigurationError(
-                f"option queue: stream queue {options.queue!r} does not exist"
-            ) from None
-        highest: int | None = None
-        deadline = time.monotonic() + max_seconds
-        wait = max(options.poll_timeout, 0.5) if first_wait is None else first_wait
-        count = 0
-        while time.monotonic() < deadline:
-            try:
-                message = inbox.get(timeout=wait)
-            except queue_module.Empty:
-                break
-            wait = options.idle_timeout
-            offset = _stream_offset(message)
-            count += 1
-            if count % (prefetch // 2) == 0:
-                channel.basic_ack(message.delivery_tag, multiple=True)
-            if offset is None:
-                continue
-            if first_only:
-                return offset
-            highest = offset if highest is None else max(highest, offset)
-        return highest
-    finally:
-        conn.close(timeout=5)
-
-
-def stream_tail(options: ReadOptions) -> int:
-    """The next offset after the last message now in the stream (0 when empty)."""
-    highest = _probe(options, "last", first_only=False)
-    return 0 if highest is None else highest + 1
-
-
-def stream_first(options: ReadOptions) -> int:
-    """The first offset still in the stream (0 when empty)."""
-    first = _probe(options, "first", first_only=True)
-    return 0 if first is None else first
-
-
-def resolve_start(options: ReadOptions, spec: str) -> int:
-    """``startingOffsets`` (earliest, latest, n, timestamp:s) → an offset."""
-    if spec == "earliest":
-        return stream_first(options)
-    if spec == "latest":
-        return stream_tail(options)
-    if spec.startswith("timestamp:"):
-        seconds = int(spec.split(":", 1)[1])
-        when = datetime.fromtimestamp(seconds, UTC)
-        found = _probe(options, when, first_only=True)
-        return stream_tail(options) if found is None else found
-    return int(spec)
-
-
-def stream_bounds(options: ReadOptions) -> tuple[int, int]:
-    """Batch read of a stream: ``[startingOffsets, endingOffsets)`` as numbers."""
-    start = resolve_start(options, options.starting_offsets)
-    tail = stream_tail(options)
-    if options.ending_offsets == "latest":
-        end = tail
-    else:
-        end = int(options.ending_offsets)
-        if end > tail:
-            # A batch read does not wait for offsets to be written: reading towards
-            # them would only time out.
-            raise ConfigurationError(
-                f"option endingOffsets: {end} is past the end of stream queue "
-                f"{options.queue!r} (its next offset is {tail}); use latest or an offset "
-                f"up to {tail}"
-            )
-    return start, max(start, end)
-
-
-def read_stream_range(options: ReadOptions, start: int, end: int) -> Iterator[Any]:
-    """Executor side: the rows of offsets ``[start, end)`` of a stream queue, as record
-    batches (``pyarrow.RecordBatch``, see :class:`~rabbitry.spark._arrow.ArrowRows`).
-
-    Acks serve as credit only. Offsets can have gaps (an offset taken by an entry of
-    the stream's own, such as the one that opens each segment, holds no message), so
-    the read stops at the first offset ≥ ``end - 1``. When the first offset delivered is
-    above ``start``, the stream's first offset tells a gap from a loss: if the stream
-    now starts above ``start``, retention removed data (:class:`DataLossError` unless
-    ``failOnDataLoss=false``); otherwise ``[start, first delivered)`` held no message.
-    """
-    if end <= start:
-        return
-    conn = options.connect.connect(f" [spark stream {start}-{end}]")
-    try:
-        channel = conn.channel()
-        inbox: queue_module.SimpleQueue[Message] = queue_module.SimpleQueue()
-        prefetch = options.prefetch
-        channel.basic_qos(prefetch)
-        channel.basic_consume(options.queue, inbox.put, arguments={"x-stream-offset": start})
-        credit = max(1, prefetch // 2)
-        since_ack = 0
-        first = True
-        timeout = max(30.0, options.poll_timeout)
-        queue = options.queue
-        rows = ArrowRows(queue)
-        while True:
-            try:
-                message = inbox.get(timeout=timeout)
-            except queue_module.Empty:
-                raise DataLossError(
-                    f"stream queue {queue!r}: no delivery for {timeout:.0f} s while reading "
-                    f"offsets [{start}, {end})"
-                ) from None
-            since_ack += 1
-            if since_ack >= credit:
-                channel.basic_ack(message.delivery_tag, multiple=True)
-                since_ack = 0
-            offset = _stream_offset(message)
-            if offset is None:
-                continue
-            if first:
-                first = False
-                if offset > start and options.fail_on_data_loss:
-                    # The stream holds a message (this one), so the probe waits for it.
-                    head = _probe(
-                        options, "first", first_only=True, max_seconds=timeout, first_wait=timeout
-                    )
-                    if head is None:
-                        raise DataLossError(
-                            f"stream queue {queue!r}: the first offset delivered is {offset}, "
-                            f"above the range's start {start}, and the stream's first offset "
-                            f"could not be read within {timeout:.0f} s to tell a gap from a "
-                            "loss"
-                        )
-                    if head > start:
-                        raise DataLossError(
-                            f"stream queue {queue!r}: offsets [{start}, {head}) are gone "
-                            f"(retention: the stream now starts at offset {head}); set "
-                            "failOnDataLoss=false to skip them"
-                        )
-            if offset < start:
-                continue
-            if offset >= end:
-                break
-            rows.add(message, offset)
-            yield from rows.ready()
-            if offset >= end - 1:
-                break
-        yield from rows.finish()
-    finally:
-        # Close without cancel: a delivery for a cancelled consumer would be rejected,
-        # and a reject on a stream queue closes the connection with an error.
-        conn.close(timeout=5)

@@ -70,6 +70,7 @@ _READ_KEYS = (
     "acceptDeliveryCount",
     "exclusiveWaitMs",
     "maxBatchWaitMs",
+    "recoveryTimeoutMs",
 )
 _WRITE_KEYS = (
     "exchange",
@@ -438,6 +439,8 @@ class ReadOptions:
     accept_delivery_count: bool = False
     exclusive_wait: float = 600.0
     max_batch_wait: float = 1.0
+    #: Classic/quorum streaming: seconds a lost broker is waited for (``recoveryTimeoutMs``).
+    recovery_timeout: float = 300.0
     otel: bool = False
     super_stream: SuperStream | None = None
     #: ``startingOffsets`` per partition queue, where a JSON object gives them.
@@ -597,6 +600,7 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
         accept_delivery_count=opts.flag("acceptDeliveryCount", False),
         exclusive_wait=opts.integer("exclusiveWaitMs", 600_000, 0, 86_400_000) / 1000.0,
         max_batch_wait=opts.integer("maxBatchWaitMs", 1000, 1, 3_600_000) / 1000.0,
+        recovery_timeout=opts.integer("recoveryTimeoutMs", 300_000, 0, 86_400_000) / 1000.0,
         otel=opts.flag("otel", False),
         super_stream=layout,
         partition_offsets=partition_offsets,

@@ -52,6 +52,7 @@ from ._core import (
 )
 from ._metrics import Counts, enable_otel
 from ._options import ReadOptions, WriteOptions, parse_read_options, parse_write_options
+from ._restart import restart_check
 from ._rows import READ_SCHEMA
 from ._super import (
     check_partition_count,
@@ -378,8 +379,12 @@ class QueueStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         if end == begin:
             return iter([]), start  # unchanged, so Spark sees that nothing is new
         # A list iterator: Spark copies cached iterators (a generator cannot be copied).
-        # The session names the connection holding these deliveries (see replay_check).
-        return iter(batches), {"seq": end, "session": self.consumer.session}
+        # The session names the connection holding these deliveries (see replay_check);
+        # on a quorum queue, count is their highest delivery count (see restart_check).
+        offset: Offset = {"seq": end, "session": self.consumer.session}
+        if self.consumer.batch_count is not None:
+            offset["count"] = self.consumer.batch_count
+        return iter(batches), offset
 
     def readBetweenOffsets(self, start: Offset, end: Offset) -> Iterator[RecordBatch]:
         """Replay a planned, uncommitted batch after a restart; Spark calls it.
@@ -397,7 +402,11 @@ class QueueStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNo
         # that session is gone the broker has requeued them (they come back through
         # read(), flagged redelivered) and the replay is rightly empty; if it is alive,
         # replay_check raises rather than commit an empty batch over them.
-        replay_check(self.options, int(start["seq"]), int(end["seq"]), end.get("session"))
+        first, last = int(start["seq"]), int(end["seq"])
+        # A quorum queue's failed batch went back to the queue with its delivery counts
+        # raised: refuse, before reading anything, a restart that could lose it.
+        restart_check(self.options, first, last, end.get("count"))
+        replay_check(self.options, first, last, end.get("session"))
         return iter([])
 
     def commit(self, end: Offset) -> None:
