@@ -15,7 +15,7 @@ The format registers itself wherever rabbitry is installed (the top-level module
 driver and on every executor. Guarantees and options: ``docs/spark.md``.
 """
 
-from ._batch import DeliveryCountRefused, QueueBusy
+from ._batch import DeliveryCountRefused, DeliveryLimitReached, QueueBusy, ReadInterrupted
 from ._core import DataLossError, PublishFailed, ReplayUnavailable, SourceCancelled
 from ._options import ConnectOptions, ReadOptions, WriteOptions, trace_options
 from ._write import UnroutableRows
@@ -31,11 +31,13 @@ __all__ = [
     "ConnectOptions",
     "DataLossError",
     "DeliveryCountRefused",
+    "DeliveryLimitReached",
     "PublishCommit",
     "PublishFailed",
     "QueueBusy",
     "QueueStreamReader",
     "RabbitMQDataSource",
+    "ReadInterrupted",
     "ReadOptions",
     "ReplayUnavailable",
     "SourceCancelled",
