@@ -51,7 +51,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Final
 
-from ..exceptions import AMQPError, ConfigurationError, NotFound, ResourceLocked
+from ..exceptions import (
+    AMQPError,
+    ChannelClosedByBroker,
+    ConfigurationError,
+    NotFound,
+    ResourceLocked,
+)
 from ..recovery import State
 from ._arrow import MAX_BATCH_ROWS, ArrowRows
 from ._core import check_queue_type
@@ -540,8 +546,11 @@ def browse_share(
                 yield from attempt.run()
                 return
             except (_Recovered, AMQPError) as exc:
-                if isinstance(exc, AMQPError) and not watch.left_open.is_set():
-                    raise  # the broker refused something: not a recovery
+                # A channel the broker closed (404: queue deleted, 403...) is not a
+                # recovery. Any other error of a call: the connection went away (the
+                # state-change callback may not have run yet).
+                if isinstance(exc, ChannelClosedByBroker):
+                    raise
                 if attempt.yielded or options.num_partitions > 1 or restarts >= _RESTARTS:
                     raise ReadInterrupted(
                         f"rabbitmq batch read of {options.queue!r}: the connection recovered "
