@@ -517,6 +517,24 @@ def _take_turn(conn: Connection, options: ReadOptions) -> None:
         return
 
 
+def _wait_for_ghosts(conn: Connection, queue: str) -> None:
+    """Wait (bounded) until the broker has dropped the consumer of the lost connection.
+
+    The broker notices a dead connection and removes its consumer (returning what it
+    held) a little after the client recovered; until then that consumer holds the head
+    of the queue and would look like another consumer to the restarted read.
+    """
+    channel = conn.channel()
+    try:
+        deadline = time.monotonic() + _RECOVERY_WAIT
+        while channel.queue_declare(queue, passive=True).consumer_count:
+            if time.monotonic() > deadline:
+                return  # the read's own check names the consumers
+            time.sleep(0.05)
+    finally:
+        channel.close()
+
+
 def browse_share(
     options: ReadOptions, start: int, end: int, limit: DeliveryLimit | None = None
 ) -> Iterator[Any]:
@@ -567,9 +585,12 @@ def browse_share(
                     start,
                     end - 1,
                 )
+                # The old channel recovers with the connection (and its consumer with
+                # it): close it once it has, so that it holds nothing.
+                watch.wait_open()
             finally:
                 attempt.close()
-            watch.wait_open()
+            _wait_for_ghosts(conn, options.queue)
     finally:
         conn.close(timeout=5)
 
