@@ -130,11 +130,17 @@ def test_quorum_read_needs_accept_delivery_count(
     assert depth(conn, queue) == 1000
     with pytest.raises(Exception, match="option numPartitions: a batch read of quorum queue"):
         _read(spark, queue, queueType="quorum", acceptDeliveryCount="true", numPartitions=2).count()
-    rows = _read(spark, queue, queueType="quorum", acceptDeliveryCount="true").collect()
+    with pytest.raises(Exception, match="option deliveryLimit"):
+        _read(spark, queue, queueType="quorum", acceptDeliveryCount="true").count()
+    rows = _read(
+        spark, queue, queueType="quorum", acceptDeliveryCount="true", deliveryLimit=20
+    ).collect()
     assert sorted(_bodies(rows)) == list(range(1000))
     assert depth(conn, queue) == 1000
     # each read returned every message: all delivery counts went up alike
-    again = _read(spark, queue, queueType="quorum", acceptDeliveryCount="true").collect()
+    again = _read(
+        spark, queue, queueType="quorum", acceptDeliveryCount="true", deliveryLimit=20
+    ).collect()
     assert sorted(_bodies(again)) == list(range(1000))
     counts = {r.delivery_count for r in again}
     assert len(counts) == 1 and counts.pop() >= 1

@@ -15,7 +15,7 @@ The format registers itself wherever rabbitry is installed (the top-level module
 driver and on every executor. Guarantees and options: ``docs/spark.md``.
 """
 
-from ._batch import DeliveryCountRefused, QueueBusy
+from ._batch import DeliveryCountRefused, DeliveryLimitReached, QueueBusy, ReadInterrupted
 from ._core import (
     BrokerUnavailable,
     DataLossError,
@@ -39,12 +39,14 @@ __all__ = [
     "ConnectOptions",
     "DataLossError",
     "DeliveryCountRefused",
+    "DeliveryLimitReached",
     "DeliveryLimitRefused",
     "PublishCommit",
     "PublishFailed",
     "QueueBusy",
     "QueueStreamReader",
     "RabbitMQDataSource",
+    "ReadInterrupted",
     "ReadOptions",
     "ReplayUnavailable",
     "SourceCancelled",

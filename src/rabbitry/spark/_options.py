@@ -69,6 +69,8 @@ _READ_KEYS = (
     "consume",
     "acceptDeliveryCount",
     "exclusiveWaitMs",
+    "deliveryLimit",
+    "managementUrl",
     "maxBatchWaitMs",
     "recoveryTimeoutMs",
 )
@@ -438,6 +440,10 @@ class ReadOptions:
     consume: ConsumeMode = "requeue"
     accept_delivery_count: bool = False
     exclusive_wait: float = 600.0
+    #: Batch reads of quorum queues: the queue's delivery limit as the user states it.
+    delivery_limit: int | None = None
+    #: Batch reads of quorum queues: the management API to read the delivery limit from.
+    management_url: str | None = dataclasses.field(default=None, repr=False)
     max_batch_wait: float = 1.0
     #: Classic/quorum streaming: seconds a lost broker is waited for (``recoveryTimeoutMs``).
     recovery_timeout: float = 300.0
@@ -599,6 +605,8 @@ def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
         consume=consume,  # type: ignore[arg-type]  # checked above
         accept_delivery_count=opts.flag("acceptDeliveryCount", False),
         exclusive_wait=opts.integer("exclusiveWaitMs", 600_000, 0, 86_400_000) / 1000.0,
+        delivery_limit=opts.opt_int("deliveryLimit", -1),
+        management_url=opts.text("managementUrl") or None,
         max_batch_wait=opts.integer("maxBatchWaitMs", 1000, 1, 3_600_000) / 1000.0,
         recovery_timeout=opts.integer("recoveryTimeoutMs", 300_000, 0, 86_400_000) / 1000.0,
         otel=opts.flag("otel", False),

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._limits import DeliveryLimit, broker_default_limit, effective_delivery_limit
+from ._batch import DeliveryLimitReached, lookup_limit
+from ._limits import DeliveryLimit, broker_default_limit
 
 if TYPE_CHECKING:
     from ._options import ReadOptions
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["DeliveryLimitRefused", "queue_delivery_limit", "restart_check"]
 
 
-class DeliveryLimitRefused(RuntimeError):
+class DeliveryLimitRefused(DeliveryLimitReached):
     """A restarted streaming query of a quorum queue would read messages that one more
     failed run could push to the queue's delivery limit (where the broker dead-letters or
     drops them); nothing was read."""
@@ -29,15 +30,15 @@ def queue_delivery_limit(options: ReadOptions) -> DeliveryLimit:
     """The delivery limit of the read's quorum queue, as far as AMQP 0-9-1 tells.
 
     AMQP 0-9-1 cannot read an ``x-delivery-limit`` argument or a ``delivery-limit``
-    policy; without the management API the broker's default is assumed (20 on RabbitMQ
-    4.x, none on 3.x).
+    policy: the limit comes from ``managementUrl`` or ``deliveryLimit``; without either
+    the broker's default is assumed (20 on RabbitMQ 4.x, none on 3.x).
     """
     conn = options.connect.connect(" [spark limit check]")
     try:
         version = conn.server_version
+        found = lookup_limit(options, conn)
     finally:
         conn.close(timeout=5)
-    found = effective_delivery_limit(options.queue, options.queue_type, version)
     if found.known:
         return found
     return DeliveryLimit(
@@ -84,5 +85,7 @@ def restart_check(options: ReadOptions, start: int, end: int, count: int | None)
         f"rabbitmq source {options.queue!r}: refusing to restart: the messages of the "
         f"failed batch [{start}, {end}) were delivered with x-delivery-count up to "
         f"{count} and returned when the run failed, so they are at {now}; "
-        f"{limit.describe()}; {risk}. Nothing was read. Way out: {way_out}"
+        f"{limit.describe()}; {risk}. Nothing was read. Way out: {way_out}",
+        options.queue,
+        limit.limit,
     )

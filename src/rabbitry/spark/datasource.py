@@ -93,6 +93,8 @@ if TYPE_CHECKING:
     from pyspark.sql import Row, SparkSession
     from pyspark.sql.types import StructType
 
+    from ._limits import DeliveryLimit
+
 __all__ = [
     "PublishCommit",
     "QueueStreamReader",
@@ -259,10 +261,13 @@ class QueueShare(InputPartition):
 
     start: int
     end: int
+    #: Quorum queues: the delivery limit the planner learned.
+    limit: DeliveryLimit | None = None
 
-    def __init__(self, start: int, end: int) -> None:
+    def __init__(self, start: int, end: int, limit: DeliveryLimit | None = None) -> None:
         self.start = start
         self.end = end
+        self.limit = limit
 
 
 @dataclasses.dataclass
@@ -304,7 +309,8 @@ class BatchReader(DataSourceReader):
                 ranges = split_range(start, end, options.num_partitions)
                 result += [OffsetRange(low, high, stream) for low, high in ranges]
             return result or [OffsetRange(0, 0)]
-        total = plan_queue_read(options).ready
+        snapshot = plan_queue_read(options)
+        total = snapshot.ready
         if options.max_messages is not None:
             total = min(total, options.max_messages)
         shares = split_range(0, total, options.num_partitions)
@@ -317,14 +323,15 @@ class BatchReader(DataSourceReader):
         )
         if options.consume == "destructive":
             return [QueueQuota(high - low, low) for low, high in shares] or [QueueQuota(0, 0)]
-        return [QueueShare(low, high) for low, high in shares] or [QueueShare(0, 0)]
+        limit = snapshot.delivery_limit
+        return [QueueShare(low, high, limit) for low, high in shares] or [QueueShare(0, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[RecordBatch]:
         if isinstance(partition, OffsetRange):
             options = self.options.for_stream(partition.stream or self.options.queue)
             return read_stream_range(options, partition.start, partition.end)
         if isinstance(partition, QueueShare):
-            return browse_share(self.options, partition.start, partition.end)
+            return browse_share(self.options, partition.start, partition.end, partition.limit)
         assert isinstance(partition, QueueQuota)
         return consume_share(self.options, partition.quota, partition.first_offset)
 
