@@ -24,6 +24,7 @@ from ..exceptions import (
     Timeout,
 )
 from ..recovery import State, is_permanent
+from ..sync._connection import portal_of
 from ._limits import delivery_count
 from ._rows import TupleRows
 from ._streams import (
@@ -385,8 +386,8 @@ class QueueConsumer:
         epoch = channel.epoch
         try:
             channel.basic_cancel(tag, timeout=_ACK_APPLIED_TIMEOUT)
-            if channel.epoch == epoch:
-                _dispatched(channel, _ACK_APPLIED_TIMEOUT)
+            if channel.epoch == epoch and self._conn is not None:
+                _dispatched(self._conn, _ACK_APPLIED_TIMEOUT)
         except AMQPError as exc:
             # The connection is gone (its deliveries go back to the queue and the epoch
             # check leaves them out) or the broker did not answer in time.
@@ -628,11 +629,11 @@ def _drain(
     return taken
 
 
-def _dispatched(channel: Channel, timeout: float) -> None:
-    """Return once the dispatcher thread has run every callback (deliveries included) the
-    IO thread queued before this call."""
+def _dispatched(conn: Connection, timeout: float) -> None:
+    """Return once the dispatcher thread of ``conn`` has run every callback (deliveries
+    included) its IO thread queued before this call."""
     done = threading.Event()
-    portal = channel._portal
+    portal = portal_of(conn)
     portal.submit(portal.post_callback, done.set)
     done.wait(timeout)
 
