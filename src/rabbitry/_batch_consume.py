@@ -2,17 +2,21 @@
 
 Each record goes to the handler as a :class:`~rabbitry.batching.BatchRecord`, in order,
 one at a time (the envelope holds one handler slot). The envelope is acked once every
-record was handled; the first record whose handler raises sends the *whole envelope*
-down the consumer's failure path (its retry policy, or dead-lettering), the records
-after it are not handed out, and a retry hands every record out again, the ones that
-had succeeded included (at-least-once, per record). An envelope that cannot be split
-(:class:`~rabbitry.exceptions.BatchFormatError`, a :class:`~rabbitry.exceptions.Reject`)
-is parked or dead-lettered without retrying.
+record was handled. A record whose handler raises does not stop the others: every
+record is handed to the handler, then the *whole envelope* goes down the consumer's
+failure path once (its retry policy, dead-lettering, or a drop that is counted in
+records and logged with the record count), so no record goes that the handler never
+saw. A retry hands every record out again, the ones that had succeeded included
+(at-least-once, per record). A record the handler rejects without requeue waits for
+the others in the same way (see :mod:`rabbitry.batching`). An envelope that cannot be
+split (:class:`~rabbitry.exceptions.BatchFormatError`, a
+:class:`~rabbitry.exceptions.Reject`) is parked or dead-lettered without retrying.
 
 A consumer with ``batch_size`` (a list handler) gets the records of the envelopes of
 its batch in the list, in place of the envelopes, between the plain messages; an
-envelope is acked when none of its records failed, and goes down the failure path
-(once) when any did. Its plain messages are acked one by one in such a batch.
+envelope is acked when none of its records failed (rejected when the handler rejected
+one without requeue), and goes down the failure path (once) when any failed. Its plain
+messages are acked one by one in such a batch.
 """
 
 from __future__ import annotations
@@ -184,9 +188,18 @@ class EnvelopeHandling:
             if not envelope.settled:
                 await self._fail(envelope, error)
         handled = [m for m in items if id(m) not in owner and id(m) not in failed_plain]
-        handled += [e for e in envelopes if id(e) not in failed_envelopes]
         for message in handled:
             self._ack(message)  # no-op when the handler settled it
+        settled = [e for e in envelopes if id(e) not in failed_envelopes]
+        for message in items:
+            # Each record the handler left open is acked through its envelope, which
+            # goes once all its records did: acked, or rejected when the handler
+            # rejected one of them without requeue.
+            if id(message) in owner and id(owner[id(message)]) not in failed_envelopes:
+                settler = settler_of(message)
+                if not message.settled and settler is not None and not settler.done:
+                    message.ack()
+        handled += settled
         if self.dedup is not None:
             for message in handled:
                 if message.properties.message_id:

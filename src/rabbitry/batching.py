@@ -22,11 +22,16 @@ body or a count that does not match raises :class:`~rabbitry.exceptions.BatchFor
 a consumer never hands out bytes it could not frame.
 
 Settling: a record's ``ack()`` counts; the envelope is acked once every record was
-acked. In a ``consume()`` iteration a record's ``ack(multiple=True)`` means what it means
-for a message: every record handed out up to it counts as acked, those of earlier
-envelopes included (:class:`RecordLedger`). A record's ``nack()`` or ``reject()``
-settles the whole envelope that way at once (every record of it comes back, or is
-dead-lettered, together), and the records not yet handed out are skipped. See
+acked. In a ``consume()`` iteration a record's ``ack(multiple=True)`` or
+``nack(multiple=True)`` means what it means for a message: every record handed out up
+to it is settled so, those of earlier envelopes included (:class:`RecordLedger`). A
+record's ``nack()`` or ``reject()`` with ``requeue=True`` returns the whole envelope at
+once: its records not yet handed out are skipped and come again with it. Without
+requeue only that record counts as rejected: the records after it are still handed
+out, and the envelope is rejected (dead-lettered or dropped, the records handled with
+it too) once every record was settled, so no record goes that was never handed out.
+A record's tag is its envelope's, so a record settled after its connection recovered
+is dropped as stale like any message (the broker redelivers the envelope). See
 ``docs/publishing.md`` ("Micro-batching").
 """
 
@@ -198,24 +203,33 @@ class BatchRecord(Message):
     count: int
 
 
+#: What a record's byte in :attr:`_EnvelopeSettler.state` says.
+_OPEN: Final = 0
+_ACKED: Final = 1
+_REJECTED: Final = 2
+
+
 class _EnvelopeSettler:
     """Settles an envelope for its records: acked once every record was acked.
 
     Each record acks through a :class:`_RecordAcker` that stands in for its channel
     (``Message.ack`` calls ``basic_ack`` on it), so a record acks, nacks and rejects like
-    any message, from the same threads.
+    any message, from the same threads. A record rejected without requeue waits for the
+    others: the envelope is then rejected (dead-lettered or dropped) once every record
+    was settled, so no record is dropped that was never handed out.
     """
 
     __slots__ = (
-        "acked",
         "before",
         "channel",
         "done",
         "envelope",
         "ledger",
         "multiple",
+        "rejected",
         "remaining",
         "settle",
+        "state",
     )
 
     def __init__(
@@ -228,8 +242,10 @@ class _EnvelopeSettler:
         self.envelope = envelope
         self.channel = envelope.channel
         self.remaining = count
-        #: One byte a record: 1 once it counts as acked.
-        self.acked = bytearray(count)
+        #: One byte a record: _OPEN, _ACKED or _REJECTED (without requeue).
+        self.state = bytearray(count)
+        #: Records rejected without requeue: the envelope is rejected when complete.
+        self.rejected = 0
         self.settle = settle
         #: The iteration that handed the records out, in order (None: a handler's).
         self.ledger = ledger
@@ -255,42 +271,64 @@ class _EnvelopeSettler:
                 "was already settled by another of its records"
             )
 
+    def _mark(self, index: int, multiple: bool, how: int) -> None:
+        """Settle record ``index`` (with ``multiple``, every open one up to it) as ``how``."""
+        state = self.state
+        for i in range(index + 1) if multiple else (index,):
+            if state[i] == _OPEN:
+                state[i] = how
+                self.remaining -= 1
+                if how == _REJECTED:
+                    self.rejected += 1
+        if self.remaining == 0:
+            self.finish()
+
+    def finish(self) -> None:
+        """Every record was settled: ack the envelope, or reject it (without requeue)
+        when any record was."""
+        self.done = True
+        if self.rejected:
+            self.settle("nack", multiple=False, requeue=False)
+        else:
+            self.settle("ack", multiple=self.multiple)
+
     def ack(self, index: int, multiple: bool) -> None:
         """Record ``index`` was acked; with ``multiple``, every record handed out before it
         too (those of earlier envelopes of the same iteration included)."""
         self._check()
-        acked = self.acked
         if multiple:
             if self.ledger is not None:
                 self.ledger.settle_before(self, "ack")
-            for i in range(index + 1):
-                if not acked[i]:
-                    acked[i] = 1
-                    self.remaining -= 1
             # The envelope's own ack then goes out as a multiple one too, so that plain
             # deliveries handed out between two envelopes are covered as well.
             self.multiple = True
-        elif not acked[index]:
-            acked[index] = 1
-            self.remaining -= 1
-        if self.remaining == 0:
+        self._mark(index, multiple, _ACKED)
+
+    def nack(self, index: int, multiple: bool, requeue: bool) -> None:
+        """A record was nacked. With ``requeue`` the whole envelope goes back at once
+        (and, with ``multiple``, every delivery of the channel before it, as the broker
+        does); its records not handed out yet come again with it. Without, only the
+        record (and, with ``multiple``, every open one handed out up to it) counts as
+        rejected, and the envelope is rejected once its other records were settled."""
+        self._check()
+        if requeue:
+            if multiple and self.ledger is not None:
+                self.ledger.settle_before(self, None)  # the broker's multiple nack: them too
             self.done = True
-            self.settle("ack", multiple=self.multiple)
-
-    def nack(self, multiple: bool, requeue: bool) -> None:
-        """A record was nacked: the whole envelope goes (and, with ``multiple``, every
-        delivery of the channel before it, as the broker does)."""
-        self._check()
+            self.settle("nack", multiple=multiple, requeue=True)
+            return
         if multiple and self.ledger is not None:
-            self.ledger.settle_before(self, None)  # the broker's multiple nack covers them
-        self.done = True
-        self.settle("nack", multiple=multiple, requeue=requeue)
+            self.ledger.settle_before(self, "reject")
+        self._mark(index, multiple, _REJECTED)
 
-    def reject(self, requeue: bool) -> None:
-        """A record was rejected: the whole envelope goes with it."""
+    def reject(self, index: int, requeue: bool) -> None:
+        """A record was rejected: :meth:`nack` without ``multiple``."""
         self._check()
-        self.done = True
-        self.settle("reject", requeue=requeue)
+        if requeue:
+            self.done = True
+            self.settle("reject", requeue=True)
+            return
+        self._mark(index, False, _REJECTED)
 
 
 class _RecordAcker:
@@ -316,10 +354,10 @@ class _RecordAcker:
     def basic_nack(
         self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
     ) -> None:
-        self.settler.nack(multiple, requeue)
+        self.settler.nack(self.index, multiple, requeue)
 
     def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
-        self.settler.reject(requeue)
+        self.settler.reject(self.index, requeue)
 
 
 class RecordLedger:
@@ -362,16 +400,23 @@ class RecordLedger:
 
         Args:
             settler: the envelope a record of which was settled with ``multiple``.
-            how: ``"ack"`` to acknowledge them (one ``multiple`` ack of the newest), or
-                ``None`` to only mark them settled: a multiple nack that covers them is
-                about to go out.
+            how: ``"ack"`` to acknowledge them (one ``multiple`` ack of the newest;
+                an envelope holding a record rejected without requeue is rejected on
+                its own first), ``"reject"`` to reject them without requeue (one
+                ``multiple`` nack), or ``None`` to only mark them settled: a multiple
+                nack that covers them is about to go out.
         """
         pending = self._open
         newest: _EnvelopeSettler | None = None
         while pending and pending[0] is not settler:
             earlier = pending.popleft()
-            if not earlier.done:
-                earlier.done = True
+            if earlier.done:
+                continue
+            earlier.done = True
+            if how == "ack" and earlier.rejected:
+                # Not covered by the multiple ack below: its rejection goes out first.
+                earlier.settle("nack", multiple=False, requeue=False)
+            else:
                 newest = earlier
         plain, settler.before = settler.before, None
         if plain is not None and plain.settled:
@@ -383,9 +428,16 @@ class RecordLedger:
         if plain is not None and (
             newest is None or plain.delivery_tag > newest.envelope.delivery_tag
         ):
-            plain.ack(multiple=True)  # the later of the two: covers the other
+            # The later of the two: covers the other.
+            if how == "ack":
+                plain.ack(multiple=True)
+            else:
+                plain.nack(multiple=True, requeue=False)
         elif newest is not None:
-            newest.settle(how, multiple=True)
+            if how == "ack":
+                newest.settle("ack", multiple=True)
+            else:
+                newest.settle("nack", multiple=True, requeue=False)
             if plain is not None:
                 plain.settled = True
 

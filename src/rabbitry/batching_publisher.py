@@ -36,6 +36,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+from ._failure_log import RateLimitedLog
 from .batching import envelope_headers
 from .exceptions import ConfigurationError, InvalidStateError, LocalProtocolError
 from .protocol import spec
@@ -45,6 +46,7 @@ from .sync.publisher import ledger_of
 
 if TYPE_CHECKING:
     import concurrent.futures
+    from collections.abc import Callable
     from datetime import timedelta
 
     from .publisher import AsyncPublisher, Body
@@ -280,6 +282,20 @@ def _fail_all(
 # --------------------------------------------------------------------------- asyncio
 
 
+def _envelope_failures() -> RateLimitedLog:
+    """The ERROR log of envelopes the publisher refused, rate-limited with counts (by
+    error type): a publisher failing every envelope logs a few lines a minute, not
+    one per envelope."""
+    return RateLimitedLog(logger, "batching publisher", "unsent envelopes")
+
+
+def _ended_by(closed_state: Callable[[], InvalidStateError]) -> BaseException | None:
+    """What closed a publisher: its connection's end (``ConnectionClosed``,
+    ``RecoveryFailed``...) when that closed it, ``None`` when its owner did; read from
+    the error the publisher's own calls raise once it is closed."""
+    return closed_state().__cause__
+
+
 def _publisher_gone(
     acc: _Accumulator, failed: int = 0, cause: BaseException | None = None
 ) -> InvalidStateError:
@@ -287,8 +303,11 @@ def _publisher_gone(
 
     Every record of the open and the sealed batches fails, and one ERROR line counts
     them (with ``failed`` records whose envelope the publisher just refused): nothing
-    will send them. Returns the error a :meth:`publish` now raises.
+    will send them. Returns the error a :meth:`publish` now raises, chained to
+    ``cause`` (what closed the publisher) as the plain publisher's own error is.
     """
+    if isinstance(cause, InvalidStateError) and cause.__cause__ is not None:
+        cause = cause.__cause__  # the publisher's "is closed": name the connection's end
     acc.seal()
     error = InvalidStateError(
         "the batching publisher's publisher is closed (closed by its owner, or with its "
@@ -366,7 +385,10 @@ class AsyncBatchingPublisher:
         self._closed = False
         # Record futures that fail with nobody looking at them are reported by the
         # publisher's close(), which waits for their envelopes (this close does not).
-        self._ledger = port_of(publisher).ledger
+        port = port_of(publisher)
+        self._ledger = port.ledger
+        self._closed_state = port.closed_state
+        self._failures = _envelope_failures()
 
     @property
     def stats(self) -> BatchingStats:
@@ -408,7 +430,7 @@ class AsyncBatchingPublisher:
         if self._closed:
             raise InvalidStateError("this batching publisher is closed")
         if self.publisher.is_closed:
-            raise _publisher_gone(self._acc)
+            raise _publisher_gone(self._acc, cause=_ended_by(self._closed_state))
         if type(body) is not bytes:
             body = _record_bytes(body)
         future: asyncio.Future[None] = self._loop.create_future()
@@ -453,6 +475,7 @@ class AsyncBatchingPublisher:
         await self.flush()
         for task in list(self._tasks):
             await task
+        self._failures.close()  # the summary of unsent envelopes only counted, if any
 
     # ------------------------------------------------------------------ internals
 
@@ -507,7 +530,8 @@ class AsyncBatchingPublisher:
                 _fail_all(futures, exc, self._ledger)
                 _publisher_gone(self._acc, len(futures), exc)  # one ERROR for all of them
                 return
-            logger.error(
+            self._failures.log(
+                type(exc).__name__,
                 "batching publisher: an envelope of %d records was not sent: %r",
                 len(futures),
                 exc,
@@ -572,6 +596,8 @@ class BatchingPublisher:
         self._closed = False
         # As in the async twin: reported by the publisher's close().
         self._ledger = ledger_of(publisher)
+        self._closed_state = publisher._port.closed_state
+        self._failures = _envelope_failures()
 
     @property
     def stats(self) -> BatchingStats:
@@ -609,7 +635,7 @@ class BatchingPublisher:
             if self._closed:
                 raise InvalidStateError("this batching publisher is closed")
             if self.publisher.is_closed:
-                raise _publisher_gone(self._acc)
+                raise _publisher_gone(self._acc, cause=_ended_by(self._closed_state))
             acc = self._acc
             if acc.add((exchange, routing_key), body, future) and acc.open is not None:
                 self._deadline = time.monotonic() + self.linger
@@ -650,6 +676,7 @@ class BatchingPublisher:
             self._wake.notify()
         if self._thread is not None:
             self._thread.join()
+        self._failures.close()
 
     def _drain(self) -> None:
         """Send sealed batches (the caller holds the lock)."""
@@ -672,7 +699,8 @@ class BatchingPublisher:
                     _fail_all(futures, exc, self._ledger)
                     _publisher_gone(self._acc, len(futures), exc)  # one ERROR for all
                     continue
-                logger.error(
+                self._failures.log(
+                    type(exc).__name__,
                     "batching publisher: an envelope of %d records was not sent: %r",
                     len(futures),
                     exc,

@@ -65,6 +65,11 @@ def test_a_producer_thread_stops_when_recovery_gives_up(
         producer.join(WAIT)
         assert len(ended) == 1, "the producer thread kept publishing into a dead connection"
         assert isinstance(ended[0], InvalidStateError)
+        # The plain publisher's error, with the same cause: the connection's end.
+        with pytest.raises(InvalidStateError) as plain:
+            publisher.publish(b"plain", routing_key=queue)
+        assert plain.value.__cause__ is not None
+        assert type(ended[0].__cause__) is type(plain.value.__cause__)
         assert accepted == 0
         with pytest.raises(InvalidStateError):
             batching.publish(b"later", routing_key=queue)
@@ -93,8 +98,12 @@ async def test_async_batching_publisher_refuses_records_once_the_connection_is_g
         proxy.refuse(True)
         proxy.reset()
         await conn.wait_closed(WAIT)
-        with pytest.raises(InvalidStateError):
+        with pytest.raises(InvalidStateError) as refused:
             await batching.publish(b"later", routing_key=queue)
+        with pytest.raises(InvalidStateError) as plain:
+            await publisher.send(b"plain", routing_key=queue)
+        assert plain.value.__cause__ is not None
+        assert type(refused.value.__cause__) is type(plain.value.__cause__)
         with pytest.raises(rabbitry.AMQPError):
             await asyncio.wait_for(held, WAIT)
         await batching.close()
@@ -161,3 +170,36 @@ async def test_a_failing_record_never_drops_records_the_handler_did_not_see(
     assert "dropped" in first.getMessage()
     assert (await channel.queue_declare(queue, passive=True)).message_count == 0
     await publisher.close()
+
+
+def test_envelopes_the_publisher_refuses_are_logged_rate_limited_with_counts(
+    url: str, names: Names, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The publisher stays open but refuses envelope after envelope (its window stays
+    full: the confirms are held back, and each envelope's deadline passes): a burst of
+    ERROR lines, then the rest counted in one summary when the batching publisher
+    closes, not one line per envelope."""
+    queue = names.queue()
+    params = parse_urls(url)[0]
+    with TcpProxy(params.host, params.port) as proxy:
+        with rabbitry.Connection(proxy.url()) as conn:
+            conn.channel().queue_declare(queue)
+            publisher = conn.publisher(max_in_flight=1)
+            batching = BatchingPublisher(publisher, batch_records=2, linger=30, timeout=0.01)
+            caplog.set_level(logging.ERROR, logger="rabbitry")
+            proxy.hold("downstream")
+            futures = [batching.publish(b"r", routing_key=queue) for _ in range(100)]
+            batching.close()
+            proxy.release("downstream")
+            # The first envelope took the window's one slot and then missed its
+            # deadline too, waiting for its confirm: every record failed, typed.
+            for future in futures:
+                assert isinstance(future.exception(WAIT), rabbitry.PublishTimeout)
+            publisher.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "rabbitry.batching"]
+    refused = [line for line in lines if "an envelope of 2 records was not sent" in line]
+    assert len(refused) == 10, lines
+    assert lines[-1] == (
+        "batching publisher: 39 more unsent envelopes (without traceback): 39 PublishTimeout"
+    )
+    assert len(lines) == 12  # the burst, the line saying the rest are counted, the summary

@@ -10,8 +10,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tests.support.proxy import TcpProxy
+
 import rabbitry
-from rabbitry import AsyncBatchingPublisher, AsyncConnection, BatchingPublisher, Properties
+from rabbitry import (
+    AsyncBatchingPublisher,
+    AsyncConnection,
+    BatchingPublisher,
+    Properties,
+    RecoveryPolicy,
+)
+from rabbitry.config import parse_urls
 
 if TYPE_CHECKING:
     from tests.integration.conftest import Names
@@ -111,3 +120,145 @@ def test_multiple_ack_of_a_record_covers_plain_messages_and_earlier_records(
         # The third envelope was never acked as a whole (c2 was not), so it comes back
         # entire, flagged redelivered; the plain message after it too. Nothing before.
         assert again == [b"c0", b"c1", b"c2", b"p2"]
+
+
+def _spring_envelope(*records: bytes) -> bytes:
+    return b"".join(len(r).to_bytes(4, "big") + r for r in records)
+
+
+SPRING = Properties(headers={"springBatchFormat": "lengthHeader4"})
+#: Three envelopes and a plain message between the first two.
+MIXED = [
+    (_spring_envelope(b"a0", b"a1", b"a2"), SPRING),
+    (b"p0", None),
+    (_spring_envelope(b"b0", b"b1", b"b2"), SPRING),
+    (_spring_envelope(b"c0", b"c1", b"c2"), SPRING),
+]
+
+
+def test_sync_nack_of_a_record_with_multiple_covers_everything_handed_out_up_to_it(
+    url: str, names: Names
+) -> None:
+    """``nack(multiple=True, requeue=False)`` on ``b1``: the first envelope and the plain
+    message go at once (no dead-letter exchange: dropped); ``b2`` is still handed out,
+    and once it is acked b's envelope goes too, rejected; the last envelope, handed out
+    and never settled, comes back to the queue."""
+    queue = names.queue()
+    with rabbitry.Connection(url) as conn:
+        channel = conn.channel()
+        channel.queue_declare(queue)
+        with conn.publisher() as publisher:
+            for body, props in MIXED:
+                publisher.publish(body, routing_key=queue, properties=props).result(WAIT)
+        seen = []
+        for message in channel.consume(queue, prefetch=100, timeout=1):
+            seen.append(message.body)
+            if message.body == b"a0":
+                message.ack()
+            if message.body == b"b1":
+                message.nack(multiple=True, requeue=False)
+            if message.body == b"b2":
+                message.ack()
+        assert b" ".join(seen) == b"a0 a1 a2 p0 b0 b1 b2 c0 c1 c2"
+        channel.close()
+        assert conn.channel().queue_declare(queue, passive=True).message_count == 1
+
+
+async def test_async_nack_of_a_record_with_multiple_covers_everything_handed_out_up_to_it(
+    conn: AsyncConnection, names: Names
+) -> None:
+    queue = names.queue()
+    channel = await conn.channel()
+    await channel.queue_declare(queue)
+    async with await conn.publisher() as publisher:
+        for body, props in MIXED:
+            await publisher.publish(body, routing_key=queue, properties=props)
+    seen = []
+    async for message in channel.consume(queue, prefetch=100, timeout=1):
+        seen.append(message.body)
+        if message.body == b"a0":
+            message.ack()
+        if message.body == b"b1":
+            message.nack(multiple=True, requeue=False)
+        if message.body == b"b2":
+            message.ack()
+    assert b" ".join(seen) == b"a0 a1 a2 p0 b0 b1 b2 c0 c1 c2"
+    await channel.close()
+    check = await conn.channel()
+    assert (await check.queue_declare(queue, passive=True)).message_count == 1
+
+
+RECOVER = RecoveryPolicy(initial_delay=0.05, max_delay=0.5)
+ENVELOPES = 3
+RECORDS_EACH = 4
+ALL_RECORDS = sorted(b"%d.%d" % (e, r) for e in range(ENVELOPES) for r in range(RECORDS_EACH))
+
+
+def _publish_envelopes(conn: rabbitry.Connection, queue: str) -> None:
+    with conn.publisher() as publisher:
+        for e in range(ENVELOPES):
+            records = [b"%d.%d" % (e, r) for r in range(RECORDS_EACH)]
+            body = _spring_envelope(*records)
+            publisher.publish(body, routing_key=queue, properties=SPRING).result(WAIT)
+
+
+def test_sync_multiple_ack_of_a_record_from_before_a_recovery_acks_nothing_after_it(
+    url: str, names: Names
+) -> None:
+    """A record handed out before the connection recovered is acked with ``multiple``
+    once the envelopes came back: the ack is dropped as stale (the broker redelivered
+    them), the channel stays open, and no redelivered envelope is acked by it."""
+    queue = names.queue()
+    params = parse_urls(url)[0]
+    with TcpProxy(params.host, params.port) as proxy:
+        with rabbitry.Connection(proxy.url(), recovery=RECOVER) as conn:
+            channel = conn.channel()
+            channel.queue_declare(queue)
+            _publish_envelopes(conn, queue)
+            stale: rabbitry.Message | None = None
+            for message in channel.consume(queue, prefetch=100, timeout=WAIT):
+                if stale is None:
+                    assert proxy.reset() == 1
+                if message.redelivered:  # the first delivery of the recovered channel
+                    assert stale is not None
+                    stale.ack(multiple=True)
+                    break
+                stale = message
+            assert channel.stale_settlements >= 1
+            channel.queue_declare(queue, passive=True)  # the channel is still open
+            channel.close()
+            again = []
+            for message in conn.channel().consume(queue, timeout=1):
+                again.append(message.body)
+                message.ack()
+            assert sorted(again) == ALL_RECORDS
+
+
+async def test_async_multiple_ack_of_a_record_from_before_a_recovery_acks_nothing_after_it(
+    url: str, names: Names
+) -> None:
+    queue = names.queue()
+    params = parse_urls(url)[0]
+    with TcpProxy(params.host, params.port) as proxy:
+        with rabbitry.Connection(url) as setup:
+            setup.channel().queue_declare(queue)
+            _publish_envelopes(setup, queue)
+        async with AsyncConnection(proxy.url(), recovery=RECOVER) as conn:
+            channel = await conn.channel()
+            stale: rabbitry.Message | None = None
+            async for message in channel.consume(queue, prefetch=100, timeout=WAIT):
+                if stale is None:
+                    assert proxy.reset() == 1
+                if message.redelivered:
+                    assert stale is not None
+                    stale.ack(multiple=True)
+                    break
+                stale = message
+            assert channel.stale_settlements >= 1
+            await channel.queue_declare(queue, passive=True)  # the channel is still open
+            await channel.close()
+            again = []
+            async for message in (await conn.channel()).consume(queue, timeout=1):
+                again.append(message.body)
+                message.ack()
+            assert sorted(again) == ALL_RECORDS

@@ -22,6 +22,7 @@ from rabbitry.batching import (
     BATCH_SIZE_HEADER,
     LENGTH_HEADER4,
     BatchRecord,
+    RecordLedger,
     decode_records,
     encode_records,
     envelope_headers,
@@ -187,20 +188,73 @@ def test_a_multiple_ack_on_a_record_goes_out_with_the_envelope_ack() -> None:
     assert channel.calls == [("ack", 7, True)]
 
 
-def test_rejecting_a_record_rejects_the_envelope_and_skips_the_rest() -> None:
+def test_a_record_rejected_without_requeue_waits_for_the_other_records() -> None:
     envelope, channel = _envelope(_by_hand(b"a", b"b", b"c"), {BATCH_FORMAT_HEADER: LENGTH_HEADER4})
     handed = []
     for record in iter_delivery(envelope):
         handed.append(record.body)
         if record.body == b"b":
             record.reject(requeue=False)
-    assert handed == [b"a", b"b"]
-    assert channel.calls == [("reject", 7, False)]
+            assert channel.calls == []  # the records after it are still to be handed out
+        else:
+            record.ack()
+    assert handed == [b"a", b"b", b"c"]
+    assert channel.calls == [("nack", 7, False, False)]  # once every record was settled
+    envelope2, channel2 = _envelope(_by_hand(b"a", b"b"), {BATCH_FORMAT_HEADER: LENGTH_HEADER4})
+    first, second = iter_delivery(envelope2)
+    second.nack(requeue=False)
+    first.nack(requeue=False)
+    assert channel2.calls == [("nack", 7, False, False)]
+
+
+def test_a_record_requeued_returns_the_envelope_at_once_and_skips_the_rest() -> None:
+    envelope, channel = _envelope(_by_hand(b"a", b"b", b"c"), {BATCH_FORMAT_HEADER: LENGTH_HEADER4})
+    handed = []
+    for record in iter_delivery(envelope):
+        handed.append(record.body)
+        record.nack(requeue=True)
+    assert handed == [b"a"]  # b and c come again with the envelope
+    assert channel.calls == [("nack", 7, False, True)]
     envelope2, channel2 = _envelope(_by_hand(b"a", b"b"), {BATCH_FORMAT_HEADER: LENGTH_HEADER4})
     records = iter_delivery(envelope2)
-    first = next(records)
-    first.nack(requeue=True)
-    assert channel2.calls == [("nack", 7, False, True)]
+    next(records).reject()
+    assert channel2.calls == [("reject", 7, True)]
+
+
+def test_a_multiple_ack_rejects_an_earlier_envelope_holding_a_rejected_record_first() -> None:
+    """Envelope 7 has a rejected record and an open one; a record of envelope 8 is acked
+    with ``multiple``: envelope 7 is rejected on its own, before the multiple ack that
+    covers everything else (a multiple ack of 7 would have acked the rejected record)."""
+    ledger = RecordLedger()
+    channel = _Channel()
+    first, _ = _envelope(_by_hand(b"a", b"b"), {BATCH_FORMAT_HEADER: LENGTH_HEADER4}, tag=6)
+    second, _ = _envelope(_by_hand(b"c", b"d"), {BATCH_FORMAT_HEADER: LENGTH_HEADER4}, tag=7)
+    third, _ = _envelope(_by_hand(b"e", b"f"), {BATCH_FORMAT_HEADER: LENGTH_HEADER4}, tag=8)
+    for message in (first, second, third):
+        message.channel = channel
+    a, _b = iter_delivery(first, ledger=ledger)
+    c, _d = iter_delivery(second, ledger=ledger)
+    e, _f = iter_delivery(third, ledger=ledger)
+    c.reject(requeue=False)
+    e.ack(multiple=True)
+    assert channel.calls == [("nack", 7, False, False), ("ack", 6, True)]
+    with pytest.raises(InvalidStateError):
+        a.ack()  # settled by the multiple ack
+
+
+def test_a_multiple_nack_without_requeue_rejects_earlier_envelopes_at_once() -> None:
+    ledger = RecordLedger()
+    channel = _Channel()
+    first, _ = _envelope(_by_hand(b"a", b"b"), {BATCH_FORMAT_HEADER: LENGTH_HEADER4}, tag=6)
+    second, _ = _envelope(_by_hand(b"c", b"d"), {BATCH_FORMAT_HEADER: LENGTH_HEADER4}, tag=7)
+    for message in (first, second):
+        message.channel = channel
+    list(iter_delivery(first, ledger=ledger))
+    records = iter_delivery(second, ledger=ledger)
+    next(records).nack(multiple=True, requeue=False)
+    assert channel.calls == [("nack", 6, True, False)]
+    next(records).ack()  # still handed out; its envelope goes once it is settled
+    assert channel.calls == [("nack", 6, True, False), ("nack", 7, False, False)]
 
 
 def test_an_iteration_ended_inside_an_envelope_requeues_it() -> None:
