@@ -42,7 +42,7 @@ from .exceptions import ConfigurationError, InvalidStateError, LocalProtocolErro
 from .protocol import spec
 from .publisher import as_properties, port_of
 from .sync._portal import ConfirmFuture
-from .sync.publisher import ledger_of
+from .sync.publisher import closed_state_of, ledger_of
 
 if TYPE_CHECKING:
     import concurrent.futures
@@ -596,7 +596,7 @@ class BatchingPublisher:
         self._closed = False
         # As in the async twin: reported by the publisher's close().
         self._ledger = ledger_of(publisher)
-        self._closed_state = publisher._port.closed_state
+        self._closed_state = closed_state_of(publisher)
         self._failures = _envelope_failures()
 
     @property

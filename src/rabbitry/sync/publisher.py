@@ -36,7 +36,7 @@ from .channel import _wait
 
 if TYPE_CHECKING:
     import asyncio
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Callable, Iterable, Mapping
     from datetime import timedelta
 
     from ..protocol import spec
@@ -512,6 +512,13 @@ def ledger_of(publisher: Publisher) -> UnobservedLedger:
     """The ledger of ``publisher``'s failed futures nobody looked at (for the library's
     objects that send through it: a batching publisher hands its ledger over to it)."""
     return publisher._port.ledger
+
+
+def closed_state_of(publisher: Publisher) -> Callable[[], InvalidStateError]:
+    """What makes the error a call on the closed ``publisher`` raises, chained to the
+    connection's end when that closed it (for the library's objects that send through
+    it: a batching publisher raises the same)."""
+    return publisher._port.closed_state
 
 
 class _Window:
