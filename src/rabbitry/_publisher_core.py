@@ -470,8 +470,14 @@ class _PublisherCore:
         proto = pipe.protocol
         if frames[0][1:3] != self._cid_bytes:
             frames = retarget(frames, proto.channel_id)
+        record: _Pending | None = None
+        if proto.confirm_mode:
+            assert future is not None
+            record = _Pending(self, future, frames, message_id, release)
         try:
-            seq = proto.send_publish(frames)
+            # In confirm mode the channel's confirm table now holds the record: it
+            # settles it, or fails it if the channel ends first.
+            seq = proto.send_publish(frames, record)
         except AMQPError as exc:
             if future is not None:
                 self._ledger.fail(future, exc)
@@ -484,11 +490,8 @@ class _PublisherCore:
             if release is not None:
                 release()
             return
-        assert future is not None
-        record = _Pending(self, future, frames, message_id, release)
+        assert record is not None
         record.seq = seq
-        # The channel's confirm table settles it, or fails it if the channel ends first.
-        pipe.confirms.add(seq, record)
         self._outstanding += 1
         if mandatory and message_id is not None:
             record.returnable = True

@@ -24,6 +24,7 @@ from ..streams import check_consume
 if TYPE_CHECKING:
     from ..protocol.channel import ChannelProtocol
     from ..protocol.frames import Method
+    from ..protocol.tags import DeliveryTags
     from ..record import TopologyRecord
 
 __all__ = ["CancelCallback", "ConsumerCallback", "ConsumerMethods", "Subscription"]
@@ -162,7 +163,6 @@ class ConsumerMethods:
     """The consumer half of :class:`~rabbitry.aio.channel.AsyncChannel`."""
 
     channel_id: int
-    epoch: int
     _conn: _Connection
     _proto: ChannelProtocol
     _loop: asyncio.AbstractEventLoop
@@ -170,8 +170,7 @@ class ConsumerMethods:
     _closed: asyncio.Future[AMQPError]
     _qos: tuple[int, int, bool] | None
     _suspended: bool
-    _tag_offset: int
-    _max_tag: int
+    _tags: DeliveryTags
 
     if TYPE_CHECKING:
 
@@ -265,10 +264,7 @@ class ConsumerMethods:
 
     def _on_delivery(self, message: Message) -> None:
         message.channel = self
-        message.epoch = self.epoch
-        tag = message.delivery_tag = message.delivery_tag + self._tag_offset
-        if tag > self._max_tag:
-            self._max_tag = tag
+        self._tags.stamp(message)
         consumer = self._consumers.get(message.consumer_tag)
         if consumer is None:
             logger.warning(

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ..message import Message
     from ..protocol.frames import Method
     from ..protocol.publish import ConfirmTracker
+    from ..protocol.tags import DeliveryTags
     from ..publishing.pipe import PublishPipe
     from ._consumers import _Connection, _Consumer
 
@@ -102,7 +103,6 @@ class ChannelLifecycle:
     :class:`~rabbitry.aio.channel.AsyncChannel`."""
 
     channel_id: int
-    epoch: int
     close_exc: AMQPError | None
     republished: int
     _conn: _Connection
@@ -117,8 +117,7 @@ class ChannelLifecycle:
     _closed: asyncio.Future[AMQPError]
     _qos: tuple[int, int, bool] | None
     _suspended: bool
-    _tag_offset: int
-    _max_tag: int
+    _tags: DeliveryTags
     _lost_reason: AMQPError | None
     _internal: bool
     _forget: Callable[[int], object]
@@ -145,10 +144,7 @@ class ChannelLifecycle:
             # gets that connection's epoch and tag numbering now; the connection may end
             # (and a new epoch start) before the caller runs again.
             message.channel = self
-            message.epoch = self.epoch
-            tag = message.delivery_tag = message.delivery_tag + self._tag_offset
-            if tag > self._max_tag:
-                self._max_tag = tag
+            self._tags.stamp(message)
         if hook is not None:
             try:
                 hook(method)
@@ -286,9 +282,7 @@ class ChannelLifecycle:
             self._on_closed(exc)  # recovery's own channel: the next attempt opens another
             return
         self._suspended = True
-        self.epoch += 1
-        # Every tag handed out so far died with the connection.
-        self._tag_offset = self._max_tag
+        self._tags.new_epoch()  # every tag handed out so far died with the connection
         self._fail_pending(exc, keep_resendable=True)
 
     async def _resume(self, protocol: ChannelProtocol) -> None:
@@ -304,6 +298,7 @@ class ChannelLifecycle:
         confirm = self._proto.confirm_mode
         transactional = self._proto.transactional
         self._proto = self._pipe.protocol = protocol
+        protocol.use_confirms(self._confirms)
         replies = [("channel.open", self._register_rpc(None))]  # queued by the protocol
         modes: list[Method] = []
         if self._qos is not None:
@@ -349,9 +344,8 @@ class ChannelLifecycle:
         for record in resend:
             if record.done():
                 continue
-            seq = self._proto.send_publish(record.frames)  # type: ignore[attr-defined]
-            record.seq = seq  # type: ignore[attr-defined]
-            self._confirms.add(seq, record)
+            # Registered in the confirm table under its new sequence number.
+            record.seq = self._proto.send_publish(record.frames, record)  # type: ignore[attr-defined]
             sent += 1
         if sent:
             self.republished += sent

@@ -23,6 +23,7 @@ from ..protocol import spec
 from ..protocol.channel import ChannelProtocol, ChannelState
 from ..protocol.frames import Method
 from ..protocol.publish import ConfirmTracker
+from ..protocol.tags import DeliveryTags
 from ..publishing.pipe import PublishPipe, WritePath
 from ._consumers import _CONSUMER_QUEUE_BYTES as _CONSUMER_QUEUE_BYTES
 from ._consumers import _CONSUMER_QUEUE_MESSAGES as _CONSUMER_QUEUE_MESSAGES
@@ -92,6 +93,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         self._consumers: dict[str, _Consumer] = {}
         # Confirm mode: the publishes awaiting their ack or nack, settled by _settle.
         self._confirms: ConfirmTracker[Settleable] = ConfirmTracker(_settle)
+        protocol.use_confirms(self._confirms)
         # The method frame and content header of confirm-mode publishes whose waiter
         # does not keep its frames: what tells which publish a refusal names (see
         # _fail_pending). Pruned every _HEADS_PRUNE publishes, not per confirm.
@@ -102,17 +104,10 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         self._closed: asyncio.Future[AMQPError] = loop.create_future()
         self.close_exc: AMQPError | None = None
         # Recovery: the connection died under the channel and will bring it back with a
-        # new protocol object. Delivery tags keep growing across recoveries: the broker
-        # numbers the new channel's deliveries from 1 again, and we hand them out as
-        # that number plus _tag_offset (the highest tag handed out before). A tag at or
-        # below the offset belongs to a dead connection, so settling it is dropped: it
-        # can never settle a delivery made after the recovery.
-        self.epoch = 0
+        # new protocol object. Delivery tags keep growing across recoveries (see
+        # rabbitry.protocol.tags): settling a tag of a dead connection is dropped.
+        self._tags = DeliveryTags()
         self._suspended = False
-        self._tag_offset = 0
-        self._max_tag = 0
-        #: Acks, nacks and rejects dropped because their delivery tag was stale.
-        self.stale_settlements = 0
         # Set by recovery when it could not restore this channel; calls name it.
         self._lost_reason: AMQPError | None = None
         self._records = records
@@ -184,6 +179,17 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
     def flow_active(self) -> bool:
         """The broker's channel.flow allows publishing."""
         return self._proto.flow_active
+
+    @property
+    def epoch(self) -> int:
+        """The channel's recovery epoch: 0, then one more each time the connection
+        recovers (a :class:`Message` of an older epoch can no longer be settled)."""
+        return self._tags.epoch
+
+    @property
+    def stale_settlements(self) -> int:
+        """Acks, nacks and rejects dropped because their delivery tag was stale."""
+        return self._tags.stale
 
     @property
     def connection(self) -> _Connection:
@@ -330,12 +336,13 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
             await pipe.writes.wait_writable()
         proto = self._proto
         frames = proto.encode_publish(exchange, routing_key, body, properties, mandatory)  # type: ignore[arg-type]
-        seq = proto.send_publish(frames)
+        future: asyncio.Future[None] | None = (
+            self._loop.create_future() if proto.confirm_mode else None
+        )
+        seq = proto.send_publish(frames, future)  # registers the future in confirm mode
         pipe.kick()
         if not seq:
             return None
-        future: asyncio.Future[None] = self._loop.create_future()
-        self._confirms.add(seq, future)
         self._keep_head(seq, frames)
         return future
 
@@ -551,11 +558,11 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
             InvalidStateError: the channel is closed.
             LocalProtocolError: the tag is not an unsigned 64-bit integer.
         """
-        offset = self._tag_offset
-        if self._suspended or (delivery_tag and delivery_tag <= offset):
+        wire = self._tags.wire_tag(delivery_tag, connected=not self._suspended)
+        if wire is None:
             self._drop_stale("basic.ack", delivery_tag)
             return
-        self._proto.send_ack(delivery_tag - offset if delivery_tag else 0, multiple)
+        self._proto.send_ack(wire, multiple)
         self._pipe.kick()
 
     def basic_nack(
@@ -574,13 +581,12 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
             InvalidStateError: the channel is closed.
             LocalProtocolError: the tag is not an unsigned 64-bit integer.
         """
-        offset = self._tag_offset
-        if self._suspended or (delivery_tag and delivery_tag <= offset):
+        wire = self._tags.wire_tag(delivery_tag, connected=not self._suspended)
+        if wire is None:
             self._drop_stale("basic.nack", delivery_tag)
             return
-        wire = delivery_tag - offset if delivery_tag else 0
-        self._send(spec.BasicNack(delivery_tag=wire, multiple=multiple, requeue=requeue))
-        self._proto.settled(wire, multiple)
+        self._proto.send_nack(wire, multiple, requeue)
+        self._pipe.kick()
 
     def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
         """Reject one delivery; requeue or dead-letter it (a stale tag is dropped).
@@ -593,17 +599,15 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
             InvalidStateError: the channel is closed.
             LocalProtocolError: the tag is not an unsigned 64-bit integer.
         """
-        offset = self._tag_offset
-        if self._suspended or (delivery_tag and delivery_tag <= offset):
+        wire = self._tags.wire_tag(delivery_tag, connected=not self._suspended)
+        if wire is None:
             self._drop_stale("basic.reject", delivery_tag)
             return
-        wire = delivery_tag - offset if delivery_tag else 0
-        self._send(spec.BasicReject(delivery_tag=wire, requeue=requeue))
-        self._proto.settled(wire, False)
+        self._proto.send_reject(wire, requeue)
+        self._pipe.kick()
 
     def _drop_stale(self, what: str, delivery_tag: int) -> None:
-        """Refuse to settle a delivery of a connection that died (see ``_tag_offset``)."""
-        self.stale_settlements += 1
+        """Log a settlement of a delivery of a connection that died (not sent)."""
         logger.warning(
             "channel %s: not sending %s for delivery %s: it arrived before the connection "
             "recovered, and the broker redelivers it",

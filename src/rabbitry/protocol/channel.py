@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 import struct
 from collections import deque
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..exceptions import (
     AMQPError,
@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .events import Event
+    from .publish import ConfirmTracker
 
 __all__ = ["ChannelProtocol", "ChannelState"]
 
@@ -160,6 +161,8 @@ class ChannelProtocol:
         self._ack_floor = 0
         self._ack_frame: bytes | None = None
         self._settled_above: set[int] = set()
+        # Confirm mode: the table that send_publish registers waiters in.
+        self._confirms: ConfirmTracker[Any] | None = None
 
     # ------------------------------------------------------------------ sending
 
@@ -197,6 +200,28 @@ class ChannelProtocol:
         # A multiple ack settles everything up to its tag, so the next contiguous ack
         # may replace it; after a lone ack out of order the next one must not.
         self._ack_frame = frame if multiple and self._ack_floor == delivery_tag else None
+
+    def send_nack(self, delivery_tag: int, multiple: bool = False, requeue: bool = True) -> None:
+        """Queue basic.nack and record the settlement (see :meth:`settled`).
+
+        Raises:
+            InvalidStateError: the channel is closing or closed.
+            LocalProtocolError: the tag is not an unsigned 64-bit integer.
+        """
+        self.send_method(
+            spec.BasicNack(delivery_tag=delivery_tag, multiple=multiple, requeue=requeue)
+        )
+        self.settled(delivery_tag, multiple)
+
+    def send_reject(self, delivery_tag: int, requeue: bool = True) -> None:
+        """Queue basic.reject and record the settlement (see :meth:`settled`).
+
+        Raises:
+            InvalidStateError: the channel is closing or closed.
+            LocalProtocolError: the tag is not an unsigned 64-bit integer.
+        """
+        self.send_method(spec.BasicReject(delivery_tag=delivery_tag, requeue=requeue))
+        self.settled(delivery_tag, False)
 
     def settled(self, delivery_tag: int, multiple: bool) -> None:
         """Record that an ack, nack or reject of ``delivery_tag`` was queued."""
@@ -298,22 +323,45 @@ class ChannelProtocol:
         """
         return self._encoder.encode(exchange, routing_key, body, properties, mandatory)
 
-    def send_publish(self, frames: list[bytes]) -> int:
+    def use_confirms(self, confirms: ConfirmTracker[Any]) -> None:
+        """Register the waiters of confirm-mode publishes in ``confirms`` (see
+        :meth:`send_publish`).
+
+        The engine keeps one table per channel across recoveries and hands it to each
+        protocol object of the channel before publishing on it.
+        """
+        self._confirms = confirms
+
+    def send_publish(self, frames: list[bytes], waiter: object = None) -> int:
         """Queue frames made by :meth:`encode_publish`; returns the sequence number or 0.
 
+        In confirm mode a ``waiter`` other than ``None`` is registered under the
+        publish's sequence number in the table given to :meth:`use_confirms`, which the
+        broker's confirm of that number settles; nothing is registered when the frames
+        cannot be queued (the error is raised) or outside confirm mode (0 is returned).
+
         Raises:
-            InvalidStateError: the channel is closing or closed.
+            InvalidStateError: the channel is closing or closed, or a ``waiter`` came in
+                confirm mode before :meth:`use_confirms`; nothing was queued.
         """
         if (
             self.state is not OPEN and self.state is not OPENING
         ) or self._connection_failed is not None:
             self._check_usable("basic.publish")
+        if not self.confirm_mode:
+            self._send_frames(frames)
+            return 0
+        confirms = self._confirms
+        if waiter is not None and confirms is None:
+            raise InvalidStateError(
+                f"channel {self.channel_id}: a confirm waiter but no confirm table (use_confirms)"
+            )
         self._send_frames(frames)
-        if self.confirm_mode:
-            seq = self.next_publish_seq
-            self.next_publish_seq = seq + 1
-            return seq
-        return 0
+        seq = self.next_publish_seq
+        self.next_publish_seq = seq + 1
+        if waiter is not None:
+            confirms.add(seq, waiter)  # type: ignore[union-attr]
+        return seq
 
     def close(self, reply_code: int = 200, reply_text: str = "Normal shutdown") -> None:
         """Start closing the channel (channel.close goes out at once).

@@ -258,7 +258,7 @@ class PublishPipe:
         and ``waiter`` fails with the error sending raised.
         """
         try:
-            seq = self.protocol.send_publish(frames)
+            seq = self.protocol.send_publish(frames, waiter)  # registers it in confirm mode
         except AMQPError as exc:
             if waiter is not None:
                 waiter.set_exception(exc)
@@ -267,7 +267,6 @@ class PublishPipe:
         if waiter is None:
             return
         if seq:
-            self.confirms.add(seq, waiter)
             self._keep_head(seq, frames)
         else:
             waiter.set_result(None)

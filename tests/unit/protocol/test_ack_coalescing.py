@@ -90,12 +90,10 @@ def test_other_frames_in_between_keep_their_order() -> None:
 def test_nack_and_reject_break_a_run_and_count_as_settled() -> None:
     pair, ch = setup()
     ch.send_ack(1)
-    ch.send_method(spec.BasicNack(delivery_tag=2, requeue=True))
-    ch.settled(2, False)
+    ch.send_nack(2, requeue=True)
     ch.send_ack(3)
     ch.send_ack(4)
-    ch.send_method(spec.BasicReject(delivery_tag=5, requeue=False))
-    ch.settled(5, False)
+    ch.send_reject(5, requeue=False)
     ch.send_ack(6)
     assert pair.client_to_broker() == [
         ack(1),
