@@ -515,7 +515,7 @@ def unpack(
             routing_key=envelope.routing_key,
             consumer_tag=envelope.consumer_tag,
         )
-        record.channel = _RecordAcker(settler, index)
+        record.settle_through(_RecordAcker(settler, index))
         record.epoch = envelope.epoch
         record.envelope = envelope
         record.index = index

@@ -83,7 +83,7 @@ def _envelope(
         routing_key="k",
     )
     channel = _Channel()
-    message.channel = channel
+    message.settle_through(channel)
     return message, channel
 
 
@@ -231,7 +231,7 @@ def test_a_multiple_ack_rejects_an_earlier_envelope_holding_a_rejected_record_fi
     second, _ = _envelope(_by_hand(b"c", b"d"), {BATCH_FORMAT_HEADER: LENGTH_HEADER4}, tag=7)
     third, _ = _envelope(_by_hand(b"e", b"f"), {BATCH_FORMAT_HEADER: LENGTH_HEADER4}, tag=8)
     for message in (first, second, third):
-        message.channel = channel
+        message.settle_through(channel)
     a, _b = iter_delivery(first, ledger=ledger)
     c, _d = iter_delivery(second, ledger=ledger)
     e, _f = iter_delivery(third, ledger=ledger)
@@ -248,7 +248,7 @@ def test_a_multiple_nack_without_requeue_rejects_earlier_envelopes_at_once() -> 
     first, _ = _envelope(_by_hand(b"a", b"b"), {BATCH_FORMAT_HEADER: LENGTH_HEADER4}, tag=6)
     second, _ = _envelope(_by_hand(b"c", b"d"), {BATCH_FORMAT_HEADER: LENGTH_HEADER4}, tag=7)
     for message in (first, second):
-        message.channel = channel
+        message.settle_through(channel)
     list(iter_delivery(first, ledger=ledger))
     records = iter_delivery(second, ledger=ledger)
     next(records).nack(multiple=True, requeue=False)

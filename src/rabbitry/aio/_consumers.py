@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .._failure_log import RateLimitedLog
 from ..exceptions import AMQPError
-from ..message import Message
 from ..protocol import spec
+from ..protocol.message import Message
 from ..streams import check_consume
 
 if TYPE_CHECKING:
@@ -190,6 +190,12 @@ class ConsumerMethods:
             self, consumer_tag: str, *, timeout: float | None = None
         ) -> spec.BasicCancelOk: ...
 
+        def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None: ...
+
+        def basic_nack(
+            self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
+        ) -> None: ...
+
         def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None: ...
 
     async def start_consumer(
@@ -263,8 +269,7 @@ class ConsumerMethods:
                 self._conn.consumer_cancelled(consumer.spec.queue)
 
     def _on_delivery(self, message: Message) -> None:
-        message.channel = self
-        self._tags.stamp(message)
+        self._tags.stamp(message, self)
         consumer = self._consumers.get(message.consumer_tag)
         if consumer is None:
             logger.warning(

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
 
     from .._waiters import Waiters
-    from ..message import Message
     from ..protocol.frames import Method
+    from ..protocol.message import Message
     from ..protocol.publish import ConfirmTracker
     from ..protocol.tags import DeliveryTags
     from ..publishing.pipe import PublishPipe
@@ -134,6 +134,14 @@ class ChannelLifecycle:
 
         def _drop_consumer(self, tag: str) -> _Consumer | None: ...
 
+        def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None: ...
+
+        def basic_nack(
+            self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
+        ) -> None: ...
+
+        def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None: ...
+
     def _on_rpc_reply(self, method: Method, message: Message | None) -> None:
         if not self._rpcs:
             logger.warning("channel %s: reply %s with no request", self.channel_id, method.NAME)
@@ -143,8 +151,7 @@ class ChannelLifecycle:
             # basic.get-ok: the delivery belongs to the connection it arrived on, so it
             # gets that connection's epoch and tag numbering now; the connection may end
             # (and a new epoch start) before the caller runs again.
-            message.channel = self
-            self._tags.stamp(message)
+            self._tags.stamp(message, self)
         if hook is not None:
             try:
                 hook(method)

@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 from .._waiters import Waiters
 from ..batching import RecordLedger, iter_delivery
 from ..exceptions import AMQPError, ChannelClosedByClient, ConsumerCancelled, Timeout
-from ..message import Message
 from ..protocol import spec
 from ..protocol.channel import ChannelProtocol, ChannelState
 from ..protocol.frames import Method
+from ..protocol.message import Message
 from ..protocol.publish import ConfirmTracker
 from ..protocol.tags import DeliveryTags
 from ..publishing.pipe import PublishPipe, WritePath

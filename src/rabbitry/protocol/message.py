@@ -9,20 +9,49 @@ from .spec import BasicProperties
 if TYPE_CHECKING:
     from collections.abc import Generator
 
-__all__ = ["Message", "Properties", "Settled"]
+__all__ = ["AckTarget", "Message", "Properties", "Settled"]
 
 #: The 14 basic properties; ``Properties(content_type="text/plain", delivery_mode=2)``.
 Properties = BasicProperties
 
 
-class _Acker(Protocol):
-    def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None: ...
+class AckTarget(Protocol):
+    """What a :class:`Message`'s ``ack()``, ``nack()`` and ``reject()`` go through: the
+    channel it arrived on, or a stand-in that settles it another way (a thread-safe
+    hand-off to the channel, or a batch envelope's bookkeeping for one of its records).
+
+    The message calls the method with its own ``delivery_tag``.
+    """
+
+    def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
+        """Acknowledge the delivery (``multiple``: and every earlier one).
+
+        Args:
+            delivery_tag: the message's delivery tag.
+            multiple: and every earlier unacknowledged delivery of the channel.
+        """
+        ...
 
     def basic_nack(
         self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
-    ) -> None: ...
+    ) -> None:
+        """Reject the delivery (``multiple``: and every earlier one).
 
-    def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None: ...
+        Args:
+            delivery_tag: the message's delivery tag.
+            multiple: and every earlier unacknowledged delivery of the channel.
+            requeue: put them back in the queue; ``False`` dead-letters or drops them.
+        """
+        ...
+
+    def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
+        """Reject the one delivery.
+
+        Args:
+            delivery_tag: the message's delivery tag.
+            requeue: put it back in the queue; ``False`` dead-letters or drops it.
+        """
+        ...
 
 
 class Settled:
@@ -62,12 +91,11 @@ class Message:
         message_count: messages left in the queue (basic.get only).
         reply_code: why it was returned (returns only, e.g. 312 NO_ROUTE).
         reply_text: the broker's text for the return.
-        channel: the channel it arrived on; ``ack()`` and friends go through it.
     """
 
     __slots__ = (
+        "_target",
         "body",
-        "channel",
         "consumer_tag",
         "delivery_tag",
         "epoch",
@@ -105,7 +133,8 @@ class Message:
         self.message_count = message_count
         self.reply_code = reply_code
         self.reply_text = reply_text
-        self.channel: Any = None
+        # What ack() and friends go through (see settle_through); None: nothing.
+        self._target: AckTarget | None = None
         #: ack(), nack() or reject() was sent for it (a second one is refused: it
         #: would make the broker close the channel with 406).
         self.settled = False
@@ -113,6 +142,29 @@ class Message:
         #: than the channel's died with their connection (the broker redelivers them),
         #: and settling them is dropped.
         self.epoch = 0
+
+    @property
+    def channel(self) -> Any:
+        """The channel it arrived on; ``ack()`` and friends go through it.
+
+        ``None`` for a returned message. In a thread-safe consumer's handler, and for
+        the records of a batch envelope, it is the stand-in that settles the message
+        for that channel (see :meth:`settle_through`).
+        """
+        return self._target
+
+    def settle_through(self, target: AckTarget | None) -> None:
+        """Make ``ack()``, ``nack()`` and ``reject()`` go through ``target`` from now on.
+
+        Set by the channel that receives the message; a layer that settles it another
+        way (a thread-safe hand-off, a batch envelope's record) puts its stand-in here,
+        and may put the channel back afterwards. :attr:`channel` returns it.
+
+        Args:
+            target: the channel, or a stand-in with the same three methods (``None``:
+                the message cannot be settled).
+        """
+        self._target = target
 
     @property
     def headers(self) -> dict[str, Any]:
@@ -190,17 +242,17 @@ class Message:
         self.settled = True
         return SETTLED
 
-    def _channel(self) -> _Acker:
+    def _channel(self) -> AckTarget:
         from ..exceptions import InvalidStateError
 
-        if self.channel is None:
+        target = self._target
+        if target is None:
             raise InvalidStateError("this message was not delivered on a channel; nothing to ack")
         if self.settled:
             raise InvalidStateError(
                 f"delivery {self.delivery_tag} was already acknowledged or rejected"
             )
-        channel: _Acker = self.channel
-        return channel
+        return target
 
     def __repr__(self) -> str:
         body = self.body if len(self.body) <= 40 else self.body[:40] + b"..."

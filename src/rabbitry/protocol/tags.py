@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .message import Message
+    from .message import AckTarget, Message
 
 __all__ = ["DeliveryTags"]
 
@@ -48,16 +48,19 @@ class DeliveryTags:
         self.highest = 0
         self.stale = 0
 
-    def stamp(self, message: Message) -> None:
-        """Give a message just received from the broker its tag and epoch.
+    def stamp(self, message: Message, channel: AckTarget) -> None:
+        """Give a message just received from the broker its tag, epoch and channel.
 
-        Its ``delivery_tag`` (the broker's number) becomes the tag handed out, and its
-        ``epoch`` the current epoch.
+        Its ``delivery_tag`` (the broker's number) becomes the tag handed out, its
+        ``epoch`` the current epoch, and ``channel`` what its ``ack()`` and friends go
+        through (:meth:`Message.settle_through`).
 
         Args:
             message: a delivery (basic.deliver) or a fetched message (basic.get-ok), as
                 the channel protocol made it.
+            channel: the channel that received it.
         """
+        message.settle_through(channel)
         message.epoch = self.epoch
         tag = message.delivery_tag = message.delivery_tag + self.offset
         if tag > self.highest:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..aio.channel import Subscription
 from ..batching import BATCH_FORMAT_HEADER, RecordLedger, iter_delivery
 from ..exceptions import AMQPError, ConsumerCancelled
-from ..protocol.message import Message
+from ..protocol.message import AckTarget, Message
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
@@ -24,8 +24,9 @@ class _Open(Protocol):
     def is_open(self) -> bool: ...
 
 
-class _Channel(Protocol):
-    """What the iteration uses of its :class:`~rabbitry.sync.Channel`."""
+class _Channel(AckTarget, Protocol):
+    """What the iteration uses of its :class:`~rabbitry.sync.Channel` (its deliveries
+    settle through it)."""
 
     @property
     def is_open(self) -> bool: ...
@@ -41,10 +42,6 @@ class _Channel(Protocol):
         global_: bool = False,
         timeout: float | None = None,
     ) -> spec.BasicQosOk: ...
-
-    def basic_nack(
-        self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
-    ) -> None: ...
 
 
 def consume(
@@ -71,7 +68,7 @@ def consume(
     inbox: queue_module.SimpleQueue[Message | BaseException] = queue_module.SimpleQueue()
 
     def deliver(message: Message) -> None:
-        message.channel = channel
+        message.settle_through(channel)
         inbox.put(message)
 
     def cancelled(tag: str) -> None:

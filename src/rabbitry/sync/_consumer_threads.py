@@ -332,7 +332,7 @@ class ThreadedConsumer(AsyncConsumer):
             acker = self._acker
             if acker is None or acker.target is not message.channel:
                 acker = self._acker = _PortalAcker(self._portal, message.channel)
-            message.channel = acker
+            message.settle_through(acker)
             if not self._running:
                 assert self._idle is not None
                 self._idle.clear()
@@ -344,7 +344,7 @@ class ThreadedConsumer(AsyncConsumer):
         self._running -= 1
         acker = message.channel
         if acker.__class__ is _PortalAcker:
-            message.channel = acker.target
+            message.settle_through(acker.target)
         message_id = message.properties.message_id
         if self._ids:
             self._ids.discard(message_id)
@@ -386,7 +386,7 @@ class ThreadedConsumer(AsyncConsumer):
             self._running -= 1
             acker = message.channel
             if acker.__class__ is _PortalAcker:
-                message.channel = acker.target
+                message.settle_through(acker.target)
             if self._ids:
                 self._ids.discard(message.properties.message_id)
             if requeue:
@@ -438,7 +438,7 @@ class ThreadedConsumer(AsyncConsumer):
         """The task path's handler: the user's, run on a handler thread."""
         messages = work if isinstance(work, list) else [work]
         for message in messages:
-            message.channel = _PortalAcker(self._portal, message.channel)
+            message.settle_through(_PortalAcker(self._portal, message.channel))
         fn = self._user_handler
         if _obs.active is not None:  # the handler runs inside the process span
             fn = functools.partial(_run_in, contextvars.copy_context(), fn)
@@ -452,7 +452,7 @@ class ThreadedConsumer(AsyncConsumer):
             for message in messages:  # back to the engine's channel for the consumer
                 acker = message.channel
                 if isinstance(acker, _PortalAcker):
-                    message.channel = acker.target
+                    message.settle_through(acker.target)
 
     @staticmethod
     def _resolved(call: _Call, result: object, error: Exception | None) -> None:

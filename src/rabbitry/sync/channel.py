@@ -116,7 +116,7 @@ class Channel:
         post = self._portal.post_callback
 
         def on_return(message: Message) -> None:
-            message.channel = self
+            message.settle_through(self)
             post(callback, message)
 
         self._portal.submit(self._async.add_return_callback, on_return)
@@ -538,7 +538,7 @@ class Channel:
         post_delivery, engine = dispatcher.post_delivery, self._async
 
         def deliver(message: Message) -> None:
-            message.channel = self
+            message.settle_through(self)
             # Dropped if the channel closes first: no callback after close() returns.
             post_delivery(engine, callback, message)
 
@@ -647,7 +647,7 @@ class Channel:
             self._async.basic_get, queue, no_ack=no_ack, timeout=timeout, wait=_wait(timeout)
         )
         if message is not None:
-            message.channel = self
+            message.settle_through(self)
         return message
 
     def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:

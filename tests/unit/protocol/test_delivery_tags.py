@@ -26,6 +26,27 @@ def connect() -> tuple[Pair, ChannelProtocol]:
     return pair, pair.open_channel()
 
 
+class Target:
+    """Stands for the engine's channel: records the settlements a message sends it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
+        self.calls.append(("ack", delivery_tag))
+
+    def basic_nack(
+        self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
+    ) -> None:
+        self.calls.append(("nack", delivery_tag))
+
+    def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
+        self.calls.append(("reject", delivery_tag))
+
+
+TARGET = Target()
+
+
 def deliver(pair: Pair, channel: int, wire_tag: int, tags: DeliveryTags) -> Message:
     """The broker delivers one message; the engine stamps it."""
     method = spec.BasicDeliver(
@@ -34,7 +55,7 @@ def deliver(pair: Pair, channel: int, wire_tag: int, tags: DeliveryTags) -> Mess
     events = pair.broker_to_client(BrokerPeer.send_content(channel, method, b"x"))
     assert len(events) == 1 and isinstance(events[0], Delivery)
     message = events[0].message
-    tags.stamp(message)
+    tags.stamp(message, TARGET)
     return message
 
 
@@ -103,9 +124,28 @@ def test_a_fetched_message_is_numbered_like_a_delivery() -> None:
     assert len(events) == 1 and isinstance(events[0], RpcReply)
     message = events[0].message
     assert message is not None
-    tags.stamp(message)
+    tags.stamp(message, TARGET)
     assert (message.delivery_tag, message.epoch, tags.highest) == (2, 1, 2)
     del channel
+
+
+def test_a_stamped_message_settles_through_its_channel_with_the_tag_handed_out() -> None:
+    pair, _ = connect()
+    tags = DeliveryTags()
+    tags.new_epoch()
+    tags.highest = tags.offset = 10
+    target = Target()
+    method = spec.BasicDeliver(
+        consumer_tag="c", delivery_tag=3, redelivered=False, exchange="", routing_key="q"
+    )
+    events = pair.broker_to_client(BrokerPeer.send_content(1, method, b"x"))
+    assert isinstance(events[0], Delivery)
+    message = events[0].message
+    assert message.channel is None
+    tags.stamp(message, target)
+    assert message.channel is target
+    message.nack()
+    assert target.calls == [("nack", 13)]
 
 
 def test_a_nack_or_reject_moves_the_ack_floor_like_an_ack() -> None:
