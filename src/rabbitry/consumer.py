@@ -57,7 +57,7 @@ from .exceptions import (
 )
 from .observability import _state as _obs
 from .protocol.message import Message
-from .streams import STREAM_OFFSET, check_consume
+from .protocol.streams import STREAM_OFFSET, check_consume
 
 if TYPE_CHECKING:
     from .aio.channel import AsyncChannel

@@ -19,7 +19,7 @@ from .._failure_log import RateLimitedLog
 from ..exceptions import AMQPError
 from ..protocol import spec
 from ..protocol.message import Message
-from ..streams import check_consume
+from ..protocol.streams import check_consume
 
 if TYPE_CHECKING:
     from ..protocol.channel import ChannelProtocol
