@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 
 from .._waiters import Waiters
-from ..batching import RecordLedger, iter_delivery
 from ..exceptions import AMQPError, ChannelClosedByClient, ConsumerCancelled, Timeout
 from ..protocol import spec
+from ..protocol.batching import RecordLedger, iter_delivery
 from ..protocol.channel import ChannelProtocol, ChannelState
 from ..protocol.frames import Method
 from ..protocol.message import Message
