@@ -204,6 +204,12 @@ class ChannelProtocol:
     def send_nack(self, delivery_tag: int, multiple: bool = False, requeue: bool = True) -> None:
         """Queue basic.nack and record the settlement (see :meth:`settled`).
 
+        Args:
+            delivery_tag: the broker's tag of the delivery (0 with ``multiple``: every
+                delivery so far).
+            multiple: and every earlier unsettled delivery of the channel.
+            requeue: put them back in the queue; ``False`` dead-letters or drops them.
+
         Raises:
             InvalidStateError: the channel is closing or closed.
             LocalProtocolError: the tag is not an unsigned 64-bit integer.
@@ -215,6 +221,10 @@ class ChannelProtocol:
 
     def send_reject(self, delivery_tag: int, requeue: bool = True) -> None:
         """Queue basic.reject and record the settlement (see :meth:`settled`).
+
+        Args:
+            delivery_tag: the broker's tag of the delivery.
+            requeue: put it back in the queue; ``False`` dead-letters or drops it.
 
         Raises:
             InvalidStateError: the channel is closing or closed.
@@ -329,6 +339,9 @@ class ChannelProtocol:
 
         The engine keeps one table per channel across recoveries and hands it to each
         protocol object of the channel before publishing on it.
+
+        Args:
+            confirms: the table; its waiters are whatever the engine settles.
         """
         self._confirms = confirms
 
@@ -339,6 +352,13 @@ class ChannelProtocol:
         publish's sequence number in the table given to :meth:`use_confirms`, which the
         broker's confirm of that number settles; nothing is registered when the frames
         cannot be queued (the error is raised) or outside confirm mode (0 is returned).
+
+        Args:
+            frames: one message's frames, as :meth:`encode_publish` made them.
+            waiter: what the broker's confirm settles (``None``: nothing to register).
+
+        Returns:
+            The publish's sequence number in confirm mode, else 0.
 
         Raises:
             InvalidStateError: the channel is closing or closed, or a ``waiter`` came in
