@@ -16,7 +16,7 @@ LINT_PATHS := src tests tools examples
 PYTEST_ARGS ?=
 # pytest-xdist workers for the parallel phase of the suite (0: one process). Three on two
 # cores: much of the suite waits (node restarts, freezes, Spark), so a third worker fills
-# that time (docs/testing.md, "Wall time of the pytest part").
+# that time (docs/testing.md, "Parallel and serial phases").
 PYTEST_WORKERS ?= 3
 # make flake-hunt: how many runs, and LOAD=1 to keep one core busy meanwhile.
 N ?= 5
