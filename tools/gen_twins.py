@@ -140,7 +140,8 @@ def load(target: str) -> type:
 
 
 def forwarded(twin: Twin, cls: type) -> list[tuple[str, Any]]:
-    """The members to generate, in the order of the async class's MRO and source."""
+    """The members to generate: the base classes' first, each in source order; a member
+    a subclass overrides comes where the subclass defines it."""
     stale = sorted((twin.hand_written | twin.library_only) - set(dir(cls)))
     if stale:
         raise SystemExit(f"{cls.__name__} has no {', '.join(stale)}: drop them from TWINS")
@@ -160,8 +161,7 @@ def forwarded(twin: Twin, cls: type) -> list[tuple[str, Any]]:
                     f"{cls.__name__}.{name} is a plain method: forward it by hand "
                     "(list it in hand_written) or make the generator forward it"
                 )
-    final = {name: getattr(cls, name) for name, _ in members}
-    return [(name, final[name]) for name, _ in members if name in final]
+    return members
 
 
 def names_in(annotation: str) -> set[str]:

@@ -95,3 +95,25 @@ def test_the_twins_inherit_the_generated_members_with_the_async_docstrings(
             if expected.startswith(old):
                 expected = new + expected.removeprefix(old)
         assert inspect.getdoc(getattr(sync_cls, name)) == expected, name
+
+
+def test_a_new_async_member_is_forwarded_or_stops_the_generator() -> None:
+    generator = load_generator()
+    [twin] = [t for t in generator.TWINS if t.base == "ChannelForwarding"]
+
+    class WithRequest(AsyncChannel):
+        async def new_request(self, *, timeout: float | None = None) -> None:
+            """A request."""
+
+    assert "new_request" in dict(generator.forwarded(twin, WithRequest))
+
+    class WithPlainMethod(AsyncChannel):
+        def new_method(self) -> None:
+            """Not a request: the generator cannot tell how to forward it."""
+
+    with pytest.raises(SystemExit, match="new_method is a plain method"):
+        generator.forwarded(twin, WithPlainMethod)
+
+    stale = type(twin)(**{**vars(twin), "hand_written": twin.hand_written | {"gone"}})
+    with pytest.raises(SystemExit, match="has no gone"):
+        generator.forwarded(stale, AsyncChannel)
