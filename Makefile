@@ -16,7 +16,7 @@ LINT_PATHS := src tests tools examples
 PYTEST_ARGS ?=
 # pytest-xdist workers for the parallel phase of the suite (0: one process). Three on two
 # cores: much of the suite waits (node restarts, freezes, Spark), so a third worker fills
-# that time (docs/testing.md, "Wall time of the pytest part").
+# that time (docs/testing.md, "Parallel and serial phases").
 PYTEST_WORKERS ?= 3
 # make flake-hunt: how many runs, and LOAD=1 to keep one core busy meanwhile.
 N ?= 5
@@ -24,7 +24,7 @@ LOAD ?= 0
 
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv broker broker4 pyroots test-pyroots test-rmq4 test-spark-cluster lint types test flake-hunt demo demo-quick java docs docs-serve format bench bench-spark
+.PHONY: help venv broker broker4 pyroots test-pyroots test-rmq4 test-spark-cluster lint types twins test flake-hunt demo demo-quick java docs docs-serve format bench bench-spark
 
 help:
 	@echo "Targets:"
@@ -33,6 +33,8 @@ help:
 	@echo "  lint     ruff format --check and ruff check on $(LINT_PATHS), then the import"
 	@echo "           graph of src/: no cycles, no import from a higher layer (tools/check_imports.py)"
 	@echo "  types    mypy --strict on src/rabbitry and examples/orders_pipeline (pyproject.toml)"
+	@echo "  twins    regenerate the forwarding members of the sync Channel and Connection"
+	@echo "           from AsyncChannel and AsyncConnection (tools/gen_twins.py)"
 	@echo "  test     venv + broker, then lint, types, docs and the whole pytest suite (what CI runs):"
 	@echo "           PYTEST_WORKERS workers, then the serial tests alone (tools/run_pytest.py);"
 	@echo "           then $(RMQ4_TESTS) again against a RabbitMQ 4.x node (RMQ4=0 skips that);"
@@ -148,6 +150,13 @@ lint: venv
 
 types: venv
 	$(BIN)/mypy
+
+# The members of the sync Channel and Connection that only forward to their asyncio twins
+# are generated from them (sync/_channel_forwarding.py, sync/_connection_forwarding.py);
+# run this after changing one of those async members. tests/unit/test_twins_drift.py
+# fails while the committed modules are out of date.
+twins: venv
+	$(BIN)/python tools/gen_twins.py
 
 # Lint and types come before the brokers so a style slip fails fast, before a possibly
 # slow broker install. tools/run_pytest.py runs the suite on PYTEST_WORKERS workers, then

@@ -59,7 +59,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "engine helpers",
         (
             "rabbitry.message",
-            "rabbitry.config",
+            "rabbitry.config.*",
             "rabbitry.recovery",
             "rabbitry.streams",
             "rabbitry.batching",

@@ -1,6 +1,6 @@
 """Run the whole pytest suite the way ``make test`` does: in parallel, then the serial tests.
 
-Two pytest sessions, one after the other (docs/testing.md, "Parallel runs"):
+Two pytest sessions, one after the other (docs/testing.md, "Parallel and serial phases"):
 
 1. ``--phase parallel``: every test not marked ``serial``, on ``--workers`` pytest-xdist
    workers with ``--dist loadgroup``, so each ``xdist_group`` (the 3-node cluster, the

@@ -32,9 +32,13 @@ def shell() -> Iterator[subprocess.Popen[bytes]]:
     """A shell in a session of its own with two ``sleep`` children; all killed afterwards."""
     proc = subprocess.Popen(_TWO_SLEEPS, start_new_session=True)
     group = proc.pid
-    _until(
-        "two sleeps", lambda: len(standalone._descendants([proc.pid], standalone._children())) == 2
-    )
+
+    def two_sleeps() -> bool:
+        # A child the shell has forked is "sh -c ..." until its exec: wait for the sleeps.
+        found = standalone._descendants([proc.pid], standalone._children())
+        return [standalone._cmdline(pid) for pid in found] == [["sleep", "60"]] * 2
+
+    _until("two sleeps", two_sleeps)
     yield proc
     for pid in _members(group):
         os.kill(pid, 9)

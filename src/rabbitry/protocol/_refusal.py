@@ -49,7 +49,13 @@ _PROPERTIES_AT = 12
 
 
 class PublishSummary:
-    """What matching needs from one sent publish, read from its encoded frames."""
+    """What matching needs from one sent publish, read from its encoded frames.
+
+    Args:
+        exchange: the exchange the publish named.
+        size: the body size its content header announced.
+        header: the content header payload, whose properties are decoded on demand.
+    """
 
     __slots__ = ("_header", "exchange", "size")
 
@@ -68,8 +74,15 @@ class PublishSummary:
 def summarize(method_frame: bytes, header_payload: bytes) -> PublishSummary | None:
     """Read the exchange and body size of a publish from its method frame and header.
 
-    Returns ``None`` for bytes that are not a basic.publish laid out as the encoder
-    makes it (never raises).
+    Never raises.
+
+    Args:
+        method_frame: the whole basic.publish method frame, frame head included.
+        header_payload: the payload of its content header frame.
+
+    Returns:
+        The summary; ``None`` for bytes that are not a basic.publish laid out as the
+        encoder makes it.
     """
     try:
         length = method_frame[_EXCHANGE_AT]
@@ -83,7 +96,16 @@ def summarize(method_frame: bytes, header_payload: bytes) -> PublishSummary | No
 
 
 def is_publish_refusal(reply_code: int, class_id: int, method_id: int) -> bool:
-    """A broker's channel.close caused by a basic.publish (a refusal of that message)."""
+    """Whether a broker's channel.close refuses a basic.publish.
+
+    Args:
+        reply_code: the close's reply code (200 is a normal close, never a refusal).
+        class_id: the class of the method that caused the close.
+        method_id: that method's id; basic.publish is class 60, method 40.
+
+    Returns:
+        True for an error close that names basic.publish.
+    """
     return reply_code != 200 and (class_id, method_id) == _PUBLISH
 
 
@@ -92,7 +114,8 @@ def _quoted(pattern: str) -> re.Pattern[str]:
 
 
 # Reply texts of RabbitMQ 3.x and 4.x for refused publishes, and how each names the
-# message it refuses.
+# message it refuses: 404 NOT_FOUND and 403 ACCESS_REFUSED name the exchange, 406
+# PRECONDITION_FAILED the body size, the user_id property or the delivery mode.
 _EXCHANGE_TEXTS = (
     _quoted(r"no exchange Q"),
     _quoted(r"access to exchange Q in vhost .* refused"),

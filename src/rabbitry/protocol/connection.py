@@ -79,7 +79,9 @@ __all__ = ["CLIENT_CAPABILITIES", "ConnectionProtocol", "ConnectionState"]
 
 VERSION = "0.1.0"
 
-#: Sent in client-properties so that RabbitMQ enables its extensions for us.
+#: Sent in client-properties so that RabbitMQ enables its extensions for us: a broker
+#: sends basic.nack, basic.cancel, connection.blocked and an explicit close on a refused
+#: login only to a client that announces the matching capability here.
 CLIENT_CAPABILITIES = {
     "publisher_confirms": True,
     "exchange_exchange_bindings": True,
@@ -90,11 +92,21 @@ CLIENT_CAPABILITIES = {
     "per_consumer_qos": True,
 }
 
+#: SASL mechanisms the client can answer connection.start with, in start-ok.
 SUPPORTED_MECHANISMS = ("PLAIN", "AMQPLAIN", "EXTERNAL")
 
 
 class ConnectionState(enum.Enum):
-    """Lifecycle of a connection."""
+    """Lifecycle of a connection (the transitions are drawn in the module docstring).
+
+    Attributes:
+        AWAIT_START: the protocol header is sent; connection.start is awaited.
+        AWAIT_TUNE: start-ok is sent; connection.tune (or secure) is awaited.
+        AWAIT_OPEN_OK: tune-ok and connection.open are sent; open-ok is awaited.
+        OPEN: channels may be opened.
+        CLOSING: connection.close is sent; everything but close-ok is discarded.
+        CLOSED: finished; :class:`ConnectionTerminated` was emitted.
+    """
 
     AWAIT_START = "await-start"
     AWAIT_TUNE = "await-tune"
@@ -115,7 +127,11 @@ _HANDSHAKE = (AWAIT_START, AWAIT_TUNE, AWAIT_OPEN_OK)
 
 
 def _negotiate(client: int, server: int) -> int:
-    """The lower of two values where 0 means "no limit" (or "no preference")."""
+    """The lower of two values where 0 means "no limit" (or "no preference").
+
+    connection.tune-ok: the client may lower what the server proposed in tune; 0 in
+    channel-max or frame-max means no limit, and a heartbeat of 0 means none.
+    """
     if client == 0 or server == 0:
         return max(client, server)
     return min(client, server)
@@ -140,6 +156,9 @@ class ConnectionProtocol:
             limit). ``None`` follows the broker: its default for the version it announces
             in ``connection.start`` (:func:`rabbitry.broker.default_max_message_size`:
             128 MiB on RabbitMQ 3.x, 16 MiB on 4.x); 128 MiB until then.
+
+    Raises:
+        LocalProtocolError: ``auth_mechanism`` is not one of PLAIN, AMQPLAIN, EXTERNAL.
     """
 
     def __init__(
@@ -231,7 +250,12 @@ class ConnectionProtocol:
     # ------------------------------------------------------------------ engine side
 
     def data_to_send(self) -> bytes:
-        """Everything queued for the socket since the last call (may be empty)."""
+        """Everything queued for the socket since the last call.
+
+        Returns:
+            The queued frames joined (empty when nothing is queued); the engine writes
+            them in this order.
+        """
         out = self.send_queue
         if not out:
             return b""
@@ -245,6 +269,9 @@ class ConnectionProtocol:
         A large message's body frames are views of the caller's body: an engine that
         writes them one by one (or with a zero-copy ``writelines``) sends the body
         without copying it here.
+
+        Returns:
+            The queued pieces, oldest first (empty when nothing is queued).
         """
         out = self.send_queue
         if out:
@@ -253,7 +280,11 @@ class ConnectionProtocol:
         return out  # type: ignore[return-value]
 
     def events_received(self) -> list[Event]:
-        """Events since the last call, oldest first."""
+        """Events since the last call.
+
+        Returns:
+            The events in the order their frames arrived, oldest first.
+        """
         events = self.event_queue
         if events:
             self.event_queue = []
@@ -272,7 +303,20 @@ class ConnectionProtocol:
         return min(self.heartbeat / 4, 1.0)
 
     def receive_data(self, data: bytes) -> None:
-        """Feed bytes from the socket. Never raises."""
+        """Feed bytes from the socket. Never raises.
+
+        The first bytes are judged as a greeting first (:mod:`.greeting`): a peer that is
+        not an AMQP 0-9-1 server ends the connection with :class:`NotAnAMQPServer`. A
+        protocol violation makes the connection close itself with the violation's reply
+        code (see the module docstring).
+
+        Args:
+            data: the bytes just read, any length; a frame may span calls.
+
+        Raises:
+            RemoteProtocolError: never escapes: raised for a frame that breaks the
+                protocol and caught here, where it starts the close.
+        """
         if self.state is CLOSED:
             return
         self._rx_since_tick = True
@@ -292,7 +336,7 @@ class ConnectionProtocol:
         for kind, channel, payload in frames:
             try:
                 if kind == FRAME_HEARTBEAT:
-                    if channel:
+                    if channel:  # §4.2.7: heartbeats belong to channel 0 only
                         raise RemoteProtocolError("heartbeat frame on a non-zero channel", 501)
                     continue
                 if channel:
@@ -306,7 +350,7 @@ class ConnectionProtocol:
                     chan.receive_frame(kind, payload)
                 elif kind == FRAME_METHOD:
                     self._receive_method(spec.decode_method(payload))
-                else:
+                else:  # header or body frames on channel 0: 503 command invalid
                     raise RemoteProtocolError(f"frame type {kind} on channel 0", 503)
             except ProtocolError as exc:
                 self._fail(exc)
@@ -315,7 +359,13 @@ class ConnectionProtocol:
                 return
 
     def receive_eof(self) -> None:
-        """The socket reached EOF or failed. Never raises."""
+        """The socket reached EOF or failed. Never raises.
+
+        Ends the connection (:class:`ConnectionTerminated`) with the pending close's
+        reason while closing, :class:`AuthenticationError` right after start-ok (a broker
+        that refuses a login without ``authentication_failure_close`` just drops the
+        socket), else :class:`ConnectionLost`.
+        """
         if self.state is CLOSED:
             return
         if self.state is CLOSING and self.close_exc is not None:
@@ -331,7 +381,16 @@ class ConnectionProtocol:
         self._terminate(exc)
 
     def tick(self, now: float) -> None:
-        """Heartbeat bookkeeping; ``now`` is a monotonic time in seconds. Never raises."""
+        """Heartbeat bookkeeping. Never raises.
+
+        Queues a heartbeat frame when nothing was sent for half the interval, and ends
+        the connection with :class:`HeartbeatTimeout` when nothing arrived for twice the
+        interval (§4.2.7: two silent intervals mean a dead peer). Silence while
+        :attr:`rx_paused` does not count.
+
+        Args:
+            now: a monotonic time in seconds; call at least every :attr:`tick_interval`.
+        """
         if not self.heartbeat or self.state is CLOSED:
             return
         if self._rx_since_tick or self._last_rx is None or self.rx_paused:
@@ -352,13 +411,24 @@ class ConnectionProtocol:
             self.send_queue.append(HEARTBEAT_FRAME)
 
     def abort(self, exc: AMQPError) -> None:
-        """The engine gives up on the connection (e.g. close-ok never came)."""
+        """The engine gives up on the connection (e.g. close-ok never came).
+
+        Args:
+            exc: the reason :class:`ConnectionTerminated` carries (if not already ended).
+        """
         self._terminate(exc)
 
     # ------------------------------------------------------------------ application side
 
     def open_channel(self, channel_id: int | None = None) -> ChannelProtocol:
         """Allocate a channel and queue channel.open; answered by an :class:`RpcReply`.
+
+        Args:
+            channel_id: the channel number (1 to the negotiated ``channel_max``);
+                ``None`` takes the next free one, going round after the highest.
+
+        Returns:
+            The channel's protocol object, in the connection's :attr:`channels`.
 
         Raises:
             InvalidStateError: the connection is not open.
@@ -382,7 +452,15 @@ class ConnectionProtocol:
         return channel
 
     def close(self, reply_code: int = 200, reply_text: str = "Normal shutdown") -> None:
-        """Start a clean close: connection.close goes out, close-ok is awaited."""
+        """Start a clean close: connection.close goes out, close-ok is awaited.
+
+        During the handshake nothing is sent: the connection simply ends. A second call,
+        or one after the end, does nothing.
+
+        Args:
+            reply_code: the code the close carries (200: a normal shutdown).
+            reply_text: the text it carries (at most 255 bytes).
+        """
         if self.state is CLOSED or self.state is CLOSING:
             return
         if self.state in _HANDSHAKE:
@@ -402,6 +480,13 @@ class ConnectionProtocol:
 
     def update_secret(self, new_secret: bytes | str, reason: str) -> None:
         """Queue connection.update-secret; answered by an :class:`RpcReply` on channel 0.
+
+        RabbitMQ's extension for renewing an expiring credential (an OAuth 2 token) on an
+        open connection; the broker checks it and answers update-secret-ok.
+
+        Args:
+            new_secret: the new credential.
+            reason: why, as the broker logs it.
 
         Raises:
             InvalidStateError: not open, or an update is already waiting for its answer.
@@ -460,7 +545,7 @@ class ConnectionProtocol:
             exc: AMQPError = connection_error_for(
                 method.reply_code, method.reply_text, method.class_id, method.method_id
             )
-            if state is AWAIT_TUNE and method.reply_code == 403:
+            if state is AWAIT_TUNE and method.reply_code == 403:  # ACCESS_REFUSED
                 # After start-ok: RabbitMQ's authentication_failure_close. A 403 later
                 # (answering connection.open) is about the vhost, not the credentials.
                 auth = AuthenticationError(f"({method.reply_code}) {method.reply_text}")
@@ -503,6 +588,7 @@ class ConnectionProtocol:
             )
 
     def _on_start(self, start: spec.ConnectionStart) -> None:
+        # connection.start carries major 0, minor 9 for 0-9-1 (the revision is not sent).
         if (start.version_major, start.version_minor) != (0, 9):
             raise RemoteProtocolError(
                 f"the broker speaks AMQP {start.version_major}-{start.version_minor}, not 0-9-1",
@@ -535,7 +621,7 @@ class ConnectionProtocol:
         self.state = AWAIT_TUNE
 
     def _sasl_response(self) -> bytes:
-        if self.auth_mechanism == "PLAIN":
+        if self.auth_mechanism == "PLAIN":  # RFC 4616: authzid NUL authcid NUL password
             return b"\x00" + self._username.encode() + b"\x00" + self._password.encode()
         if self.auth_mechanism == "AMQPLAIN":
             return encode_table_body({"LOGIN": self._username, "PASSWORD": self._password})
@@ -544,6 +630,7 @@ class ConnectionProtocol:
     def _on_tune(self, tune: spec.ConnectionTune) -> None:
         channel_max = _negotiate(self._want_channel_max, tune.channel_max) or 65535
         frame_max = _negotiate(self._want_frame_max, tune.frame_max)
+        # connection.tune: frame-max may not be below frame-min-size (4096 bytes).
         if frame_max and frame_max < FRAME_MIN_SIZE:
             raise RemoteProtocolError(
                 f"the broker proposed frame_max {frame_max}, below the minimum {FRAME_MIN_SIZE}",
@@ -562,6 +649,7 @@ class ConnectionProtocol:
                 ),
             )
         )
+        # tune-ok and open go out together: the client need not wait between them.
         self._write(method_frame(0, spec.ConnectionOpen(virtual_host=self.virtual_host)))
         self.state = AWAIT_OPEN_OK
 

@@ -28,7 +28,7 @@ subclasses and compare equal to the plain value.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, ClassVar, TypeAlias
@@ -66,15 +66,20 @@ __all__ = [
     "method_frame",
 ]
 
+#: Frame types (§4.2.3): a method, a content header, a piece of content body, a heartbeat.
 FRAME_METHOD = 1
 FRAME_HEADER = 2
 FRAME_BODY = 3
 FRAME_HEARTBEAT = 8
+#: The smallest frame_max a peer may propose, and the limit until connection.tune.
 FRAME_MIN_SIZE = 4096
+#: The octet every frame ends with (0xCE); any other value there is a frame error (501).
 FRAME_END = 206
 #: type (1) + channel (2) + size (4) + frame-end (1)
 FRAME_OVERHEAD = 8
+#: What a client sends first (§4.2.2): "AMQP", 0, then the version 0-9-1.
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+#: A heartbeat is a whole frame of type 8 on channel 0 with an empty payload (§4.2.7).
 HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 
 #: Tables and arrays nested deeper than this are refused both ways: a hostile peer
@@ -273,6 +278,9 @@ def encode_table_body(table: FieldTable, path: str = "table", depth: int = 0) ->
         path: how errors name the table, e.g. ``"basic.properties.headers"``.
         depth: the current nesting level.
 
+    Returns:
+        The entries, each a shortstr key, a type letter and the value.
+
     Raises:
         LocalProtocolError: a key or value cannot be encoded; the message names its path.
     """
@@ -290,7 +298,18 @@ def encode_table_body(table: FieldTable, path: str = "table", depth: int = 0) ->
 
 
 def encode_table(table: FieldTable | None, path: str = "table") -> bytes:
-    """Encode a field table with its 4-byte length prefix; ``None`` is the empty table."""
+    """Encode a field table with its 4-byte length prefix; ``None`` is the empty table.
+
+    Args:
+        table: the table (see :func:`encode_table_body`), or ``None``.
+        path: how errors name the table.
+
+    Returns:
+        The table as a ``long`` byte count followed by its entries.
+
+    Raises:
+        LocalProtocolError: ``table`` is not a mapping, or an entry cannot be encoded.
+    """
     if not table:
         return b"\x00\x00\x00\x00"
     if not isinstance(table, Mapping):
@@ -390,6 +409,12 @@ def _decode_value(buf: bytes, offset: int, depth: int) -> tuple[FieldValue, int]
 def decode_timestamp(seconds: int) -> datetime:
     """An aware UTC datetime for POSIX ``seconds``.
 
+    Args:
+        seconds: an AMQP timestamp (a 64-bit count of seconds since the epoch).
+
+    Returns:
+        The time as an aware ``datetime`` in UTC.
+
     Raises:
         RemoteProtocolError: the value is beyond what ``datetime`` can hold (502).
     """
@@ -414,6 +439,10 @@ def _decode_entries(buf: bytes, offset: int, end: int, depth: int) -> dict[str, 
 
 def decode_table(buf: bytes, offset: int) -> tuple[dict[str, FieldValue], int]:
     """Decode a length-prefixed field table at ``offset``.
+
+    Args:
+        buf: the payload holding the table.
+        offset: where its 4-byte length starts.
 
     Returns:
         ``(table, offset after it)``.
@@ -464,11 +493,29 @@ class Method:
 
     @classmethod
     def decode(cls, buf: bytes, offset: int) -> tuple[Method, int]:
-        """Decode the arguments at ``offset``; returns the method and the end offset."""
+        """Decode the arguments at ``offset``.
+
+        Args:
+            buf: the method frame's payload.
+            offset: where the arguments start (after class and method id).
+
+        Returns:
+            The method and the offset after its arguments.
+
+        Raises:
+            NotImplementedError: on this base class; each generated class has its own.
+        """
         raise NotImplementedError
 
     def encode_error(self, exc: BaseException) -> LocalProtocolError:
-        """Explain why :meth:`encode` failed, naming the first invalid field."""
+        """Explain why :meth:`encode` failed, naming the first invalid field.
+
+        Args:
+            exc: what the encoder raised (``struct.error``, ``TypeError``...).
+
+        Returns:
+            The error to raise, ``"<method>.<field>: <rule>"`` when a field is to blame.
+        """
         for name, kind in zip(self.FIELDS, self.FIELD_TYPES, strict=True):
             problem = check_field(getattr(self, name), kind)
             if problem:
@@ -507,7 +554,16 @@ _LIMITS = {
 
 
 def check_field(value: object, kind: str) -> str | None:
-    """Return why ``value`` cannot be sent as an AMQP ``kind``, or ``None`` if it can."""
+    """Return why ``value`` cannot be sent as an AMQP ``kind``, or ``None`` if it can.
+
+    Args:
+        value: a method argument.
+        kind: its type in the spec (octet, short, long, longlong, timestamp, shortstr,
+            longstr, table or bit).
+
+    Returns:
+        The broken rule in words, or ``None``.
+    """
     if kind in _LIMITS:
         if kind == "timestamp" and isinstance(value, datetime):
             return None
@@ -550,6 +606,12 @@ def check_field(value: object, kind: str) -> str | None:
 def encode_longstr(value: str | bytes | bytearray | memoryview) -> bytes:
     """Encode a longstr with its 4-byte length prefix (``str`` as UTF-8).
 
+    Args:
+        value: the text or bytes.
+
+    Returns:
+        A ``long`` byte count, then the bytes.
+
     Raises:
         TypeError: not bytes-like or str (the method's encode turns it into a
             :class:`LocalProtocolError` naming the field).
@@ -567,7 +629,14 @@ def encode_longstr(value: str | bytes | bytearray | memoryview) -> bytes:
 
 
 def method_frame(channel: int, method: Method) -> bytes:
-    """Build one method frame.
+    """Build one method frame: class id and method id (two shorts), then the arguments.
+
+    Args:
+        channel: the channel number (0 for connection methods).
+        method: the method to send.
+
+    Returns:
+        The whole frame, frame-end included.
 
     Raises:
         LocalProtocolError: an argument cannot be encoded; nothing was produced.
@@ -582,6 +651,14 @@ _ACK_FRAME = struct.Struct(">BHIHHQBB")
 
 def ack_frame(channel: int, delivery_tag: int, multiple: bool) -> bytes:
     """Build one basic.ack method frame directly (the consumer's hot path).
+
+    Args:
+        channel: the channel the delivery came on.
+        delivery_tag: the delivery's tag (channel-scoped, 64-bit).
+        multiple: also acknowledge every earlier unacknowledged delivery of the channel.
+
+    Returns:
+        The 21-byte frame.
 
     Raises:
         LocalProtocolError: the delivery tag is not an unsigned 64-bit integer.
@@ -615,10 +692,12 @@ def content_frames(
         second copy of it.
     """
     size = len(body)
+    # Content header payload (§4.2.6.1): class id, weight (always 0), body size, properties.
     header = _HHQ.pack(class_id, 0, size) + properties
     out = [_FRAME_HEAD.pack(FRAME_HEADER, channel, len(header)), header, b"\xce"]
     if not size:
         return out
+    # frame_max counts the whole frame, so a body frame carries 8 bytes less than it.
     chunk = (frame_max - FRAME_OVERHEAD) if frame_max else size
     if size <= chunk:
         out += (_FRAME_HEAD.pack(FRAME_BODY, channel, size), body, b"\xce")
@@ -657,6 +736,12 @@ class FrameReader:
     def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
         """Add bytes; return the frames they complete.
 
+        Args:
+            data: the next bytes of the stream, any length.
+
+        Returns:
+            ``(frame_type, channel, payload)`` of each complete frame, in stream order.
+
         Raises:
             RemoteProtocolError: a frame is larger than ``frame_max`` or lacks its
                 frame-end octet (reply code 501). The reader is unusable afterwards.
@@ -675,7 +760,7 @@ class FrameReader:
         unpack = _FRAME_HEAD.unpack_from
         while total - offset >= 7:
             kind, channel, size = unpack(data, offset)
-            if size > limit:
+            if size > limit:  # a peer must not exceed the negotiated frame_max
                 raise RemoteProtocolError(
                     f"frame of {size + FRAME_OVERHEAD} bytes exceeds frame_max {self.frame_max}",
                     501,
@@ -698,20 +783,15 @@ class FrameReader:
 
 
 def split_timestamp(value: int | datetime, path: str) -> int:
-    """Seconds since the epoch for a timestamp property given as int or datetime."""
+    """Seconds since the epoch for a timestamp property given as int or datetime.
+
+    Args:
+        value: POSIX seconds, or a datetime (a naive one is taken as UTC).
+        path: how errors name the property.
+
+    Returns:
+        The seconds to send (a datetime before 1970 raises :class:`LocalProtocolError`).
+    """
     if isinstance(value, datetime):
         return _timestamp_seconds(value, path)
     return value
-
-
-def decode_shortstr_list(raw: bytes | str) -> list[str]:
-    """Split a space-separated longstr such as connection.start's mechanisms."""
-    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-    return [part for part in text.split(" ") if part]
-
-
-def is_sequence_of_bytes(value: object) -> bool:
-    """True for a list/tuple of bytes-like objects (publish_batch bodies)."""
-    return isinstance(value, Sequence) and all(
-        isinstance(v, (bytes, bytearray, memoryview)) for v in value
-    )

@@ -2,7 +2,10 @@
 :class:`rabbitry.AsyncConnection`.
 
 One IO thread per connection runs the asyncio engine; this class only forwards to it
-(see ``_portal.py`` for the hand-off and the callback dispatcher). The factories of the
+(see ``_portal.py`` for the hand-off and the callback dispatcher). The members that do
+nothing else are generated from :class:`~rabbitry.AsyncConnection` into the base class
+:class:`~rabbitry.sync._connection_forwarding.ConnectionForwarding`
+(``tools/gen_twins.py``). The factories of the
 publisher, consumer, pool and RPC twins are added by the public class in
 ``connection.py``, which those twins do not import.
 """
@@ -19,6 +22,7 @@ from .._connection import AsyncConnection
 from ..aio.connection import loop_hooks, writes_of
 from ..exceptions import AMQPError, ConnectionClosedByClient, InvalidStateError, Timeout
 from ..recovery import DEFAULT_RECOVERY
+from ._connection_forwarding import ConnectionForwarding
 from ._portal import Dispatcher, Portal, _wait
 from .channel import Channel
 
@@ -39,7 +43,7 @@ _ids = itertools.count(1)
 _CONNECTED: weakref.WeakSet[Connection] = weakref.WeakSet()
 
 
-class Connection:
+class Connection(ConnectionForwarding):
     """The thread-safe connection without the factories of the high-level objects: the
     IO thread, the portal, the channels and the state.
 
@@ -111,24 +115,9 @@ class Connection:
         return self._async.params
 
     @property
-    def is_open(self) -> bool:
-        """The connection is open and usable."""
-        return self._async.is_open
-
-    @property
-    def is_closed(self) -> bool:
-        """The connection was opened and is now closed."""
-        return self._async.is_closed
-
-    @property
     def recovery(self) -> RecoveryPolicy | None:
         """The recovery policy (``None``: a failed connection stays closed)."""
         return self._async.recovery
-
-    @property
-    def state(self) -> State:
-        """CONNECTING, OPEN, RECOVERING or CLOSED."""
-        return self._async.state
 
     def on_state_change(self, callback: Callable[[State, AMQPError | None], Any]) -> None:
         """Call ``callback(state, cause)`` on every state change; on the dispatcher thread.
@@ -168,59 +157,6 @@ class Connection:
             self._async.on_recovery_error,
             lambda kind, name, exc: self._post(callback, kind, name, exc),
         )
-
-    def wait_recovered(self, timeout: float | None = None) -> None:
-        """Block until the connection is OPEN; see :meth:`AsyncConnection.wait_recovered`.
-
-        Args:
-            timeout: seconds to wait (``None``: no limit).
-        """
-        self._require_portal().call(self._async.wait_recovered, timeout, wait=_wait(timeout))
-
-    @property
-    def is_blocked(self) -> bool:
-        """The broker blocked publishing (resource alarm)."""
-        return self._async.is_blocked
-
-    @property
-    def blocked_reason(self) -> str | None:
-        """The broker's reason for the current block, or ``None``."""
-        return self._async.blocked_reason
-
-    @property
-    def server_properties(self) -> dict[str, Any]:
-        """The broker's server-properties."""
-        return self._async.server_properties
-
-    @property
-    def server_version(self) -> tuple[int, ...]:
-        """The broker's version, e.g. ``(4, 0, 5)``; ``()`` before connecting or if unknown."""
-        return self._async.server_version
-
-    @property
-    def server_capabilities(self) -> dict[str, bool]:
-        """The broker's ``capabilities`` table."""
-        return self._async.server_capabilities
-
-    @property
-    def max_message_size(self) -> int:
-        """The largest body sent or accepted (0 = no limit); follows the broker when not set."""
-        return self._async.max_message_size
-
-    @property
-    def heartbeat(self) -> int:
-        """The negotiated heartbeat interval in seconds."""
-        return self._async.heartbeat
-
-    @property
-    def frame_max(self) -> int:
-        """The negotiated largest frame size."""
-        return self._async.frame_max
-
-    @property
-    def channel_max(self) -> int:
-        """The negotiated highest channel number."""
-        return self._async.channel_max
 
     @property
     def close_exc(self) -> AMQPError | None:
@@ -338,17 +274,6 @@ class Connection:
             self._dispatcher.stop(timeout=min(limit, 1.0))
         portal.stop(timeout=min(limit, 5.0), reason=reason)
 
-    def wait_closed(self, timeout: float | None = None) -> AMQPError:
-        """Block until the connection ends.
-
-        Args:
-            timeout: seconds to wait (``None``: no limit).
-
-        Returns:
-            Why it ended.
-        """
-        return self._require_portal().call(self._async.wait_closed, timeout, wait=_wait(timeout))
-
     # ------------------------------------------------------------------ channels
 
     def channel(self, channel_id: int | None = None, *, timeout: float | None = None) -> Channel:
@@ -364,20 +289,6 @@ class Connection:
         portal = self._require_portal()
         channel = portal.call(self._async.channel, channel_id, timeout=timeout, wait=_wait(timeout))
         return Channel(self, channel, portal)
-
-    def update_secret(
-        self, new_secret: bytes | str, reason: str = "", *, timeout: float | None = None
-    ) -> None:
-        """Replace the credentials of the open connection (connection.update-secret).
-
-        Args:
-            new_secret: the new secret (e.g. a refreshed OAuth 2 token).
-            reason: a text the broker logs.
-            timeout: seconds to wait for update-secret-ok (``None``: no limit).
-        """
-        self._require_portal().call(
-            self._async.update_secret, new_secret, reason, timeout=timeout, wait=_wait(timeout)
-        )
 
     # ------------------------------------------------------------------ internals
 

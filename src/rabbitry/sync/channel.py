@@ -2,7 +2,10 @@
 
 Every method has the async twin's name and parameters (a test checks it) and forwards to
 it on the connection's IO thread; nothing here decides protocol rules. Blocking methods
-take ``timeout=`` and raise :class:`rabbitry.Timeout` past it.
+take ``timeout=`` and raise :class:`rabbitry.Timeout` past it. The members that only
+forward are generated from :class:`~rabbitry.AsyncChannel` into the base class
+:class:`~rabbitry.sync._channel_forwarding.ChannelForwarding` (``tools/gen_twins.py``);
+this module holds the ones that do more.
 
 Threads: any thread may call any method. Requests from several threads are queued by
 the protocol and never interleave; a publish is encoded in the calling thread and its
@@ -17,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..aio.channel import pipe_of
 from ..exceptions import AMQPError, InvalidStateError
+from ._channel_forwarding import ChannelForwarding
 from ._consume import consume as _consume
 from ._portal import ConfirmFuture
 from ._portal import _wait as _wait  # re-exported: the twins import it from here
@@ -41,7 +45,7 @@ class _Connection(Protocol):
     def is_open(self) -> bool: ...
 
 
-class Channel:
+class Channel(ChannelForwarding):
     """An open channel for threaded code. Get one with ``connection.channel()``."""
 
     def __init__(self, connection: _Connection, channel: AsyncChannel, portal: Portal) -> None:
@@ -61,16 +65,6 @@ class Channel:
         self.close()
 
     # ------------------------------------------------------------------ state
-
-    @property
-    def is_open(self) -> bool:
-        """The channel is open and usable."""
-        return self._async.is_open
-
-    @property
-    def is_closed(self) -> bool:
-        """The channel is closed (see :attr:`close_exc`)."""
-        return self._async.is_closed
 
     @property
     def close_exc(self) -> AMQPError | None:
@@ -93,16 +87,6 @@ class Channel:
         return self._async.stale_settlements
 
     @property
-    def confirm_mode(self) -> bool:
-        """confirm.select was requested on this channel."""
-        return self._async.confirm_mode
-
-    @property
-    def flow_active(self) -> bool:
-        """The broker's channel.flow allows publishing."""
-        return self._async.flow_active
-
-    @property
     def connection(self) -> _Connection:
         """The connection this channel belongs to."""
         return self._connection
@@ -121,324 +105,7 @@ class Channel:
 
         self._portal.submit(self._async.add_return_callback, on_return)
 
-    def wait_closed(self, timeout: float | None = None) -> AMQPError:
-        """Block until the channel closes.
-
-        Args:
-            timeout: seconds to wait (``None``: no limit).
-
-        Returns:
-            Why it closed.
-        """
-        return self._portal.call(self._async.wait_closed, timeout, wait=_wait(timeout))
-
-    # ------------------------------------------------------------------ exchange
-
-    def exchange_declare(
-        self,
-        exchange: str,
-        type: str = "direct",
-        *,
-        passive: bool = False,
-        durable: bool = False,
-        auto_delete: bool = False,
-        internal: bool = False,
-        arguments: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
-    ) -> spec.ExchangeDeclareOk:
-        """Declare an exchange (see :meth:`AsyncChannel.exchange_declare`).
-
-        Args:
-            exchange: the exchange name.
-            type: ``direct``, ``fanout``, ``topic``, ``headers`` or a plugin's type.
-            passive: only check that the exchange exists.
-            durable: it survives a broker restart.
-            auto_delete: deleted when its last binding is removed.
-            internal: clients cannot publish to it (only exchange-to-exchange bindings).
-            arguments: e.g. ``{"alternate-exchange": "unrouted"}``.
-            timeout: seconds to wait for the broker's reply (``None``: no limit); then
-                :class:`Timeout`.
-
-        Returns:
-            The broker's declare-ok.
-        """
-        return self._portal.call(
-            self._async.exchange_declare,
-            exchange,
-            type,
-            passive=passive,
-            durable=durable,
-            auto_delete=auto_delete,
-            internal=internal,
-            arguments=arguments,
-            timeout=timeout,
-            wait=_wait(timeout),
-        )
-
-    def exchange_delete(
-        self, exchange: str, *, if_unused: bool = False, timeout: float | None = None
-    ) -> spec.ExchangeDeleteOk:
-        """Delete an exchange.
-
-        Args:
-            exchange: the exchange name.
-            if_unused: only if it has no bindings.
-            timeout: seconds to wait for the broker's reply (``None``: no limit); then
-                :class:`Timeout`.
-
-        Returns:
-            The broker's delete-ok.
-        """
-        return self._portal.call(
-            self._async.exchange_delete,
-            exchange,
-            if_unused=if_unused,
-            timeout=timeout,
-            wait=_wait(timeout),
-        )
-
-    def exchange_bind(
-        self,
-        destination: str,
-        source: str,
-        routing_key: str = "",
-        *,
-        arguments: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
-    ) -> spec.ExchangeBindOk:
-        """Bind exchange ``destination`` to exchange ``source``.
-
-        Args:
-            destination: the exchange that receives the messages.
-            source: the exchange they are published to.
-            routing_key: the binding key.
-            arguments: binding arguments (for a headers exchange, the headers to match).
-            timeout: seconds to wait for the broker's reply (``None``: no limit); then
-                :class:`Timeout`.
-
-        Returns:
-            The broker's bind-ok.
-        """
-        return self._portal.call(
-            self._async.exchange_bind,
-            destination,
-            source,
-            routing_key,
-            arguments=arguments,
-            timeout=timeout,
-            wait=_wait(timeout),
-        )
-
-    def exchange_unbind(
-        self,
-        destination: str,
-        source: str,
-        routing_key: str = "",
-        *,
-        arguments: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
-    ) -> spec.ExchangeUnbindOk:
-        """Remove an exchange-to-exchange binding.
-
-        Args:
-            destination: the exchange that received the messages.
-            source: the exchange they were published to.
-            routing_key: the binding key.
-            arguments: the binding's arguments.
-            timeout: seconds to wait for the broker's reply (``None``: no limit); then
-                :class:`Timeout`.
-
-        Returns:
-            The broker's unbind-ok.
-        """
-        return self._portal.call(
-            self._async.exchange_unbind,
-            destination,
-            source,
-            routing_key,
-            arguments=arguments,
-            timeout=timeout,
-            wait=_wait(timeout),
-        )
-
-    # ------------------------------------------------------------------ queue
-
-    def queue_declare(
-        self,
-        queue: str = "",
-        *,
-        passive: bool = False,
-        durable: bool = False,
-        exclusive: bool = False,
-        auto_delete: bool = False,
-        arguments: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
-    ) -> spec.QueueDeclareOk:
-        """Declare a queue; ``queue=""`` asks the broker for a name.
-
-        Args:
-            queue: the queue name (``""``: a server-named queue).
-            passive: only check that the queue exists.
-            durable: it survives a broker restart.
-            exclusive: used by this connection only, deleted when it closes.
-            auto_delete: deleted when its last consumer is cancelled.
-            arguments: e.g. ``{"x-queue-type": "quorum"}``.
-            timeout: seconds to wait for the broker's reply (``None``: no limit); then
-                :class:`Timeout`.
-
-        Returns:
-            The reply, with ``queue``, ``message_count`` and ``consumer_count``.
-        """
-        return self._portal.call(
-            self._async.queue_declare,
-            queue,
-            passive=passive,
-            durable=durable,
-            exclusive=exclusive,
-            auto_delete=auto_delete,
-            arguments=arguments,
-            timeout=timeout,
-            wait=_wait(timeout),
-        )
-
-    def queue_bind(
-        self,
-        queue: str,
-        exchange: str,
-        routing_key: str = "",
-        *,
-        arguments: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
-    ) -> spec.QueueBindOk:
-        """Bind a queue to an exchange.
-
-        Args:
-            queue: the queue.
-            exchange: the exchange.
-            routing_key: the binding key.
-            arguments: binding arguments (for a headers exchange, the headers to match).
-            timeout: seconds to wait for the broker's reply (``None``: no limit); then
-                :class:`Timeout`.
-
-        Returns:
-            The broker's bind-ok.
-        """
-        return self._portal.call(
-            self._async.queue_bind,
-            queue,
-            exchange,
-            routing_key,
-            arguments=arguments,
-            timeout=timeout,
-            wait=_wait(timeout),
-        )
-
-    def queue_unbind(
-        self,
-        queue: str,
-        exchange: str,
-        routing_key: str = "",
-        *,
-        arguments: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
-    ) -> spec.QueueUnbindOk:
-        """Remove a queue binding.
-
-        Args:
-            queue: the queue.
-            exchange: the exchange.
-            routing_key: the binding key.
-            arguments: the binding's arguments.
-            timeout: seconds to wait for the broker's reply (``None``: no limit); then
-                :class:`Timeout`.
-
-        Returns:
-            The broker's unbind-ok.
-        """
-        return self._portal.call(
-            self._async.queue_unbind,
-            queue,
-            exchange,
-            routing_key,
-            arguments=arguments,
-            timeout=timeout,
-            wait=_wait(timeout),
-        )
-
-    def queue_purge(self, queue: str, *, timeout: float | None = None) -> spec.QueuePurgeOk:
-        """Remove all ready messages from a queue.
-
-        Args:
-            queue: the queue.
-            timeout: seconds to wait for the broker's reply (``None``: no limit); then
-                :class:`Timeout`.
-
-        Returns:
-            The reply, with the ``message_count`` removed.
-        """
-        return self._portal.call(
-            self._async.queue_purge, queue, timeout=timeout, wait=_wait(timeout)
-        )
-
-    def queue_delete(
-        self,
-        queue: str,
-        *,
-        if_unused: bool = False,
-        if_empty: bool = False,
-        timeout: float | None = None,
-    ) -> spec.QueueDeleteOk:
-        """Delete a queue.
-
-        Args:
-            queue: the queue.
-            if_unused: only if it has no consumers.
-            if_empty: only if it has no messages.
-            timeout: seconds to wait for the broker's reply (``None``: no limit); then
-                :class:`Timeout`.
-
-        Returns:
-            The reply, with the ``message_count`` it held.
-        """
-        return self._portal.call(
-            self._async.queue_delete,
-            queue,
-            if_unused=if_unused,
-            if_empty=if_empty,
-            timeout=timeout,
-            wait=_wait(timeout),
-        )
-
     # ------------------------------------------------------------------ basic
-
-    def basic_qos(
-        self,
-        prefetch_count: int = 0,
-        *,
-        prefetch_size: int = 0,
-        global_: bool = False,
-        timeout: float | None = None,
-    ) -> spec.BasicQosOk:
-        """Limit unacknowledged deliveries.
-
-        Args:
-            prefetch_count: deliveries a consumer may hold unacknowledged (0: no limit).
-            prefetch_size: the same in bytes (0: no limit; RabbitMQ supports only 0).
-            global_: the limit is per channel, not per consumer.
-            timeout: seconds to wait for the broker's reply (``None``: no limit); then
-                :class:`Timeout`.
-
-        Returns:
-            The broker's qos-ok.
-        """
-        return self._portal.call(
-            self._async.basic_qos,
-            prefetch_count,
-            prefetch_size=prefetch_size,
-            global_=global_,
-            timeout=timeout,
-            wait=_wait(timeout),
-        )
 
     def basic_publish(
         self,
@@ -563,23 +230,6 @@ class Channel:
             wait=_wait(timeout),
         )
 
-    def basic_cancel(
-        self, consumer_tag: str, *, timeout: float | None = None
-    ) -> spec.BasicCancelOk:
-        """Stop a consumer.
-
-        Args:
-            consumer_tag: the tag :meth:`basic_consume` returned.
-            timeout: seconds to wait for the broker's reply (``None``: no limit); then
-                :class:`Timeout`.
-
-        Returns:
-            The broker's cancel-ok.
-        """
-        return self._portal.call(
-            self._async.basic_cancel, consumer_tag, timeout=timeout, wait=_wait(timeout)
-        )
-
     def consume(
         self,
         queue: str,
@@ -692,85 +342,7 @@ class Channel:
         self._check_open("basic.reject")
         self._portal.submit(self._async.basic_reject, delivery_tag, requeue)
 
-    def basic_recover(
-        self, requeue: bool = True, *, timeout: float | None = None
-    ) -> spec.BasicRecoverOk:
-        """Redeliver all unacknowledged messages of this channel.
-
-        Args:
-            requeue: redeliver to any consumer (RabbitMQ implements only ``True``).
-            timeout: seconds to wait for the broker's reply (``None``: no limit); then
-                :class:`Timeout`.
-
-        Returns:
-            The broker's recover-ok.
-        """
-        return self._portal.call(
-            self._async.basic_recover, requeue, timeout=timeout, wait=_wait(timeout)
-        )
-
-    # ------------------------------------------------------------------ confirm, tx, flow
-
-    def confirm_select(self, *, timeout: float | None = None) -> spec.ConfirmSelectOk:
-        """Turn on publisher confirms: ``basic_publish`` then returns a future.
-
-        Args:
-            timeout: seconds to wait for the broker's reply (``None``: no limit); then
-                :class:`Timeout`.
-
-        Returns:
-            The broker's select-ok.
-        """
-        return self._portal.call(self._async.confirm_select, timeout=timeout, wait=_wait(timeout))
-
-    def tx_select(self, *, timeout: float | None = None) -> spec.TxSelectOk:
-        """Make the channel transactional.
-
-        Args:
-            timeout: seconds to wait for the broker's reply (``None``: no limit); then
-                :class:`Timeout`.
-
-        Returns:
-            The broker's select-ok.
-        """
-        return self._portal.call(self._async.tx_select, timeout=timeout, wait=_wait(timeout))
-
-    def tx_commit(self, *, timeout: float | None = None) -> spec.TxCommitOk:
-        """Commit the current transaction.
-
-        Args:
-            timeout: seconds to wait for the broker's reply (``None``: no limit); then
-                :class:`Timeout`.
-
-        Returns:
-            The broker's commit-ok.
-        """
-        return self._portal.call(self._async.tx_commit, timeout=timeout, wait=_wait(timeout))
-
-    def tx_rollback(self, *, timeout: float | None = None) -> spec.TxRollbackOk:
-        """Abandon the current transaction.
-
-        Args:
-            timeout: seconds to wait for the broker's reply (``None``: no limit); then
-                :class:`Timeout`.
-
-        Returns:
-            The broker's rollback-ok.
-        """
-        return self._portal.call(self._async.tx_rollback, timeout=timeout, wait=_wait(timeout))
-
-    def flow(self, active: bool, *, timeout: float | None = None) -> bool:
-        """Ask the broker to pause or resume deliveries.
-
-        Args:
-            active: ``False`` pauses, ``True`` resumes.
-            timeout: seconds to wait for the broker's reply (``None``: no limit); then
-                :class:`Timeout`.
-
-        Returns:
-            The state the broker answered (``True``: active).
-        """
-        return self._portal.call(self._async.flow, active, timeout=timeout, wait=_wait(timeout))
+    # ------------------------------------------------------------------ close
 
     def close(
         self,
