@@ -75,6 +75,9 @@ SOURCE_MODULES = (
     "rabbitry.protocol.greeting",
     "rabbitry.protocol._refusal",
     "rabbitry.protocol.message",
+    "rabbitry.protocol.tags",
+    "rabbitry.protocol.streams",
+    "rabbitry.protocol.batching",
 )
 
 #: Modules of ``rabbitry.protocol`` not checked yet: their public methods still lack

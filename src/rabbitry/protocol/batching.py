@@ -508,7 +508,15 @@ def _record_properties(properties: BasicProperties, headers: dict[str, Any]) -> 
 
 
 def settler_of(record: Message) -> _EnvelopeSettler | None:
-    """The envelope settler behind a :class:`BatchRecord` (unwrapping a thread proxy)."""
+    """The envelope settler behind a :class:`BatchRecord` (unwrapping a thread proxy).
+
+    Args:
+        record: a message handed out by a consume iteration or a consumer.
+
+    Returns:
+        The settler of the record's envelope, or ``None`` when ``record`` is not a
+        record of an envelope.
+    """
     channel = getattr(record, "channel", None)
     inner = getattr(channel, "target", channel)  # a handler thread's acker wraps it
     return inner.settler if isinstance(inner, _RecordAcker) else None

@@ -45,8 +45,13 @@ _MAX_OFFSET: Final = 2**63 - 1
 def stream_offset_argument(offset: object, field: str = "x-stream-offset") -> StreamOffset:
     """Check ``offset`` as a value for the ``x-stream-offset`` consumer argument.
 
-    Returns it unchanged: ``"first"``, ``"last"``, ``"next"``, an ``int`` in
-    0..2**63-1, or a ``datetime`` (naive means UTC; encoded as an AMQP timestamp).
+    Args:
+        offset: the value.
+        field: what the error message calls it.
+
+    Returns:
+        ``offset`` unchanged: ``"first"``, ``"last"``, ``"next"``, an ``int`` in
+        0..2**63-1, or a ``datetime`` (naive means UTC; encoded as an AMQP timestamp).
 
     Raises:
         ConfigurationError: anything else, naming ``field`` and the rule.

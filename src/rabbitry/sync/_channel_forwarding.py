@@ -351,6 +351,18 @@ class ChannelForwarding:
         """The broker's channel.flow allows publishing."""
         return self._async.flow_active
 
+    @property
+    def epoch(self) -> int:
+        """The channel's recovery epoch: 0, then one more each time the connection
+        recovers (a :class:`Message` of an older epoch can no longer be settled).
+        """
+        return self._async.epoch
+
+    @property
+    def stale_settlements(self) -> int:
+        """Acks, nacks and rejects dropped because their delivery tag was stale."""
+        return self._async.stale_settlements
+
     def wait_closed(self, timeout: float | None = None) -> AMQPError:
         """Block until the channel closes.
 

@@ -77,16 +77,6 @@ class Channel(ChannelForwarding):
         return self._async.republished
 
     @property
-    def epoch(self) -> int:
-        """How many times the connection recovered under this channel (stale-ack guard)."""
-        return self._async.epoch
-
-    @property
-    def stale_settlements(self) -> int:
-        """Acks, nacks and rejects dropped because their delivery came before a recovery."""
-        return self._async.stale_settlements
-
-    @property
     def connection(self) -> _Connection:
         """The connection this channel belongs to."""
         return self._connection
