@@ -173,6 +173,10 @@ class BatchRecord(Message):
     count: int
 
 
+# Its home for applications (and for pickle) is rabbitry.batching.
+BatchRecord.__module__ = "rabbitry.batching"
+
+
 #: What a record's byte in :attr:`_EnvelopeSettler.state` says.
 _OPEN: Final = 0
 _ACKED: Final = 1
