@@ -9,7 +9,7 @@ Usage::
 A sync twin (``rabbitry.Channel``, ``rabbitry.Connection``) runs its asyncio twin on the
 connection's IO thread. Most of its members only forward: a property reads the async
 object's property, a coroutine method runs through the portal and waits for its result
-(``portal.call(..., wait=_wait(timeout))``: the coroutine enforces ``timeout`` itself, the
+(``portal.call(..., wait=caller_timeout(timeout))``: the coroutine enforces ``timeout`` itself, the
 calling thread waits a little longer for the hand-off). Those members are written here,
 from the async class, with ``inspect``: the same parameters, annotations and defaults,
 the same docstring, and the forwarding body, into a base class the hand-written twin
@@ -288,7 +288,7 @@ def method_lines(twin: Twin, cls: type, name: str, func: Any, used: set[str]) ->
     returns = signature.return_annotation
     assert isinstance(returns, str), f"{cls.__name__}.{name}: annotations must be strings"
     used |= names_in(returns)
-    arguments.append("wait=_wait(timeout)")
+    arguments.append("wait=caller_timeout(timeout)")
     lines = bracket("    ", f"def {name}(", header, f") -> {returns}:")
     lines += quote(docstring(func, f"{cls.__name__}.{name}"), "        ")
     result = "" if returns == "None" else "return "
@@ -374,7 +374,7 @@ def generate(twin: Twin) -> str:
         "",
         "from typing import TYPE_CHECKING",
         "",
-        "from ._portal import _wait",
+        "from ._portal import caller_timeout",
         "",
         "if TYPE_CHECKING:",
         *import_block(imports, "    "),

@@ -5,7 +5,7 @@
 subscribing, taking deliveries in, handing them to the handler (one at a time or in
 batches, skipping duplicates), settling them, the retry policy's moves of failed
 messages, and the broker's and the channel's events (cancel, close, resubscribe).
-:class:`AsyncConsumer` derives from :class:`_ConsumerCore`, which declares the
+:class:`AsyncConsumer` derives from :class:`ConsumerCore`, which declares the
 attributes ``AsyncConsumer.__init__`` sets and this half uses.
 """
 
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("rabbitry.consumer")
 
 #: ``_dead_letter`` before start() has looked (or when it cannot know).
-_UNKNOWN = object()
+UNKNOWN = object()
 
 _ACK_TIMEOUT_TEXT = "delivery acknowledgement"
 _RESUBSCRIBE_BACKOFF = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
@@ -180,7 +180,7 @@ class ConsumerStats:
         return f"ConsumerStats({self.as_dict()})"
 
 
-class _ConsumerCore(EnvelopeHandling):
+class ConsumerCore(EnvelopeHandling):
     """Deliveries, settling and the broker's events: the machinery under AsyncConsumer.
 
     The sync ``Consumer``'s engine (``ThreadedConsumer`` in
@@ -594,7 +594,7 @@ class _ConsumerCore(EnvelopeHandling):
                 self.stats.dropped_records += size
                 action = "dropped: the queue has no dead-letter exchange"
                 kind = "dropped"
-            elif dead_letter is _UNKNOWN:
+            elif dead_letter is UNKNOWN:
                 action = (
                     "rejected: dead-lettered if the queue has a dead-letter exchange "
                     "(by argument or policy), else dropped by the broker"

@@ -7,7 +7,38 @@ belong there (``__module__``), so their names, pickles and tracebacks are those 
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+# Turns (class id, method id) into "queue.declare" in error texts. This module imports
+# nothing of the package; rabbitry.protocol, when it is imported, hands it the spec's
+# names through name_methods_with().
+_namer: Callable[[int, int], str] = "{}.{}".format
+
+
+def name_methods_with(namer: Callable[[int, int], str]) -> None:
+    """Name AMQP methods in error texts with ``namer`` (for the library's own use).
+
+    Args:
+        namer: Turns a class id and a method id into a name such as ``"queue.declare"``.
+    """
+    global _namer
+    _namer = namer
+
+
+def method_name(class_id: int, method_id: int) -> str:
+    """The name of an AMQP method in error texts.
+
+    Args:
+        class_id: The method's class id.
+        method_id: The method's id within its class.
+
+    Returns:
+        ``"queue.declare"`` once :mod:`rabbitry.protocol` is imported, else ``"50.10"``.
+    """
+    return _namer(class_id, method_id)
 
 
 class Message(Protocol):

@@ -25,26 +25,26 @@ if TYPE_CHECKING:
 logger = logging.getLogger("rabbitry.outbox")
 
 # Entry states (_CHECKING: held until its exchange is known to exist).
-_STORING, _READY, _IN_FLIGHT, _WAITING, _ACKED, _DEAD, _CHECKING = range(7)
-_RETRY_WRITE_DELAY = 1.0
+STORING, READY, IN_FLIGHT, WAITING, ACKED, DEAD, _CHECKING = range(7)
+RETRY_WRITE_DELAY = 1.0
 
 
 class SendOutcomes:
-    """Where a :class:`_Send` reports: the outbox publisher's handlers of an ack and of
+    """Where a :class:`Send` reports: the outbox publisher's handlers of an ack and of
     a failed send (nack, return, channel end) of one of its rows."""
 
     __slots__ = ("acked", "send_failed")
 
     def __init__(
         self,
-        acked: Callable[[_Entry], None],
-        send_failed: Callable[[_Entry, int, BaseException], None],
+        acked: Callable[[Entry], None],
+        send_failed: Callable[[Entry, int, BaseException], None],
     ) -> None:
         self.acked = acked
         self.send_failed = send_failed
 
 
-class _Entry:
+class Entry:
     """A stored row and what the publisher knows about it (loop thread)."""
 
     __slots__ = ("due", "frames", "gen", "record", "sends", "sent_at", "size", "state")
@@ -53,22 +53,22 @@ class _Entry:
         self.record = record
         self.size = len(record.body) + len(record.properties)
         self.frames = frames
-        self.state = _STORING
+        self.state = STORING
         self.gen = 0
         self.sends = sends
         self.sent_at = 0.0
         self.due = 0.0
 
-    def __lt__(self, other: _Entry) -> bool:  # heap order among equal due times
+    def __lt__(self, other: Entry) -> bool:  # heap order among equal due times
         return self.record.id < other.record.id
 
 
-class _Send:
+class Send:
     """One send of a row: the channel settles it on ack / nack / return / channel end."""
 
     __slots__ = ("entry", "gen", "owner", "settled")
 
-    def __init__(self, owner: SendOutcomes, entry: _Entry, gen: int) -> None:
+    def __init__(self, owner: SendOutcomes, entry: Entry, gen: int) -> None:
         self.owner = owner
         self.entry = entry
         self.gen = gen
@@ -86,7 +86,7 @@ class _Send:
         self.owner.send_failed(self.entry, self.gen, exception)
 
 
-class _Writer:
+class Writer:
     """The thread that owns the store and commits batches (group commit)."""
 
     def __init__(self, store: Outbox, loop: asyncio.AbstractEventLoop) -> None:
@@ -94,7 +94,7 @@ class _Writer:
         self.loop = loop
         self.cond = threading.Condition(threading.Lock())
         self.batch = OutboxBatch()
-        self.waiters: list[tuple[asyncio.Future[None], list[_Entry]]] = []
+        self.waiters: list[tuple[asyncio.Future[None], list[Entry]]] = []
         self.stopping = False
         self.on_commit: Any = None
         self.thread = threading.Thread(
@@ -102,7 +102,7 @@ class _Writer:
         )
 
     def submit(
-        self, batch: OutboxBatch, waiters: list[tuple[asyncio.Future[None], list[_Entry]]]
+        self, batch: OutboxBatch, waiters: list[tuple[asyncio.Future[None], list[Entry]]]
     ) -> None:
         with self.cond:
             mine = self.batch
@@ -253,9 +253,9 @@ class ExchangeCheck:
         self,
         connection: AsyncConnection,
         outbox: Outbox,
-        known: Callable[[list[_Entry]], None],
-        kill: Callable[[_Entry, str, str], None],
-        retry: Callable[[_Entry, BaseException], None],
+        known: Callable[[list[Entry]], None],
+        kill: Callable[[Entry, str, str], None],
+        retry: Callable[[Entry, BaseException], None],
     ) -> None:
         self._conn = connection
         self._outbox = outbox
@@ -264,7 +264,7 @@ class ExchangeCheck:
         self._retry = retry
         #: Exchange names known to exist (checked, or the default exchange).
         self.known: set[str] = {""}
-        self._waiting: dict[str, list[_Entry]] = {}
+        self._waiting: dict[str, list[Entry]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._channel: AsyncChannel | None = None
         self._turn = asyncio.Lock()  # one declare at a time on the side channel
@@ -272,7 +272,7 @@ class ExchangeCheck:
         self.checks = 0
         self.missing = 0
 
-    def hold(self, entry: _Entry) -> None:
+    def hold(self, entry: Entry) -> None:
         """Keep ``entry`` until its exchange (not in :attr:`known`) has been checked."""
         entry.state = _CHECKING
         name = entry.record.exchange
@@ -341,7 +341,7 @@ class ExchangeCheck:
         self.known.add(name)
         self._known_cb(self._take(name))
 
-    def _take(self, name: str) -> list[_Entry]:
+    def _take(self, name: str) -> list[Entry]:
         return [e for e in self._waiting.pop(name, []) if e.state == _CHECKING]
 
 
@@ -351,7 +351,7 @@ def _quiet(task: asyncio.Task[None]) -> None:
         task.exception()
 
 
-def _open_store(outbox: Outbox) -> tuple[OutboxStatus, list[OutboxRecord]]:
+def open_store(outbox: Outbox) -> tuple[OutboxStatus, list[OutboxRecord]]:
     """Writer-side start: claim the store and read what it still holds."""
     status = outbox.open()
     try:

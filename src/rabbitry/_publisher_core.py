@@ -3,7 +3,7 @@
 The records the channel's confirm table settles (one per message, or one per member of
 a ``publish_batch``), and the publisher's machinery: waiting for the right to send (the
 window, a blocked connection, the channel), sending, and the channel's and the
-connection's events. :class:`AsyncPublisher` derives from :class:`_PublisherCore`, which
+connection's events. :class:`AsyncPublisher` derives from :class:`PublisherCore`, which
 declares the attributes ``AsyncPublisher.__init__`` sets and this half uses.
 """
 
@@ -49,7 +49,7 @@ _UNSET: Any = object()
 # --------------------------------------------------------------------------- records
 
 
-class _Pending:
+class Pending:
     """One sent, unsettled message: what the channel's confirm table settles.
 
     ``done()`` answers "has the broker (or the channel's end) settled it", not "has the
@@ -71,7 +71,7 @@ class _Pending:
 
     def __init__(
         self,
-        owner: _PublisherCore,
+        owner: PublisherCore,
         future: Settleable,
         frames: list[bytes],
         message_id: str | None,
@@ -139,7 +139,7 @@ class _Pending:
             )
 
 
-class _Batch:
+class Batch:
     """Collects the outcomes of one ``publish_batch`` call; completes ``target`` once."""
 
     __slots__ = ("outcomes", "remaining", "target", "timer")
@@ -176,7 +176,7 @@ class _Slot:
 
     __slots__ = ("batch", "index")
 
-    def __init__(self, batch: _Batch, index: int) -> None:
+    def __init__(self, batch: Batch, index: int) -> None:
         self.batch = batch
         self.index = index
 
@@ -191,10 +191,10 @@ class _Slot:
 
 
 #: One encoded message: frames, message_id, mandatory.
-_Encoded = tuple[list[bytes], str | None, bool]
+Encoded = tuple[list[bytes], str | None, bool]
 
 
-class _PublisherCore:
+class PublisherCore:
     """Waiting, sending and events: the machinery under :class:`AsyncPublisher`."""
 
     # Set by AsyncPublisher.__init__.
@@ -228,7 +228,7 @@ class _PublisherCore:
         ]
     ]
     _idle_waiters: Waiters[None]
-    _returnable: dict[str, list[_Pending]]
+    _returnable: dict[str, list[Pending]]
     _blocked_reason: str | None
     _unblocked: asyncio.Event
     _block_hooks: list[Callable[[str | None], None]]
@@ -432,8 +432,8 @@ class _PublisherCore:
 
     def _send_batch(
         self,
-        items: list[_Encoded],
-        batch: _Batch,
+        items: list[Encoded],
+        batch: Batch,
         start: int,
         deadline: float | None,
         release: Callable[[], None] | None,
@@ -470,10 +470,10 @@ class _PublisherCore:
         proto = pipe.protocol
         if frames[0][1:3] != self._cid_bytes:
             frames = retarget(frames, proto.channel_id)
-        record: _Pending | None = None
+        record: Pending | None = None
         if proto.confirm_mode:
             assert future is not None
-            record = _Pending(self, future, frames, message_id, release)
+            record = Pending(self, future, frames, message_id, release)
         try:
             # In confirm mode the channel's confirm table now holds the record: it
             # settles it, or fails it if the channel ends first.
@@ -531,7 +531,7 @@ class _PublisherCore:
 
     # ------------------------------------------------------------------ events (loop)
 
-    def _finished(self, record: _Pending) -> None:
+    def _finished(self, record: Pending) -> None:
         """A record was settled by the broker or by the channel's end."""
         self._outstanding -= 1
         if self._nack_attempts:
@@ -547,7 +547,7 @@ class _PublisherCore:
         if not self._outstanding and self._idle_waiters:
             self._check_idle()
 
-    def _forget_returnable(self, record: _Pending) -> None:
+    def _forget_returnable(self, record: Pending) -> None:
         record.returnable = False
         key = record.message_id
         assert key is not None
@@ -558,7 +558,7 @@ class _PublisherCore:
             if not same:
                 del self._returnable[key]
 
-    def _retry_nacked(self, record: _Pending) -> bool:
+    def _retry_nacked(self, record: Pending) -> bool:
         """A nack for ``record``: schedule it again if the policy allows (loop thread)."""
         policy = self._nack_retry
         assert policy is not None
@@ -593,7 +593,7 @@ class _PublisherCore:
         self._loop.call_later(delay, self._resend_nacked, record, mandatory, deadline)
         return True
 
-    def _resend_nacked(self, record: _Pending, mandatory: bool, deadline: float | None) -> None:
+    def _resend_nacked(self, record: Pending, mandatory: bool, deadline: float | None) -> None:
         self._retrying -= 1
         future = record.future
         if future.done():  # e.g. its deadline passed while waiting
@@ -738,9 +738,9 @@ class PublisherPort:
 
     def __init__(
         self,
-        core: _PublisherCore,
+        core: PublisherCore,
         encode: Callable[..., tuple[list[bytes], str | None]],
-        encode_batch: Callable[..., list[_Encoded]],
+        encode_batch: Callable[..., list[Encoded]],
         new_message_id: Callable[[], str],
     ) -> None:
         #: ``encode(body, exchange, routing_key, properties, mandatory, persistent,

@@ -39,11 +39,11 @@ from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from ._consumer_core import (
-    _UNKNOWN,
+    UNKNOWN,
+    ConsumerCore,
     ConsumerStats,
     DedupStore,
     MemoryDedupStore,
-    _ConsumerCore,
 )
 from ._failure_log import FailureLog
 from .exceptions import (
@@ -98,7 +98,7 @@ _FAILURE_LOG_BURST = 10
 _FAILURE_LOG_INTERVAL = 60.0
 
 
-class AsyncConsumer(_ConsumerCore):
+class AsyncConsumer(ConsumerCore):
     """Consume ``queue`` with ``handler``; see the module docstring for the semantics.
 
     Create with ``connection.consumer(queue, handler, ...)``; start with ``await
@@ -236,8 +236,8 @@ class AsyncConsumer(_ConsumerCore):
             schedule=self._call_later,
         )
         #: The queue's dead-letter exchange as far as start() could tell: a name, None
-        #: (it has none) or _UNKNOWN (not declared through this connection's topology).
-        self._dead_letter: object = _UNKNOWN
+        #: (it has none) or UNKNOWN (not declared through this connection's topology).
+        self._dead_letter: object = UNKNOWN
 
     def __repr__(self) -> str:
         state = "stopping" if self._stopping else "running" if self._started else "new"
@@ -305,7 +305,7 @@ class AsyncConsumer(_ConsumerCore):
         policy = self.retry
         if policy is None:
             if recorded is None:
-                self._dead_letter = _UNKNOWN
+                self._dead_letter = UNKNOWN
                 return
             dlx = recorded.arguments.get("x-dead-letter-exchange")
             self._dead_letter = dlx if isinstance(dlx, str) else None

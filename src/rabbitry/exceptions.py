@@ -82,9 +82,10 @@ registering a code twice is a programming error and fails at import time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ._errors_base import AMQPError, Message
+from ._errors_base import AMQPError, Message, method_name
+from ._errors_base import name_methods_with as name_methods_with
 from ._errors_rpc import (
     RpcError,
     RpcInterrupted,
@@ -100,15 +101,6 @@ from ._errors_topology import (
     TopologyMissingExchange,
     TopologyValidationError,
 )
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-
-# Set by rabbitry.protocol when it is imported (this module imports nothing of the
-# package but its own _errors_* parts): turns (class id, method id) into
-# "queue.declare" in error texts.
-_method_name: Callable[[int, int], str] = "{}.{}".format
 
 __all__ = [
     "AMQPConnectionError",
@@ -279,7 +271,7 @@ class _Close(AMQPError):
     def __str__(self) -> str:
         text = f"({self.reply_code}) {self.reply_text}".rstrip()
         if self.class_id or self.method_id:
-            text += f" [in {_method_name(self.class_id, self.method_id)}]"
+            text += f" [in {method_name(self.class_id, self.method_id)}]"
         return text
 
     def __reduce__(self) -> tuple[Any, ...]:

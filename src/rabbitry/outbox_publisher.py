@@ -14,7 +14,7 @@ Only after that commit does ``publish()`` return, and only then is the row hande
 sender: a message is never on the wire before it is on disk.
 
 The sender task sends rows with confirms through the inner publisher's window. The
-confirm of a row is a small :class:`_Send` object in the channel's confirm table (no
+confirm of a row is a small :class:`Send` object in the channel's confirm table (no
 asyncio future per message). An ack queues the row's delete; the row leaves memory and
 the bound when that delete is committed. A nack, a lost channel or no confirm within
 ``confirm_timeout`` (a sweep over the rows in flight, oldest first) schedules a resend
@@ -50,20 +50,20 @@ from typing import TYPE_CHECKING, Any
 
 from ._failure_log import RateLimitedLog
 from ._outbox_rows import (
-    _ACKED,
-    _DEAD,
-    _IN_FLIGHT,
-    _READY,
-    _RETRY_WRITE_DELAY,
-    _STORING,
-    _WAITING,
+    ACKED,
+    DEAD,
+    IN_FLIGHT,
+    READY,
+    RETRY_WRITE_DELAY,
+    STORING,
+    WAITING,
+    Entry,
     ExchangeCheck,
     OutboxRoom,
+    Send,
     SendOutcomes,
-    _Entry,
-    _open_store,
-    _Send,
-    _Writer,
+    Writer,
+    open_store,
 )
 from ._waiters import Waiters
 from .exceptions import (
@@ -144,22 +144,22 @@ class AsyncOutboxPublisher(OutboxRoom):
         self._outbox = outbox
         self._loop = publisher._loop
         self._timeout = publisher.timeout
-        self._writer = _Writer(outbox, self._loop)
+        self._writer = Writer(outbox, self._loop)
         self._writer.on_commit = self._committed
-        self._entries: dict[int, _Entry] = {}
+        self._entries: dict[int, Entry] = {}
         self._rows = 0
         self._bytes = 0
         self._next_id = 1
-        self._ready: deque[_Entry] = deque()
+        self._ready: deque[Entry] = deque()
         self._ready_event = asyncio.Event()
-        self._in_flight: dict[int, _Entry] = {}
-        self._retry_heap: list[tuple[float, _Entry]] = []
+        self._in_flight: dict[int, Entry] = {}
+        self._retry_heap: list[tuple[float, Entry]] = []
         self._retry_timer: asyncio.TimerHandle | None = None
         self._room_waiters: Waiters[tuple[int, int]] = Waiters(self._give_back_room)
         self._idle_waiters: Waiters[None] = Waiters()
         # Changes gathered on the loop during one iteration, handed to the writer at once.
         self._batch = OutboxBatch()
-        self._batch_waiters: list[tuple[asyncio.Future[None], list[_Entry]]] = []
+        self._batch_waiters: list[tuple[asyncio.Future[None], list[Entry]]] = []
         self._flush_handle: asyncio.Handle | None = None
         self._closing = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -184,8 +184,8 @@ class AsyncOutboxPublisher(OutboxRoom):
         self._next_id = next_id
         self._dead = dead
         for record in records:
-            entry = _Entry(record, None, 1)
-            entry.state = _READY
+            entry = Entry(record, None, 1)
+            entry.state = READY
             self._entries[record.id] = entry
             self._rows += 1
             self._bytes += entry.size
@@ -453,7 +453,7 @@ class AsyncOutboxPublisher(OutboxRoom):
         routing_key: str,
         mandatory: bool,
         now: float,
-    ) -> _Entry:
+    ) -> Entry:
         properties, body = publish_parts(frames)
         size = len(body) + len(properties)
         if size > self._outbox.max_bytes:
@@ -465,9 +465,9 @@ class AsyncOutboxPublisher(OutboxRoom):
         record = OutboxRecord(
             0, message_id, exchange, routing_key, mandatory, properties, body, now
         )
-        return _Entry(record, frames, 0)
+        return Entry(record, frames, 0)
 
-    async def _store(self, entries: list[_Entry]) -> None:
+    async def _store(self, entries: list[Entry]) -> None:
         rows = len(entries)
         table = self._entries
         next_id = self._next_id
@@ -488,7 +488,7 @@ class AsyncOutboxPublisher(OutboxRoom):
         await waiter
         self._stored += rows
 
-    def _forget(self, entries: list[_Entry]) -> None:
+    def _forget(self, entries: list[Entry]) -> None:
         size = 0
         for entry in entries:
             self._entries.pop(entry.record.id, None)
@@ -516,7 +516,7 @@ class AsyncOutboxPublisher(OutboxRoom):
     def _committed(
         self,
         batch: OutboxBatch,
-        waiters: list[tuple[asyncio.Future[None], list[_Entry]]],
+        waiters: list[tuple[asyncio.Future[None], list[Entry]]],
         error: BaseException | None,
     ) -> None:
         """Loop thread: the writer applied ``batch`` (or failed to: nothing of it)."""
@@ -535,12 +535,12 @@ class AsyncOutboxPublisher(OutboxRoom):
             # Acks, failures and deaths are not lost: they are tried again shortly.
             batch.inserts = []
             if batch and not self._closing:
-                self._loop.call_later(_RETRY_WRITE_DELAY, self._requeue, batch)
+                self._loop.call_later(RETRY_WRITE_DELAY, self._requeue, batch)
             return
         for waiter, entries in waiters:
             for entry in entries:
-                if entry.state == _STORING:
-                    entry.state = _READY
+                if entry.state == STORING:
+                    entry.state = READY
                     self._ready.append(entry)
             if not waiter.done():
                 waiter.set_result(None)
@@ -603,10 +603,10 @@ class AsyncOutboxPublisher(OutboxRoom):
                 send(ready.popleft())
             pub.kick()
 
-    def _send_one(self, entry: _Entry) -> None:
+    def _send_one(self, entry: Entry) -> None:
         """Send one row; its window slot is reserved by the caller."""
         pub = self._port
-        if entry.state != _READY:  # acked late while waiting: nothing to send
+        if entry.state != READY:  # acked late while waiting: nothing to send
             pub.release_slot()
             return
         record = entry.record
@@ -629,11 +629,11 @@ class AsyncOutboxPublisher(OutboxRoom):
             self._schedule_flush()
         entry.sends += 1
         entry.gen += 1
-        entry.state = _IN_FLIGHT
+        entry.state = IN_FLIGHT
         entry.sent_at = self._loop.time()
         self._in_flight[record.id] = entry
         pub.send_reserved(
-            frames, _Send(self._outcomes, entry, entry.gen), record.message_id, record.mandatory
+            frames, Send(self._outcomes, entry, entry.gen), record.message_id, record.mandatory
         )
 
     def _frames(self, record: OutboxRecord) -> list[bytes]:
@@ -641,17 +641,17 @@ class AsyncOutboxPublisher(OutboxRoom):
             record.exchange, record.routing_key, record.mandatory, record.properties, record.body
         )
 
-    def _acked(self, entry: _Entry) -> None:
-        if entry.state in (_ACKED, _DEAD, _STORING):
+    def _acked(self, entry: Entry) -> None:
+        if entry.state in (ACKED, DEAD, STORING):
             return
-        if entry.state == _IN_FLIGHT:
+        if entry.state == IN_FLIGHT:
             self._in_flight.pop(entry.record.id, None)
-        entry.state = _ACKED  # also a late ack of an earlier send: the broker has it
+        entry.state = ACKED  # also a late ack of an earlier send: the broker has it
         self._batch.deletes.append(entry.record.id)
         self._schedule_flush()
 
-    def _send_failed(self, entry: _Entry, gen: int, exc: BaseException) -> None:
-        if entry.gen != gen or entry.state != _IN_FLIGHT:
+    def _send_failed(self, entry: Entry, gen: int, exc: BaseException) -> None:
+        if entry.gen != gen or entry.state != IN_FLIGHT:
             return  # an earlier send, already given up on
         self._in_flight.pop(entry.record.id, None)
         if isinstance(exc, Unroutable):
@@ -672,19 +672,19 @@ class AsyncOutboxPublisher(OutboxRoom):
             )
             return
         if self._closing:
-            entry.state = _WAITING  # stays stored; the next publisher sends it
+            entry.state = WAITING  # stays stored; the next publisher sends it
             return
         self._retry_later(entry, exc)
 
-    def _exchange_exists(self, entries: list[_Entry]) -> None:
+    def _exchange_exists(self, entries: list[Entry]) -> None:
         for entry in entries:
-            entry.state = _READY
+            entry.state = READY
             self._ready.append(entry)
         if entries:
             self._ready_event.set()
 
-    def _kill(self, entry: _Entry, reason: str, kind: str) -> None:
-        entry.state = _DEAD
+    def _kill(self, entry: Entry, reason: str, kind: str) -> None:
+        entry.state = DEAD
         self._dead_log.log(
             kind,
             "outbox %s: message %s moved to the dead table (rabbitry outbox status shows "
@@ -696,7 +696,7 @@ class AsyncOutboxPublisher(OutboxRoom):
         self._batch.deaths.append((entry.record.id, reason))
         self._schedule_flush()
 
-    def _retry_later(self, entry: _Entry, exc: BaseException) -> None:
+    def _retry_later(self, entry: Entry, exc: BaseException) -> None:
         record = entry.record
         record.attempts += 1
         record.last_error = f"{type(exc).__name__}: {exc}"
@@ -705,7 +705,7 @@ class AsyncOutboxPublisher(OutboxRoom):
         outbox = self._outbox
         delay = min(outbox.max_retry_delay, outbox.retry_delay * 2 ** (record.attempts - 1))
         delay *= self._rng.uniform(0.75, 1.25)
-        entry.state = _WAITING
+        entry.state = WAITING
         entry.due = self._loop.time() + delay
         heapq.heappush(self._retry_heap, (entry.due, entry))
         self._arm_retry_timer()
@@ -728,8 +728,8 @@ class AsyncOutboxPublisher(OutboxRoom):
         moved = False
         while heap and heap[0][0] <= now:
             _due, entry = heapq.heappop(heap)
-            if entry.state == _WAITING:
-                entry.state = _READY
+            if entry.state == WAITING:
+                entry.state = READY
                 self._ready.append(entry)
                 moved = True
         if moved:
@@ -773,7 +773,7 @@ async def open_outbox_publisher(
     if not options.get("confirm", True):
         raise ConfigurationError("outbox: needs confirm=True (rows are deleted on ack)")
     # The store first: a locked or corrupt file fails here, before the broker is used.
-    status, records = await asyncio.to_thread(_open_store, outbox)
+    status, records = await asyncio.to_thread(open_store, outbox)
     try:
         publisher = await open_publisher(connection, open_timeout=open_timeout, **options)
     except BaseException:

@@ -10,7 +10,7 @@ to send (:meth:`AsyncPublisher._acquire`): the connection must not be blocked by
 resource alarm, the window of ``max_in_flight`` unconfirmed messages must have room,
 the socket's write buffer must be below its high-water mark, and the channel must be
 open (a channel closed by the broker is replaced here, transparently). Then the frames
-are queued on the channel and a :class:`_Pending` record is put in the channel's confirm
+are queued on the channel and a :class:`Pending` record is put in the channel's confirm
 table. The record is what the channel settles on ``basic.ack`` / ``basic.nack`` (in
 O(confirmed) for multiple confirms) or fails when the channel ends; it resolves the
 caller's future, frees its window slot and forgets its return correlation.
@@ -43,7 +43,7 @@ import secrets
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from ._publisher_core import PublisherPort, _Batch, _Encoded, _Pending, _PublisherCore
+from ._publisher_core import Batch, Encoded, Pending, PublisherCore, PublisherPort
 from ._waiters import Waiters
 from .aio.connection import writes_of
 from .exceptions import (
@@ -96,7 +96,7 @@ _PLAIN_TEMPLATE = properties_prefix(None, None)
 # --------------------------------------------------------------------------- publisher
 
 
-class AsyncPublisher(_PublisherCore):
+class AsyncPublisher(PublisherCore):
     """Publishes on its own channel, with confirms, a bounded window and deadlines.
 
     Get one with ``await connection.publisher(...)``; usable as ``async with`` (closes
@@ -194,7 +194,7 @@ class AsyncPublisher(_PublisherCore):
             ]
         ] = deque()
         self._idle_waiters: Waiters[None] = Waiters()  # told when nothing is in flight
-        self._returnable: dict[str, list[_Pending]] = {}
+        self._returnable: dict[str, list[Pending]] = {}
         self._blocked_reason = connection.blocked_reason
         self._unblocked = asyncio.Event()
         if self._blocked_reason is None:
@@ -510,7 +510,7 @@ class AsyncPublisher(_PublisherCore):
             timeout = self._timeout
         deadline = None if timeout is None else self._loop.time() + timeout
         done: asyncio.Future[list[BaseException | None]] = self._loop.create_future()
-        batch = _Batch(len(encoded), done)
+        batch = Batch(len(encoded), done)
         total = len(encoded)
         start = 0
         confirm = self._confirm
@@ -574,7 +574,7 @@ class AsyncPublisher(_PublisherCore):
             # Those kept for the resend while the connection recovers come first, with
             # their sequence number on the channel before the outage.
             for record in self._pipe.unsettled():
-                if isinstance(record, _Pending) and not record.settled:
+                if isinstance(record, Pending) and not record.settled:
                     out.append(UnconfirmedMessage(record.seq, record.message_id, record.frames))
         for frames, _future, message_id, *_rest in self._backlog:
             out.append(UnconfirmedMessage(0, message_id, frames))
@@ -678,14 +678,14 @@ class AsyncPublisher(_PublisherCore):
         mandatory: bool | None,
         persistent: bool | None,
         expiration: int | timedelta | None,
-    ) -> list[_Encoded]:
+    ) -> list[Encoded]:
         if isinstance(messages, bytes | bytearray | memoryview | str | OutgoingMessage):
             raise LocalProtocolError(
                 "publish_batch.messages: must be an iterable of messages, got one message"
             )
         default_mandatory = self._mandatory if mandatory is None else mandatory
         encode = self._encode
-        out: list[_Encoded] = []
+        out: list[Encoded] = []
         for message in messages:
             if isinstance(message, OutgoingMessage):
                 flag = default_mandatory if message.mandatory is None else message.mandatory

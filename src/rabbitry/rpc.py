@@ -102,7 +102,7 @@ ReplyBody = bytes | bytearray | memoryview | str
 #: ``async def handler(request: Message) -> bytes | str``.
 RpcHandler = Callable[[Message], Awaitable[ReplyBody]]
 _DEFAULT_TIMEOUT = 30.0
-_UNSET: Any = object()
+UNSET: Any = object()
 # Records logged in full per interval (then counted), for late replies and server errors.
 _LOG_BURST = 5
 _LOG_INTERVAL = 60.0
@@ -221,7 +221,7 @@ class AsyncRpcClient:
         body: ReplyBody = b"",
         *,
         exchange: str | None = None,
-        timeout: float | None = _UNSET,
+        timeout: float | None = UNSET,
         headers: dict[str, Any] | None = None,
         content_type: str | None = None,
         properties: BasicProperties | None = None,
@@ -258,7 +258,7 @@ class AsyncRpcClient:
             raise ConfigurationError(
                 f"routing_key: must be a str, got {type(routing_key).__name__}"
             )
-        deadline = self.timeout if timeout is _UNSET else timeout
+        deadline = self.timeout if timeout is UNSET else timeout
         _check_timeout(deadline)
         if self._closed:
             raise InvalidStateError("this RPC client is closed")

@@ -133,10 +133,10 @@ async def _serve(
     signals: tuple[signal.Signals, ...],
     close_timeout: float,
 ) -> Any:
-    from .aio.connection import _CONNECTIONS, open_connections
+    from .aio.connection import CONNECTIONS, open_connections
 
     loop = asyncio.get_running_loop()
-    before = set(_CONNECTIONS)
+    before = set(CONNECTIONS)
     work = main if inspect.iscoroutine(main) else main()  # type: ignore[operator]
     task: asyncio.Future[Any] = asyncio.ensure_future(work)
     received: list[signal.Signals] = []
@@ -178,9 +178,9 @@ async def _serve(
 def _serve_sync(
     main: Callable[[], Any], signals: tuple[signal.Signals, ...], close_timeout: float
 ) -> Any:
-    from .sync._connection import _CONNECTED
+    from .sync._connection import CONNECTED
 
-    before = set(_CONNECTED)
+    before = set(CONNECTED)
     received: list[int] = []
 
     def on_signal(signum: int, frame: object) -> None:
@@ -198,7 +198,7 @@ def _serve_sync(
         except ServiceStopped:
             return None
     finally:
-        for conn in [c for c in list(_CONNECTED) if c not in before]:
+        for conn in [c for c in list(CONNECTED) if c not in before]:
             try:
                 conn.close(timeout=close_timeout)
             except Exception as exc:  # close never raises for a reason worth stopping on

@@ -100,8 +100,8 @@ async def test_coroutine_callback_without_qos_pauses_reading_at_its_queue_bound(
             assert started.is_set()
             # The bound is reached by the message that fills it, and nothing is handed
             # over after the pause (what was read with it waits in the engine).
-            assert queued <= channel_module._CONSUMER_QUEUE_MESSAGES
-            assert queued_bytes < channel_module._CONSUMER_QUEUE_BYTES + BODY
+            assert queued <= channel_module.CONSUMER_QUEUE_MESSAGES
+            assert queued_bytes < channel_module.CONSUMER_QUEUE_BYTES + BODY
             assert growth < RSS_LIMIT, f"RSS grew by {growth / MIB:.1f} MiB"
     finally:
         release.set()

@@ -57,7 +57,7 @@ SCHEDULING_MARGIN = 0.5
 HEARTBEAT_BOUND = 2 * HEARTBEAT + 1 + SCHEDULING_MARGIN
 #: After a framing error the byte stream cannot be trusted, so the broker's close-ok may
 #: be lost in the rest of a bad frame: the client then ends the connection by its own
-#: close deadline (``_CLOSE_TIMEOUT``, 10 s). Every attack must end within this bound;
+#: close deadline (``CLOSE_TIMEOUT``, 10 s). Every attack must end within this bound;
 #: measured 10.01-10.02 s on 2 shared cores with tracemalloc on, hence 2 s of allowance.
 CLOSE_BOUND = 10.0 + 4 * SCHEDULING_MARGIN
 

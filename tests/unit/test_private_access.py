@@ -122,3 +122,114 @@ def test_no_private_access_across_modules() -> None:
     found = find_violations()
     report = "\n".join(f"  {v}" for v in found)
     assert not found, f"private members of another module's class used:\n{report}"
+
+
+# Private names of modules. A private *module* (``_portal``) is the package's own and
+# may be imported by any module of the package; a private *name* (``_wait``, ``_Batch``)
+# belongs to the module that defines it. Another module that needs it is given a public
+# name in that module (which stays package-internal when the module is private), not
+# the private one: imported (``from .x import _name``), read off the module
+# (``x._name``), or reached by a string (``getattr(obj, "_name")``).
+
+_REFLECTION = ("getattr", "hasattr", "setattr", "delattr")
+
+
+def _module_name(path: str) -> str:
+    parts = path.removesuffix(".py").split("/")
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(["rabbitry", *parts])
+
+
+def _import_target(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The absolute name of the module ``node`` imports from, inside ``module``."""
+    if not node.level:
+        return node.module or ""
+    base = module if is_package else module.rpartition(".")[0]
+    for _ in range(node.level - 1):
+        base = base.rpartition(".")[0]
+    return f"{base}.{node.module}" if node.module else base
+
+
+def find_private_name_uses(trees: dict[str, ast.Module]) -> list[str]:
+    """Each use of another module's private name in ``trees`` (paths relative to the
+    package, as ``_parse`` gives them), as ``"path:line what"``."""
+    modules = {_module_name(path) for path in trees}
+    found: list[str] = []
+    for path, tree in trees.items():
+        module, is_package = _module_name(path), path.endswith("__init__.py")
+        module_aliases: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                target = _import_target(module, is_package, node)
+                for alias in node.names:
+                    if f"{target}.{alias.name}" in modules:
+                        module_aliases.add(alias.asname or alias.name)
+                    elif _is_private(alias.name) and target in modules:
+                        found.append(f"{path}:{node.lineno} imports {alias.name} from {target}")
+            elif isinstance(node, ast.Import):
+                module_aliases.update(
+                    alias.asname for alias in node.names if alias.asname and alias.name in modules
+                )
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and _is_private(node.attr)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in module_aliases
+            ):
+                found.append(f"{path}:{node.lineno} uses {node.value.id}.{node.attr}")
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in _REFLECTION
+                and len(node.args) >= 2
+                and not _is_self(node.args[0])
+                and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str)
+                and _is_private(node.args[1].value)
+            ):
+                found.append(f"{path}:{node.lineno} {node.func.id}(..., {node.args[1].value!r})")
+    return sorted(found)
+
+
+def test_no_private_name_of_another_module_is_used() -> None:
+    found = find_private_name_uses(_parse())
+    report = "\n".join(f"  {use}" for use in found)
+    assert not found, f"private names of other modules used:\n{report}"
+
+
+def _trees(sources: dict[str, str]) -> dict[str, ast.Module]:
+    return {path: ast.parse(text) for path, text in sources.items()}
+
+
+def test_the_private_name_scan_catches_imports_module_reads_and_strings() -> None:
+    trees = _trees(
+        {
+            "a.py": "_limit = 1\ndef _helper(): ...\n",
+            "b.py": "from .a import _limit\n",
+            "c.py": "from . import a\nx = a._helper()\n",
+            "d.py": "def f(obj): return getattr(obj, '_state'), hasattr(obj, '_x')\n",
+        }
+    )
+    assert find_private_name_uses(trees) == [
+        "b.py:1 imports _limit from rabbitry.a",
+        "c.py:2 uses a._helper",
+        "d.py:1 getattr(..., '_state')",
+        "d.py:1 hasattr(..., '_x')",
+    ]
+
+
+def test_the_private_name_scan_allows_private_modules_self_and_outside_names() -> None:
+    trees = _trees(
+        {
+            "sub/__init__.py": "",
+            "sub/_portal.py": "class Portal: ...\n",
+            "e.py": "from .sub import _portal\n"
+            "from .sub._portal import Portal\n"
+            "from os import _exit\n",
+            "f.py": "class F:\n"
+            "    def g(self): return getattr(self, '_x'), getattr(self, '__doc__')\n",
+        }
+    )
+    assert find_private_name_uses(trees) == []

@@ -38,8 +38,8 @@ CancelCallback = Callable[[str], Any]
 _END = object()
 #: Deliveries queued for a coroutine consumer callback, and their body bytes, before
 #: the connection stops reading the socket (until the queue is half empty).
-_CONSUMER_QUEUE_MESSAGES = 1024
-_CONSUMER_QUEUE_BYTES = 16 * 1024 * 1024
+CONSUMER_QUEUE_MESSAGES = 1024
+CONSUMER_QUEUE_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +89,7 @@ class Subscription:
         )
 
 
-class _Consumer:
+class Consumer:
     """A registered consumer: where its deliveries go."""
 
     __slots__ = (
@@ -143,7 +143,7 @@ class _ReadFlow(Protocol):
     def recheck(self) -> None: ...
 
 
-class _Connection(Protocol):
+class Connection(Protocol):
     """What a channel uses of its :class:`~rabbitry.aio.connection.AsyncConnection`.
 
     The connection creates its channels and imports their module; a channel knows it
@@ -163,10 +163,10 @@ class ConsumerMethods:
     """The consumer half of :class:`~rabbitry.aio.channel.AsyncChannel`."""
 
     channel_id: int
-    _conn: _Connection
+    _conn: Connection
     _proto: ChannelProtocol
     _loop: asyncio.AbstractEventLoop
-    _consumers: dict[str, _Consumer]
+    _consumers: dict[str, Consumer]
     _closed: asyncio.Future[AMQPError]
     _qos: tuple[int, int, bool] | None
     _suspended: bool
@@ -222,7 +222,7 @@ class ConsumerMethods:
             qos=self._qos,
             record=self._conn.topology_record,
         )
-        consumer = _Consumer(subscription.callback, subscription.on_cancel)
+        consumer = Consumer(subscription.callback, subscription.on_cancel)
         consumer.on_close = subscription.on_close
         # What recovery needs to subscribe again (the tag is filled in on consume-ok).
         consumer.spec = subscription.method()
@@ -285,8 +285,8 @@ class ConsumerMethods:
             queue.put_nowait(message)
             consumer.queued_bytes += len(message.body)
             if not consumer.paused and (
-                queue.qsize() >= _CONSUMER_QUEUE_MESSAGES
-                or consumer.queued_bytes >= _CONSUMER_QUEUE_BYTES
+                queue.qsize() >= CONSUMER_QUEUE_MESSAGES
+                or consumer.queued_bytes >= CONSUMER_QUEUE_BYTES
             ):
                 # TCP back-pressure, as the sync dispatcher does: the broker keeps the
                 # rest (no basic_qos means no other bound on what it sends).
@@ -298,7 +298,7 @@ class ConsumerMethods:
         except Exception as exc:
             consumer.failed(exc)
 
-    async def _run_async_consumer(self, consumer: _Consumer) -> None:
+    async def _run_async_consumer(self, consumer: Consumer) -> None:
         queue = consumer.queue
         assert queue is not None
         while True:
@@ -311,8 +311,8 @@ class ConsumerMethods:
             consumer.queued_bytes -= len(item.body)
             if (
                 consumer.paused
-                and queue.qsize() <= _CONSUMER_QUEUE_MESSAGES // 2
-                and consumer.queued_bytes <= _CONSUMER_QUEUE_BYTES // 2
+                and queue.qsize() <= CONSUMER_QUEUE_MESSAGES // 2
+                and consumer.queued_bytes <= CONSUMER_QUEUE_BYTES // 2
             ):
                 self._release_consumer_pause(consumer)
             try:
@@ -322,12 +322,12 @@ class ConsumerMethods:
             except Exception as exc:
                 consumer.failed(exc)
 
-    def _release_consumer_pause(self, consumer: _Consumer) -> None:
+    def _release_consumer_pause(self, consumer: Consumer) -> None:
         if consumer.paused:
             consumer.paused = False
             self._conn.read_flow.resume()
 
-    def _drop_consumer(self, tag: str) -> _Consumer | None:
+    def _drop_consumer(self, tag: str) -> Consumer | None:
         consumer = self._consumers.pop(tag, None)
         if consumer is not None and consumer.errors is not None:
             consumer.errors.close()  # the summary of the failures only counted

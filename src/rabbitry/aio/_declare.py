@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from ..protocol.frames import Method
-    from ._consumers import _Connection
+    from ._consumers import Connection
 
 __all__ = [
     "DeclareMethods",
@@ -30,7 +30,7 @@ __all__ = [
 class DeclareMethods:
     """The exchange and queue half of :class:`~rabbitry.aio.channel.AsyncChannel`."""
 
-    _conn: _Connection
+    _conn: Connection
     _records: bool
 
     if TYPE_CHECKING:

@@ -54,7 +54,7 @@ __all__ = ["ConnectionEvents", "LoopHooks", "ReadFlow", "RecoveryPort"]
 logger = logging.getLogger("rabbitry.connection")
 
 #: How long close() waits for connection.close-ok by default.
-_CLOSE_TIMEOUT = 10.0
+CLOSE_TIMEOUT = 10.0
 
 BlockedCallback = Callable[[str | None], Any]
 CloseCallback = Callable[[AMQPError], Any]
@@ -236,10 +236,10 @@ class ConnectionEvents:
         """The protocol closes the connection (it found a violation): bound the wait.
 
         The pending calls fail at once with the violation; only the socket waits (up
-        to ``_CLOSE_TIMEOUT``) for the broker's close-ok.
+        to ``CLOSE_TIMEOUT``) for the broker's close-ok.
         """
         assert self._loop is not None
-        self._close_deadline = self._loop.call_later(_CLOSE_TIMEOUT, self._close_overdue)
+        self._close_deadline = self._loop.call_later(CLOSE_TIMEOUT, self._close_overdue)
         proto = self._proto
         if proto is not None and proto.close_exc is not None:
             self._fail_all_pending(proto.close_exc)

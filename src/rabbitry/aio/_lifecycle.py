@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from ..protocol.publish import ConfirmTracker
     from ..protocol.tags import DeliveryTags
     from ..publishing.pipe import PublishPipe
-    from ._consumers import _Connection, _Consumer
+    from ._consumers import Connection, Consumer
 
 __all__ = ["ChannelHooks", "ChannelLifecycle", "Settleable"]
 
@@ -105,12 +105,12 @@ class ChannelLifecycle:
     channel_id: int
     close_exc: AMQPError | None
     republished: int
-    _conn: _Connection
+    _conn: Connection
     _proto: ChannelProtocol
     _loop: asyncio.AbstractEventLoop
     _rpcs: deque[tuple[asyncio.Future[Any], Callable[[Any], None] | None]]
     _return_callbacks: list[Callable[[Message], Any]]
-    _consumers: dict[str, _Consumer]
+    _consumers: dict[str, Consumer]
     _confirms: ConfirmTracker[Settleable]
     _heads: dict[int, tuple[bytes, bytes]]
     _settled_waiters: Waiters[None]
@@ -132,7 +132,7 @@ class ChannelLifecycle:
             self, name: str, timeout: float | None, future: asyncio.Future[Any] | None = None
         ) -> Any: ...
 
-        def _drop_consumer(self, tag: str) -> _Consumer | None: ...
+        def _drop_consumer(self, tag: str) -> Consumer | None: ...
 
         def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None: ...
 
@@ -188,7 +188,7 @@ class ChannelLifecycle:
         logger.info("channel %s: broker flow %s", self.channel_id, "on" if active else "off")
 
     def _on_confirm(self, tag: int, multiple: bool, ack: bool) -> None:
-        if self._confirms.confirm(tag, multiple, ack):  # settles through _settle
+        if self._confirms.confirm(tag, multiple, ack):  # settles through settle
             # Nothing is unconfirmed: the heads kept for unconfirmed publishes (pruned
             # every _HEADS_PRUNE publishes otherwise) are all stale.
             if self._heads:
@@ -388,7 +388,7 @@ def _seen(future: asyncio.Future[Any]) -> None:
         future.exception()
 
 
-def _settle(future: Settleable, tag: int, ack: bool) -> None:
+def settle(future: Settleable, tag: int, ack: bool) -> None:
     """Settle a publish with the broker's confirm of ``tag`` (unless it is settled)."""
     if future.done():
         return

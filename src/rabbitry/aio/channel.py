@@ -25,13 +25,13 @@ from ..protocol.message import Message
 from ..protocol.publish import ConfirmTracker
 from ..protocol.tags import DeliveryTags
 from ..publishing.pipe import PublishPipe, WritePath
-from ._consumers import _CONSUMER_QUEUE_BYTES as _CONSUMER_QUEUE_BYTES
-from ._consumers import _CONSUMER_QUEUE_MESSAGES as _CONSUMER_QUEUE_MESSAGES
-from ._consumers import CancelCallback, ConsumerMethods, _Connection, _Consumer
+from ._consumers import CONSUMER_QUEUE_BYTES as CONSUMER_QUEUE_BYTES
+from ._consumers import CONSUMER_QUEUE_MESSAGES as CONSUMER_QUEUE_MESSAGES
+from ._consumers import CancelCallback, Connection, Consumer, ConsumerMethods
 from ._consumers import ConsumerCallback as ConsumerCallback
 from ._consumers import Subscription as Subscription
 from ._declare import DeclareMethods
-from ._lifecycle import ChannelHooks, ChannelLifecycle, _settle
+from ._lifecycle import ChannelHooks, ChannelLifecycle, settle
 from ._lifecycle import Settleable as Settleable
 
 __all__ = ["AsyncChannel", "ConsumerCallback", "Subscription"]
@@ -72,7 +72,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
 
     def __init__(
         self,
-        connection: _Connection,
+        connection: Connection,
         protocol: ChannelProtocol,
         writes: WritePath,
         *,
@@ -90,9 +90,9 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         # One future per request sent, answered in order; the hook runs when the reply
         # is handled (before later deliveries), e.g. to register a consumer.
         self._rpcs: deque[tuple[asyncio.Future[Any], Callable[[Any], None] | None]] = deque()
-        self._consumers: dict[str, _Consumer] = {}
-        # Confirm mode: the publishes awaiting their ack or nack, settled by _settle.
-        self._confirms: ConfirmTracker[Settleable] = ConfirmTracker(_settle)
+        self._consumers: dict[str, Consumer] = {}
+        # Confirm mode: the publishes awaiting their ack or nack, settled by settle.
+        self._confirms: ConfirmTracker[Settleable] = ConfirmTracker(settle)
         protocol.use_confirms(self._confirms)
         # The method frame and content header of confirm-mode publishes whose waiter
         # does not keep its frames: what tells which publish a refusal names (see
@@ -192,7 +192,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         return self._tags.stale
 
     @property
-    def connection(self) -> _Connection:
+    def connection(self) -> Connection:
         """The connection this channel belongs to."""
         return self._conn
 
@@ -741,7 +741,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
 
 
 def create_channel(
-    connection: _Connection,
+    connection: Connection,
     protocol: ChannelProtocol,
     writes: WritePath,
     *,

@@ -41,7 +41,7 @@ from ..publishing.pipe import WritePath
 from ..record import TopologyRecord
 from ..recovery import DEFAULT_RECOVERY, RecoveryPolicy, State
 from ._connect_errors import refine, wait_opened
-from ._events import _CLOSE_TIMEOUT, BlockedCallback, CloseCallback, ConnectionEvents, LoopHooks
+from ._events import CLOSE_TIMEOUT, BlockedCallback, CloseCallback, ConnectionEvents, LoopHooks
 from ._socket import SocketIO, Transport
 from .channel import AsyncChannel, create_channel
 
@@ -54,7 +54,7 @@ __all__ = ["AsyncConnection"]
 logger = logging.getLogger("rabbitry.connection")
 
 # Every connection opened in this process, so that a forked child can disable them all.
-_CONNECTIONS: weakref.WeakSet[AsyncConnection] = weakref.WeakSet()
+CONNECTIONS: weakref.WeakSet[AsyncConnection] = weakref.WeakSet()
 
 #: Returns ``(username, password)``; called before every connect and reconnect attempt.
 CredentialsProvider = Callable[[], "tuple[str, str] | Awaitable[tuple[str, str]]"]
@@ -263,7 +263,7 @@ class AsyncConnection(ConnectionEvents, SocketIO):
             raise InvalidStateError("connect() was already called on this connection")
         self._loop = asyncio.get_running_loop()
         self._pid = os.getpid()
-        _CONNECTIONS.add(self)
+        CONNECTIONS.add(self)
         errors: list[tuple[str, BaseException]] = []
         try:
             async with asyncio.timeout(timeout):
@@ -433,7 +433,7 @@ class AsyncConnection(ConnectionEvents, SocketIO):
             try:
                 await asyncio.wait_for(
                     asyncio.shield(self._terminated),
-                    timeout if timeout is not None else _CLOSE_TIMEOUT,
+                    timeout if timeout is not None else CLOSE_TIMEOUT,
                 )
             except TimeoutError:
                 proto.abort(ConnectionClosedByClient(reply_code, reply_text))
@@ -676,7 +676,7 @@ def open_connections(loop: asyncio.AbstractEventLoop) -> list[AsyncConnection]:
 
     For :func:`rabbitry.service.run`, which closes those its main function left open.
     """
-    return [conn for conn in list(_CONNECTIONS) if conn._loop is loop and not conn.is_closed]
+    return [conn for conn in list(CONNECTIONS) if conn._loop is loop and not conn.is_closed]
 
 
 def writes_of(connection: AsyncConnection) -> WritePath:
@@ -692,7 +692,7 @@ def _after_fork() -> None:
     written, no event handled, the socket is left alone for the parent), so every later
     call raises :class:`InvalidStateError` at once, chained to an error naming the fork.
     """
-    for conn in list(_CONNECTIONS):
+    for conn in list(CONNECTIONS):
         proto = conn._proto
         if proto is None or proto.state is ConnectionState.CLOSED:
             continue

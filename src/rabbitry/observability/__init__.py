@@ -104,8 +104,13 @@ def is_instrumented() -> bool:
     return _state.active is not None
 
 
-def _current() -> Instrumentation | None:
-    """The installed instrumentation (its providers and options), or ``None``."""
+def current_instrumentation() -> Instrumentation | None:
+    """The installed instrumentation (for the library's own use).
+
+    Returns:
+        The instrumentation :func:`instrument` installed (its providers and options),
+        or ``None``.
+    """
     active = _state.active
     if active is None:
         return None
@@ -149,13 +154,13 @@ def serve_prometheus(
         raise ConfigurationError(_MISSING) from exc
     if reader is None:
         reader = PrometheusReader()
-        active = _current()
+        active = current_instrumentation()
         instrument(
             active.tracer_provider if active is not None else None,
             SdkMeterProvider(metric_readers=[reader]),
             consumer_lag_interval=active.consumer_lag_interval if active is not None else None,
         )
-    current = _current()
+    current = current_instrumentation()
     if current is not None and reader.zero_source is None:
         reader.zero_source = current.metrics.zero_series
     return PrometheusServer(reader, host=host, port=port)

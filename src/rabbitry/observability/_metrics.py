@@ -42,7 +42,7 @@ PUBLISH_OUTCOMES = {
     "refused": "messages whose channel the broker closed because of them",
     "failed": "messages with no confirm: deadline passed, channel or connection lost",
 }
-_OUTCOME_INDEX = {outcome: index for index, outcome in enumerate(PUBLISH_OUTCOMES, start=2)}
+OUTCOME_INDEX = {outcome: index for index, outcome in enumerate(PUBLISH_OUTCOMES, start=2)}
 #: ``ConsumerStats`` counters exported as ``rabbitry.consumer.<name>``.
 CONSUMER_COUNTERS = {
     "delivered": "deliveries received",

@@ -34,7 +34,7 @@ from ..protocol.spec import BasicProperties
 from ..publisher import OutgoingMessage, port_of
 from ..publishing.unobserved import peek
 from ..recovery import State
-from ._metrics import _OUTCOME_INDEX, A_DESTINATION, A_OUTCOME, A_STATE, metrics_for
+from ._metrics import A_DESTINATION, A_OUTCOME, A_STATE, OUTCOME_INDEX, metrics_for
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable
@@ -461,7 +461,7 @@ class _PublishWatch:
             span.end()
             return
         outcome = publish_outcome(exc)
-        instrumentation.metrics.count_publish(self.destination, _OUTCOME_INDEX[outcome])
+        instrumentation.metrics.count_publish(self.destination, OUTCOME_INDEX[outcome])
         if outcome != "failed":  # the broker answered: that took the confirm latency
             instrumentation.metrics.confirm_duration.record(
                 time.perf_counter() - self.start,

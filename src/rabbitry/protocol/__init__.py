@@ -20,7 +20,7 @@ from .spec import method_name as _method_name
 
 # The errors name the method a broker close was about ("queue.declare"); rabbitry.exceptions
 # sits below this package and gets the names from it.
-_exceptions._method_name = _method_name
+_exceptions.name_methods_with(_method_name)
 
 __all__ = [
     "ChannelProtocol",

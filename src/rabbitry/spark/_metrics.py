@@ -53,7 +53,7 @@ def enable_otel() -> None:
 
 
 def _counters(kind: str) -> dict[str, Any] | None:
-    active = observability._current()
+    active = observability.current_instrumentation()
     if active is None:
         return None
     provider = active.meter_provider

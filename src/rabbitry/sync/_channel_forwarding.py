@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._portal import _wait
+from ._portal import caller_timeout
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -75,7 +75,7 @@ class ChannelForwarding:
             internal=internal,
             arguments=arguments,
             timeout=timeout,
-            wait=_wait(timeout),
+            wait=caller_timeout(timeout),
         )
 
     def exchange_delete(
@@ -100,7 +100,7 @@ class ChannelForwarding:
             exchange,
             if_unused=if_unused,
             timeout=timeout,
-            wait=_wait(timeout),
+            wait=caller_timeout(timeout),
         )
 
     def exchange_bind(
@@ -135,7 +135,7 @@ class ChannelForwarding:
             routing_key,
             arguments=arguments,
             timeout=timeout,
-            wait=_wait(timeout),
+            wait=caller_timeout(timeout),
         )
 
     def exchange_unbind(
@@ -167,7 +167,7 @@ class ChannelForwarding:
             routing_key,
             arguments=arguments,
             timeout=timeout,
-            wait=_wait(timeout),
+            wait=caller_timeout(timeout),
         )
 
     def queue_declare(
@@ -210,7 +210,7 @@ class ChannelForwarding:
             auto_delete=auto_delete,
             arguments=arguments,
             timeout=timeout,
-            wait=_wait(timeout),
+            wait=caller_timeout(timeout),
         )
 
     def queue_bind(
@@ -245,7 +245,7 @@ class ChannelForwarding:
             routing_key,
             arguments=arguments,
             timeout=timeout,
-            wait=_wait(timeout),
+            wait=caller_timeout(timeout),
         )
 
     def queue_unbind(
@@ -277,7 +277,7 @@ class ChannelForwarding:
             routing_key,
             arguments=arguments,
             timeout=timeout,
-            wait=_wait(timeout),
+            wait=caller_timeout(timeout),
         )
 
     def queue_purge(self, queue: str, *, timeout: float | None = None) -> spec.QueuePurgeOk:
@@ -295,7 +295,7 @@ class ChannelForwarding:
             NotFound: there is no such queue (the channel closes).
         """
         return self._portal.call(
-            self._async.queue_purge, queue, timeout=timeout, wait=_wait(timeout)
+            self._async.queue_purge, queue, timeout=timeout, wait=caller_timeout(timeout)
         )
 
     def queue_delete(
@@ -328,7 +328,7 @@ class ChannelForwarding:
             if_unused=if_unused,
             if_empty=if_empty,
             timeout=timeout,
-            wait=_wait(timeout),
+            wait=caller_timeout(timeout),
         )
 
     @property
@@ -375,7 +375,7 @@ class ChannelForwarding:
         Raises:
             Timeout: still open after ``timeout`` seconds.
         """
-        return self._portal.call(self._async.wait_closed, timeout, wait=_wait(timeout))
+        return self._portal.call(self._async.wait_closed, timeout, wait=caller_timeout(timeout))
 
     def basic_qos(
         self,
@@ -405,7 +405,7 @@ class ChannelForwarding:
             prefetch_size=prefetch_size,
             global_=global_,
             timeout=timeout,
-            wait=_wait(timeout),
+            wait=caller_timeout(timeout),
         )
 
     def basic_cancel(
@@ -422,7 +422,7 @@ class ChannelForwarding:
             The broker's cancel-ok.
         """
         return self._portal.call(
-            self._async.basic_cancel, consumer_tag, timeout=timeout, wait=_wait(timeout)
+            self._async.basic_cancel, consumer_tag, timeout=timeout, wait=caller_timeout(timeout)
         )
 
     def basic_recover(
@@ -439,7 +439,7 @@ class ChannelForwarding:
             The broker's recover-ok.
         """
         return self._portal.call(
-            self._async.basic_recover, requeue, timeout=timeout, wait=_wait(timeout)
+            self._async.basic_recover, requeue, timeout=timeout, wait=caller_timeout(timeout)
         )
 
     def confirm_select(self, *, timeout: float | None = None) -> spec.ConfirmSelectOk:
@@ -452,7 +452,9 @@ class ChannelForwarding:
         Returns:
             The broker's select-ok.
         """
-        return self._portal.call(self._async.confirm_select, timeout=timeout, wait=_wait(timeout))
+        return self._portal.call(
+            self._async.confirm_select, timeout=timeout, wait=caller_timeout(timeout)
+        )
 
     def tx_select(self, *, timeout: float | None = None) -> spec.TxSelectOk:
         """Make the channel transactional.
@@ -464,7 +466,9 @@ class ChannelForwarding:
         Returns:
             The broker's select-ok.
         """
-        return self._portal.call(self._async.tx_select, timeout=timeout, wait=_wait(timeout))
+        return self._portal.call(
+            self._async.tx_select, timeout=timeout, wait=caller_timeout(timeout)
+        )
 
     def tx_commit(self, *, timeout: float | None = None) -> spec.TxCommitOk:
         """Commit the current transaction.
@@ -479,7 +483,9 @@ class ChannelForwarding:
         Raises:
             PreconditionFailed: the channel is not transactional (the channel closes).
         """
-        return self._portal.call(self._async.tx_commit, timeout=timeout, wait=_wait(timeout))
+        return self._portal.call(
+            self._async.tx_commit, timeout=timeout, wait=caller_timeout(timeout)
+        )
 
     def tx_rollback(self, *, timeout: float | None = None) -> spec.TxRollbackOk:
         """Abandon the current transaction.
@@ -494,7 +500,9 @@ class ChannelForwarding:
         Raises:
             PreconditionFailed: the channel is not transactional (the channel closes).
         """
-        return self._portal.call(self._async.tx_rollback, timeout=timeout, wait=_wait(timeout))
+        return self._portal.call(
+            self._async.tx_rollback, timeout=timeout, wait=caller_timeout(timeout)
+        )
 
     def flow(self, active: bool, *, timeout: float | None = None) -> bool:
         """Ask the broker to pause or resume deliveries.
@@ -507,4 +515,6 @@ class ChannelForwarding:
         Returns:
             The state the broker answered (``True``: active).
         """
-        return self._portal.call(self._async.flow, active, timeout=timeout, wait=_wait(timeout))
+        return self._portal.call(
+            self._async.flow, active, timeout=timeout, wait=caller_timeout(timeout)
+        )

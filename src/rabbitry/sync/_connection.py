@@ -23,7 +23,7 @@ from ..aio.connection import loop_hooks, writes_of
 from ..exceptions import AMQPError, ConnectionClosedByClient, InvalidStateError, Timeout
 from ..recovery import DEFAULT_RECOVERY
 from ._connection_forwarding import ConnectionForwarding
-from ._portal import Dispatcher, Portal, _wait
+from ._portal import Dispatcher, Portal, caller_timeout
 from .channel import Channel
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ __all__ = ["Connection"]
 _CLOSE_TIMEOUT = 10.0
 _ids = itertools.count(1)
 #: Connections that connected in this process (rabbitry.run closes those left open).
-_CONNECTED: weakref.WeakSet[Connection] = weakref.WeakSet()
+CONNECTED: weakref.WeakSet[Connection] = weakref.WeakSet()
 
 
 class Connection(ConnectionForwarding):
@@ -218,7 +218,7 @@ class Connection(ConnectionForwarding):
         portal.on_stop = self._end_engine
         self._portal = portal
         try:
-            portal.call(engine.connect, timeout, wait=_wait(timeout))
+            portal.call(engine.connect, timeout, wait=caller_timeout(timeout))
         except BaseException:
             portal.stop()
             self._portal = None
@@ -232,7 +232,7 @@ class Connection(ConnectionForwarding):
             reading.resume,
         )
         portal.dispatcher = self._dispatcher
-        _CONNECTED.add(self)
+        CONNECTED.add(self)
 
     def close(
         self,
@@ -287,7 +287,9 @@ class Connection(ConnectionForwarding):
             The open channel.
         """
         portal = self._require_portal()
-        channel = portal.call(self._async.channel, channel_id, timeout=timeout, wait=_wait(timeout))
+        channel = portal.call(
+            self._async.channel, channel_id, timeout=timeout, wait=caller_timeout(timeout)
+        )
         return Channel(self, channel, portal)
 
     # ------------------------------------------------------------------ internals

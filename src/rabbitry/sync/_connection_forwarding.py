@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._portal import _wait
+from ._portal import caller_timeout
 
 if TYPE_CHECKING:
     from typing import Any
@@ -104,7 +104,9 @@ class ConnectionForwarding:
             InvalidStateError: the connection was never opened.
             Timeout: still open after ``timeout`` seconds.
         """
-        return self._require_portal().call(self._async.wait_closed, timeout, wait=_wait(timeout))
+        return self._require_portal().call(
+            self._async.wait_closed, timeout, wait=caller_timeout(timeout)
+        )
 
     def update_secret(
         self, new_secret: bytes | str, reason: str = "", *, timeout: float | None = None
@@ -124,7 +126,11 @@ class ConnectionForwarding:
                 the new secret closes the connection).
         """
         self._require_portal().call(
-            self._async.update_secret, new_secret, reason, timeout=timeout, wait=_wait(timeout)
+            self._async.update_secret,
+            new_secret,
+            reason,
+            timeout=timeout,
+            wait=caller_timeout(timeout),
         )
 
     @property
@@ -142,4 +148,6 @@ class ConnectionForwarding:
             InvalidStateError: the connection is closed (for good).
             Timeout: still recovering after ``timeout`` seconds.
         """
-        self._require_portal().call(self._async.wait_recovered, timeout, wait=_wait(timeout))
+        self._require_portal().call(
+            self._async.wait_recovered, timeout, wait=caller_timeout(timeout)
+        )

@@ -792,7 +792,7 @@ class Dispatcher:
             self._thread.join(timeout)
 
 
-def _wait(timeout: float | None) -> float | None:
+def caller_timeout(timeout: float | None) -> float | None:
     """How long the calling thread waits for an operation bounded by ``timeout``."""
     # The IO thread enforces ``timeout`` itself; the grace only covers the hand-off.
     return None if timeout is None else timeout + 1.0

@@ -23,7 +23,7 @@ from ..exceptions import AMQPError, InvalidStateError
 from ._channel_forwarding import ChannelForwarding
 from ._consume import consume as _consume
 from ._portal import ConfirmFuture
-from ._portal import _wait as _wait  # re-exported: the twins import it from here
+from ._portal import caller_timeout as caller_timeout  # re-exported: the twins import it from here
 
 if TYPE_CHECKING:
     import concurrent.futures
@@ -217,7 +217,7 @@ class Channel(ChannelForwarding):
             arguments=arguments,
             on_cancel=cancel_hook,
             timeout=timeout,
-            wait=_wait(timeout),
+            wait=caller_timeout(timeout),
         )
 
     def consume(
@@ -284,7 +284,11 @@ class Channel(ChannelForwarding):
             The message, or ``None`` when the queue is empty.
         """
         message = self._portal.call(
-            self._async.basic_get, queue, no_ack=no_ack, timeout=timeout, wait=_wait(timeout)
+            self._async.basic_get,
+            queue,
+            no_ack=no_ack,
+            timeout=timeout,
+            wait=caller_timeout(timeout),
         )
         if message is not None:
             message.settle_through(self)
@@ -352,7 +356,7 @@ class Channel(ChannelForwarding):
         if self.is_closed or not self._connection.is_open:
             return
         self._portal.call(
-            self._async.close, reply_code, reply_text, timeout=timeout, wait=_wait(timeout)
+            self._async.close, reply_code, reply_text, timeout=timeout, wait=caller_timeout(timeout)
         )
 
     def _check_open(self, what: str) -> None:

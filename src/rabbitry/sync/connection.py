@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast, overload
 from ..exceptions import InvalidStateError
 from ..pool import AsyncChannelPool
 from . import _connection
-from ._portal import _wait
+from ._portal import caller_timeout
 from .consumer import Consumer
 from .outbox_publisher import OutboxPublisher
 from .pool import ChannelPool
@@ -133,7 +133,7 @@ class Connection(_connection.Connection):
             timeout=timeout,
             republish_unconfirmed=republish_unconfirmed,
             nack_retry=nack_retry,
-            wait=_wait(timeout),
+            wait=caller_timeout(timeout),
         )
         return Publisher(self, engine)
 

@@ -17,7 +17,7 @@ from ..consumer import ConsumerStats, DedupStore, SyncHandler, is_async_callable
 from ..exceptions import ConfigurationError, InvalidStateError
 from ._connection import portal_of, post_callback
 from ._consumer_threads import ThreadedConsumer
-from .channel import _wait
+from .channel import caller_timeout
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -190,7 +190,7 @@ class Consumer:
         Args:
             timeout: seconds for each broker request it makes (``None``: no limit).
         """
-        self._portal.call(self._async.start, timeout, wait=_wait(timeout))
+        self._portal.call(self._async.start, timeout, wait=caller_timeout(timeout))
 
     def wait(self, timeout: float | None = None) -> AMQPError | None:
         """Block until this consumer has ended for good; see :meth:`AsyncConsumer.wait`.
@@ -201,7 +201,7 @@ class Consumer:
         Returns:
             ``None`` after :meth:`stop`, else why it ended.
         """
-        return self._portal.call(self._async.wait, timeout, wait=_wait(timeout))
+        return self._portal.call(self._async.wait, timeout, wait=caller_timeout(timeout))
 
     def stop(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop consuming; see :meth:`AsyncConsumer.stop`.
@@ -216,7 +216,7 @@ class Consumer:
             timeout: seconds to wait for running handlers.
         """
         try:
-            self._portal.call(self._async.stop, drain, timeout, wait=_wait(timeout))
+            self._portal.call(self._async.stop, drain, timeout, wait=caller_timeout(timeout))
         finally:
             # Never wait here: stop() promised to return within its timeout. A handler
             # still running finishes on its thread (the consumer's channel stays open

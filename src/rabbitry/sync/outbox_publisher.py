@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ..exceptions import InvalidStateError
 from ..outbox_publisher import release_store
 from ._connection import portal_of
-from .channel import _wait
+from .channel import caller_timeout
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -186,7 +186,7 @@ class OutboxPublisher:
             PublishTimeout: messages were still pending after ``timeout`` seconds.
         """
         self._check_thread()
-        self._portal.call(self._async.flush, timeout=timeout, wait=_wait(timeout))
+        self._portal.call(self._async.flush, timeout=timeout, wait=caller_timeout(timeout))
 
     def close(self, *, timeout: float | None = None) -> None:
         """Stop sending and release the outbox (see the async twin). Idempotent.
@@ -203,7 +203,7 @@ class OutboxPublisher:
             # but the outbox file must still be released.
             release_store(self._async)
             return
-        self._portal.call(self._async.close, timeout=timeout, wait=_wait(timeout))
+        self._portal.call(self._async.close, timeout=timeout, wait=caller_timeout(timeout))
 
     def _check_thread(self) -> None:
         if self._portal.in_io_thread():

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ..exceptions import InvalidStateError
 from ..pool import lending
 from ._connection import portal_of
-from .channel import Channel, _wait
+from .channel import Channel, caller_timeout
 
 if TYPE_CHECKING:
     from ..aio.channel import AsyncChannel
@@ -101,7 +101,9 @@ class ChannelPool:
         return _Lease(self, timeout)
 
     def _borrow(self, timeout: float | None) -> Channel:
-        channel: AsyncChannel = self._portal.call(self._borrow_async, timeout, wait=_wait(timeout))
+        channel: AsyncChannel = self._portal.call(
+            self._borrow_async, timeout, wait=caller_timeout(timeout)
+        )
         return Channel(self._connection, channel, self._portal)
 
     def close(self, *, timeout: float | None = None) -> None:
@@ -113,7 +115,7 @@ class ChannelPool:
         """
         if self._async.is_closed or not self._connection.is_open:
             return
-        self._portal.call(self._async.close, timeout=timeout, wait=_wait(timeout))
+        self._portal.call(self._async.close, timeout=timeout, wait=caller_timeout(timeout))
 
 
 class _Lease:

@@ -25,14 +25,14 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from .._publisher_core import _Batch
+from .._publisher_core import Batch
 from ..exceptions import AMQPError, InvalidStateError, PublishTimeout
 from ..observability import _state as _obs
 from ..protocol.spec import BasicProperties
 from ..publisher import as_properties, port_of
 from ._connection import portal_of
 from ._portal import ConfirmFuture
-from .channel import _wait
+from .channel import caller_timeout
 
 if TYPE_CHECKING:
     import asyncio
@@ -357,7 +357,7 @@ class Publisher:
             timeout = self._timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         done: concurrent.futures.Future[list[BaseException | None]] = concurrent.futures.Future()
-        batch = _Batch(total, done)
+        batch = Batch(total, done)
         confirm = self._confirm
         release = self._release if confirm else None
         acquire, take = self._slots.acquire, self._slots.take
@@ -413,7 +413,9 @@ class Publisher:
         Raises:
             PublishTimeout: messages were still unconfirmed after ``timeout`` seconds.
         """
-        self._portal.call(self._async.wait_for_confirms, timeout=timeout, wait=_wait(timeout))
+        self._portal.call(
+            self._async.wait_for_confirms, timeout=timeout, wait=caller_timeout(timeout)
+        )
         self._callbacks_done(timeout)
 
     def unconfirmed(self) -> list[UnconfirmedMessage]:
@@ -455,7 +457,7 @@ class Publisher:
             self._unblocked.set()
         else:
             try:
-                self._portal.call(self._async._shutdown, timeout, wait=_wait(timeout))
+                self._portal.call(self._async._shutdown, timeout, wait=caller_timeout(timeout))
             finally:
                 self._unblocked.set()  # threads waiting for an unblock see the close
         self._callbacks_done(timeout)
@@ -612,7 +614,7 @@ def _remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
-def _settle_rest(batch: _Batch, start: int, total: int, exc: AMQPError) -> None:
+def _settle_rest(batch: Batch, start: int, total: int, exc: AMQPError) -> None:
     """IO thread: the rest of a batch could not be sent (deadline, or closed)."""
     for index in range(start, total):
         batch.settle(index, copy.copy(exc))

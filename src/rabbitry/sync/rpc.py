@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..exceptions import AMQPError, ConfigurationError
 from ..rpc import (
-    _UNSET,
+    UNSET,
     AsyncRpcClient,
     ReplyBody,
     check_request,
@@ -22,7 +22,7 @@ from ..rpc import (
     server_log,
 )
 from ._connection import portal_of
-from .channel import _wait
+from .channel import caller_timeout
 from .consumer import Consumer
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ class RpcClient:
             timeout: seconds for opening the channel and for subscribing (``None``: no
                 limit).
         """
-        self._portal.call(self._async.start, timeout, wait=_wait(timeout))
+        self._portal.call(self._async.start, timeout, wait=caller_timeout(timeout))
 
     def call(
         self,
@@ -92,7 +92,7 @@ class RpcClient:
         body: ReplyBody = b"",
         *,
         exchange: str | None = None,
-        timeout: float | None = _UNSET,
+        timeout: float | None = UNSET,
         headers: dict[str, Any] | None = None,
         content_type: str | None = None,
         properties: BasicProperties | None = None,
@@ -121,7 +121,7 @@ class RpcClient:
             ConfigurationError: an argument is invalid; nothing was sent.
             InvalidStateError: the client is closed.
         """
-        deadline = self._async.timeout if timeout is _UNSET else timeout
+        deadline = self._async.timeout if timeout is UNSET else timeout
         return self._portal.call(
             self._async.call,
             routing_key,
@@ -131,7 +131,7 @@ class RpcClient:
             headers=headers,
             content_type=content_type,
             properties=properties,
-            wait=_wait(deadline),
+            wait=caller_timeout(deadline),
         )
 
     def close(self) -> None:

@@ -43,7 +43,7 @@ from ..exceptions import (
 from ..record import RecordedBinding, RecordedExchange, RecordedQueue, TopologyRecord
 from ._base import T, TopologyData
 from ._model import Binding, Exchange, Policy, Queue, is_reserved
-from ._session import _Session, missing_entities
+from ._session import Session, missing_entities
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -205,7 +205,7 @@ async def apply_topology(
     """Declare exchanges, then queues, then bindings; record each. See ``Topology.aapply``."""
     await check_references(topology, connection, missing_exchanges, timeout)
     record = _record_of(connection)
-    session = _Session(connection, timeout)
+    session = Session(connection, timeout)
     assigned: list[str] = []
     counts: dict[str, int] = {}
     try:
@@ -395,7 +395,7 @@ def _our_value(entity: Exchange | Queue, argument: str, arguments: dict[str, Any
 
 
 async def _conflict(
-    session: _Session,
+    session: Session,
     entity: Exchange | Queue,
     arguments: dict[str, Any],
     exc: PreconditionFailed,
@@ -504,7 +504,7 @@ async def verify_topology(
 ) -> VerifyReport:
     """Passive-declare every exchange and named queue. See ``Topology.averify``."""
     dangling = await check_references(topology, connection, missing_exchanges, timeout)
-    session = _Session(connection, timeout)
+    session = Session(connection, timeout)
     missing: list[Exchange | Queue | Policy] = []
     present: list[Exchange | Queue | Policy] = []
     unchecked: list[Binding | Queue | Policy] = []
@@ -578,7 +578,7 @@ async def delete_topology(
 ) -> None:
     """Unbind, delete queues, delete exchanges; forget each. See ``Topology.adelete``."""
     record = _record_of(connection)
-    session = _Session(connection, timeout)
+    session = Session(connection, timeout)
     try:
         for b in topology.bindings:
             if isinstance(b.destination, Queue):

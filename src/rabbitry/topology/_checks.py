@@ -12,10 +12,10 @@ from ..exceptions import LocalProtocolError, TopologyValidationError
 from ..protocol.frames import encode_table
 
 _MAX_SHORTSTR = 255
-_MAX_AGE = re.compile(r"[0-9]+[YMDhms]")
+MAX_AGE = re.compile(r"[0-9]+[YMDhms]")
 
 
-def _shortstr(entity: str, name: str, value: object, *, empty: bool = True) -> str:
+def check_shortstr(entity: str, name: str, value: object, *, empty: bool = True) -> str:
     if not isinstance(value, str):
         raise TopologyValidationError(entity, name, f"must be a str, got {type(value).__name__}")
     try:
@@ -36,7 +36,7 @@ def is_reserved(name: str) -> bool:
     return name.startswith("amq.")
 
 
-def _declarable_name(entity: str, name: str, allowed: tuple[str, ...] | str) -> None:
+def check_declarable_name(entity: str, name: str, allowed: tuple[str, ...] | str) -> None:
     # RabbitMQ answers 403 ACCESS_REFUSED: "... contains reserved prefix 'amq.*'" to a
     # non-passive declare. Only the broker's own entities may be named so; apply checks
     # those with a passive declare.
@@ -52,7 +52,9 @@ def _declarable_name(entity: str, name: str, allowed: tuple[str, ...] | str) -> 
         )
 
 
-def _integer(entity: str, name: str, value: object, low: int, high: int | None, unit: str) -> int:
+def check_integer(
+    entity: str, name: str, value: object, low: int, high: int | None, unit: str
+) -> int:
     span = f"in {low}..{high}" if high is not None else f">= {low}"
     rule = f"must be an integer {span}{unit}"
     if isinstance(value, bool) or not isinstance(value, int):
@@ -62,13 +64,13 @@ def _integer(entity: str, name: str, value: object, low: int, high: int | None, 
     return int(value)
 
 
-def _boolean(entity: str, name: str, value: object) -> bool:
+def check_boolean(entity: str, name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TopologyValidationError(entity, name, f"must be True or False, got {value!r}")
     return value
 
 
-def _arguments(entity: str, value: object) -> dict[str, Any]:
+def check_arguments(entity: str, value: object) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -77,12 +79,12 @@ def _arguments(entity: str, value: object) -> dict[str, Any]:
         )
     result: dict[str, Any] = {}
     for key, item in value.items():
-        _shortstr(entity, "arguments", key, empty=False)
+        check_shortstr(entity, "arguments", key, empty=False)
         result[key] = item
     return result
 
 
-def _encodable(entity: str, arguments: Mapping[str, Any]) -> None:
+def check_encodable(entity: str, arguments: Mapping[str, Any]) -> None:
     try:
         encode_table(arguments, "arguments")
     except LocalProtocolError as exc:
@@ -96,7 +98,7 @@ def _same(a: object, b: object) -> bool:
     return a == b
 
 
-def _lift(
+def lift_argument(
     obj: object, entity: str, arguments: dict[str, Any], mapping: Iterable[tuple[str, str]]
 ) -> None:
     """Move arguments that have a typed field into it; refuse contradictions."""
@@ -123,21 +125,21 @@ def _lift(
             )
 
 
-def _policy_int(low: int, high: int | None, unit: str = "") -> Any:
+def policy_int(low: int, high: int | None, unit: str = "") -> Any:
     def check(entity: str, name: str, value: object) -> None:
-        _integer(entity, name, value, low, high, unit)
+        check_integer(entity, name, value, low, high, unit)
 
     return check
 
 
-def _policy_str(empty: bool = True) -> Any:
+def policy_str(empty: bool = True) -> Any:
     def check(entity: str, name: str, value: object) -> None:
-        _shortstr(entity, name, value, empty=empty)
+        check_shortstr(entity, name, value, empty=empty)
 
     return check
 
 
-def _policy_choice(choices: tuple[Any, ...]) -> Any:
+def policy_choice(choices: tuple[Any, ...]) -> Any:
     def check(entity: str, name: str, value: object) -> None:
         if isinstance(value, bool) or value not in choices:
             shown = ", ".join(map(str, choices))
@@ -146,8 +148,8 @@ def _policy_choice(choices: tuple[Any, ...]) -> Any:
     return check
 
 
-def _policy_max_age(entity: str, name: str, value: object) -> None:
-    if not (isinstance(value, str) and _MAX_AGE.fullmatch(value) is not None):
+def policy_max_age(entity: str, name: str, value: object) -> None:
+    if not (isinstance(value, str) and MAX_AGE.fullmatch(value) is not None):
         raise TopologyValidationError(
             entity,
             name,

@@ -25,19 +25,19 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ..exceptions import TopologyValidationError
 from ._checks import (
-    _MAX_AGE,
-    _arguments,
-    _boolean,
-    _declarable_name,
-    _encodable,
-    _integer,
-    _lift,
-    _policy_choice,
-    _policy_int,
-    _policy_max_age,
-    _policy_str,
-    _shortstr,
+    MAX_AGE,
+    check_arguments,
+    check_boolean,
+    check_declarable_name,
+    check_encodable,
+    check_integer,
+    check_shortstr,
     is_reserved,
+    lift_argument,
+    policy_choice,
+    policy_int,
+    policy_max_age,
+    policy_str,
 )
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ def _delivery_limit(entity: str, name: str, value: object) -> int:
     # RabbitMQ 4.0 reads any negative value as "unlimited"; -1 is the documented one.
     if value == UNLIMITED_DELIVERIES and isinstance(value, int) and not isinstance(value, bool):
         return UNLIMITED_DELIVERIES
-    return _integer(entity, name, value, 0, None, " or -1 (unlimited, RabbitMQ 4.0+)")
+    return check_integer(entity, name, value, 0, None, " or -1 (unlimited, RabbitMQ 4.0+)")
 
 
 # --------------------------------------------------------------------------- entities
@@ -157,13 +157,13 @@ class Exchange:
 
     def __post_init__(self) -> None:
         entity = entity_label("exchange", self.name if isinstance(self.name, str) else "?")
-        _shortstr(entity, "name", self.name)
+        check_shortstr(entity, "name", self.name)
         if not self.name:
             raise TopologyValidationError(
                 entity, "name", "must not be empty ('' is the default exchange, which exists)"
             )
-        _declarable_name(entity, self.name, BUILTIN_EXCHANGES)
-        _shortstr(entity, "type", self.type, empty=False)
+        check_declarable_name(entity, self.name, BUILTIN_EXCHANGES)
+        check_shortstr(entity, "type", self.type, empty=False)
         if self.type not in BUILTIN_EXCHANGE_TYPES and not self.type.startswith("x-"):
             raise TopologyValidationError(
                 entity,
@@ -172,11 +172,11 @@ class Exchange:
                 f"starting with 'x-', got {self.type!r}",
             )
         for flag in ("durable", "auto_delete", "internal"):
-            _boolean(entity, flag, getattr(self, flag))
-        arguments = _arguments(entity, self.arguments)
-        _lift(self, entity, arguments, (("alternate_exchange", "alternate-exchange"),))
+            check_boolean(entity, flag, getattr(self, flag))
+        arguments = check_arguments(entity, self.arguments)
+        lift_argument(self, entity, arguments, (("alternate_exchange", "alternate-exchange"),))
         if self.alternate_exchange is not None:
-            _shortstr(entity, "alternate_exchange", self.alternate_exchange, empty=False)
+            check_shortstr(entity, "alternate_exchange", self.alternate_exchange, empty=False)
         if self.type == "x-delayed-message":
             delayed = arguments.get("x-delayed-type")
             if delayed not in BUILTIN_EXCHANGE_TYPES:
@@ -186,7 +186,7 @@ class Exchange:
                     "an x-delayed-message exchange needs x-delayed-type, one of "
                     f"{', '.join(BUILTIN_EXCHANGE_TYPES)}, got {delayed!r}",
                 )
-        _encodable(entity, arguments)
+        check_encodable(entity, arguments)
         object.__setattr__(self, "arguments", arguments or None)
 
     @property
@@ -286,16 +286,16 @@ class Queue:
 
     def __post_init__(self) -> None:
         entity = entity_label("queue", self.name if isinstance(self.name, str) else "?")
-        _shortstr(entity, "name", self.name)
-        _declarable_name(entity, self.name, SERVER_NAMED_PREFIX)
-        arguments = _arguments(entity, self.arguments)
-        _lift(self, entity, arguments, QUEUE_ARGUMENTS)
+        check_shortstr(entity, "name", self.name)
+        check_declarable_name(entity, self.name, SERVER_NAMED_PREFIX)
+        arguments = check_arguments(entity, self.arguments)
+        lift_argument(self, entity, arguments, QUEUE_ARGUMENTS)
         for flag in ("durable", "exclusive", "auto_delete", "single_active_consumer"):
-            _boolean(entity, flag, getattr(self, flag))
+            check_boolean(entity, flag, getattr(self, flag))
         self._check_fields(entity)
         max_age = arguments.get("x-max-age")
         if max_age is not None and not (
-            isinstance(max_age, str) and _MAX_AGE.fullmatch(max_age) is not None
+            isinstance(max_age, str) and MAX_AGE.fullmatch(max_age) is not None
         ):
             # RabbitMQ 3.10 answers a malformed x-max-age with 541 INTERNAL_ERROR,
             # which closes the whole connection.
@@ -305,18 +305,18 @@ class Queue:
                 f"must be a number and a unit Y, M, D, h, m or s (e.g. '7D'), got {max_age!r}",
             )
         if "x-single-active-consumer" in arguments:
-            _boolean(
+            check_boolean(
                 entity,
                 "arguments['x-single-active-consumer']",
                 arguments["x-single-active-consumer"],
             )
-        _encodable(entity, arguments)
+        check_encodable(entity, arguments)
         object.__setattr__(self, "arguments", arguments or None)
 
     def _check_fields(self, entity: str) -> None:
         kind = self.queue_type
         if kind is not None:
-            _shortstr(entity, "queue_type", kind)
+            check_shortstr(entity, "queue_type", kind)
             if kind not in QUEUE_TYPES:
                 raise TopologyValidationError(
                     entity,
@@ -325,17 +325,19 @@ class Queue:
                 )
         ms = " (milliseconds)"
         if self.message_ttl is not None:
-            _integer(entity, "message_ttl (x-message-ttl)", self.message_ttl, 0, MAX_UINT32, ms)
+            check_integer(
+                entity, "message_ttl (x-message-ttl)", self.message_ttl, 0, MAX_UINT32, ms
+            )
         if self.expires is not None:
-            _integer(entity, "expires (x-expires)", self.expires, 1, MAX_UINT32, ms)
+            check_integer(entity, "expires (x-expires)", self.expires, 1, MAX_UINT32, ms)
         if self.max_length is not None:
-            _integer(entity, "max_length (x-max-length)", self.max_length, 0, None, "")
+            check_integer(entity, "max_length (x-max-length)", self.max_length, 0, None, "")
         if self.max_length_bytes is not None:
-            _integer(
+            check_integer(
                 entity, "max_length_bytes (x-max-length-bytes)", self.max_length_bytes, 0, None, ""
             )
         if self.max_priority is not None:
-            _integer(entity, "max_priority (x-max-priority)", self.max_priority, 0, 255, "")
+            check_integer(entity, "max_priority (x-max-priority)", self.max_priority, 0, 255, "")
         if self.delivery_limit is not None:
             _delivery_limit(entity, "delivery_limit (x-delivery-limit)", self.delivery_limit)
         if self.overflow is not None and self.overflow not in OVERFLOW_MODES:
@@ -345,11 +347,11 @@ class Queue:
                 f"must be one of {', '.join(OVERFLOW_MODES)}, got {self.overflow!r}",
             )
         if self.dead_letter_exchange is not None:
-            _shortstr(
+            check_shortstr(
                 entity, "dead_letter_exchange (x-dead-letter-exchange)", self.dead_letter_exchange
             )
         if self.dead_letter_routing_key is not None:
-            _shortstr(
+            check_shortstr(
                 entity,
                 "dead_letter_routing_key (x-dead-letter-routing-key)",
                 self.dead_letter_routing_key,
@@ -454,7 +456,7 @@ class Binding:
             if destination.name:
                 object.__setattr__(self, "destination", destination.name)
         entity = "binding"
-        _shortstr(entity, "source", self.source)
+        check_shortstr(entity, "source", self.source)
         if not self.source:
             raise TopologyValidationError(
                 entity, "source", "the default exchange '' cannot have bindings"
@@ -467,16 +469,16 @@ class Binding:
                 f"must be 'queue' or 'exchange', got {self.destination_type!r}",
             )
         if not isinstance(self.destination, Queue):
-            _shortstr(entity, "destination", self.destination)
+            check_shortstr(entity, "destination", self.destination)
             if not self.destination:
                 raise TopologyValidationError(
                     entity,
                     "destination",
                     "must not be empty (pass the Queue object to bind a server-named queue)",
                 )
-        _shortstr(entity, "routing_key", self.routing_key)
-        arguments = _arguments(entity, self.arguments)
-        _encodable(entity, arguments)
+        check_shortstr(entity, "routing_key", self.routing_key)
+        arguments = check_arguments(entity, self.arguments)
+        check_encodable(entity, arguments)
         object.__setattr__(self, "arguments", arguments or None)
 
     @property
@@ -550,7 +552,7 @@ def format_expiration(value: int | float | timedelta | str) -> str:
             name,
             f"must be milliseconds (int or digit string) or a timedelta, got {value!r}",
         )
-    return str(_integer(entity, name, ms, 0, MAX_UINT32, " (milliseconds)"))
+    return str(check_integer(entity, name, ms, 0, MAX_UINT32, " (milliseconds)"))
 
 
 # --------------------------------------------------------------------------- policies
@@ -567,29 +569,29 @@ _MS = " (milliseconds)"
 #: and their rule. Queue keys are the ``x-`` arguments without the prefix and follow
 #: the same rules (RabbitMQ validates policy values with the same checks).
 POLICY_KEYS: dict[str, tuple[str, Any]] = {
-    "message-ttl": ("q", _policy_int(0, MAX_UINT32, _MS)),
-    "expires": ("q", _policy_int(1, MAX_UINT32, _MS)),
-    "dead-letter-exchange": ("q", _policy_str()),
-    "dead-letter-routing-key": ("q", _policy_str()),
-    "dead-letter-strategy": ("q", _policy_choice(("at-most-once", "at-least-once"))),
-    "max-length": ("q", _policy_int(0, None)),
-    "max-length-bytes": ("q", _policy_int(0, None)),
-    "overflow": ("q", _policy_choice(OVERFLOW_MODES)),
-    "queue-mode": ("q", _policy_choice(_QUEUE_MODES)),
-    "queue-version": ("q", _policy_choice((1, 2))),
+    "message-ttl": ("q", policy_int(0, MAX_UINT32, _MS)),
+    "expires": ("q", policy_int(1, MAX_UINT32, _MS)),
+    "dead-letter-exchange": ("q", policy_str()),
+    "dead-letter-routing-key": ("q", policy_str()),
+    "dead-letter-strategy": ("q", policy_choice(("at-most-once", "at-least-once"))),
+    "max-length": ("q", policy_int(0, None)),
+    "max-length-bytes": ("q", policy_int(0, None)),
+    "overflow": ("q", policy_choice(OVERFLOW_MODES)),
+    "queue-mode": ("q", policy_choice(_QUEUE_MODES)),
+    "queue-version": ("q", policy_choice((1, 2))),
     "delivery-limit": ("q", _delivery_limit),
-    "max-age": ("q", _policy_max_age),
-    "stream-max-segment-size-bytes": ("q", _policy_int(1, None)),
-    "queue-master-locator": ("q", _policy_choice(_LOCATORS)),
-    "queue-leader-locator": ("q", _policy_choice(_LOCATORS)),
-    "consumer-timeout": ("q", _policy_int(1, None, _MS)),
-    "alternate-exchange": ("x", _policy_str(empty=False)),
-    "federation-upstream": ("qx", _policy_str(empty=False)),
-    "federation-upstream-set": ("qx", _policy_str(empty=False)),
+    "max-age": ("q", policy_max_age),
+    "stream-max-segment-size-bytes": ("q", policy_int(1, None)),
+    "queue-master-locator": ("q", policy_choice(_LOCATORS)),
+    "queue-leader-locator": ("q", policy_choice(_LOCATORS)),
+    "consumer-timeout": ("q", policy_int(1, None, _MS)),
+    "alternate-exchange": ("x", policy_str(empty=False)),
+    "federation-upstream": ("qx", policy_str(empty=False)),
+    "federation-upstream-set": ("qx", policy_str(empty=False)),
     # rabbitmq_sharding: shard queues per node for the exchanges it matches, and the
     # key they are bound with (it needs shards-per-node; x-modulus-hash ignores it).
-    "shards-per-node": ("x", _policy_int(1, None)),
-    "routing-key": ("x", _policy_str()),
+    "shards-per-node": ("x", policy_int(1, None)),
+    "routing-key": ("x", policy_str()),
 }
 #: Classic queue mirroring's keys. RabbitMQ 4.0 removed mirroring (its management API
 #: answers 400); a ``Policy`` refuses them, and one read from a 3.x broker keeps them.
@@ -660,7 +662,7 @@ class Policy:
 
     def __post_init__(self) -> None:
         entity = entity_label("policy", self.name if isinstance(self.name, str) else "?")
-        _shortstr(entity, "name", self.name, empty=False)
+        check_shortstr(entity, "name", self.name, empty=False)
         if not isinstance(self.pattern, str):
             raise TopologyValidationError(
                 entity, "pattern", f"must be a str (a regular expression), got {self.pattern!r}"
@@ -681,7 +683,7 @@ class Policy:
             raise TopologyValidationError(
                 entity, "priority", f"must be an integer, got {self.priority!r}"
             )
-        definition = _arguments(entity, self.definition)
+        definition = check_arguments(entity, self.definition)
         if not definition:
             raise TopologyValidationError(
                 entity, "definition", "must set at least one key (RabbitMQ refuses an empty one)"

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["missing_entities"]
 
 
-class _Session:
+class Session:
     """A dedicated channel, opened on first use and again after a channel error."""
 
     def __init__(self, connection: AsyncConnection, timeout: float | None) -> None:
@@ -50,7 +50,7 @@ async def missing_entities(
     default exchange (``""``) always exists; a queue exclusive to another connection
     (405) exists too.
     """
-    session = _Session(connection, timeout)
+    session = Session(connection, timeout)
     missing: list[tuple[Literal["exchange", "queue"], str]] = []
     try:
         for kind, name in wanted:

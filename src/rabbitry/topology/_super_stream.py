@@ -27,7 +27,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import TopologyValidationError
-from ._checks import _MAX_AGE, _arguments, _encodable, _integer, _shortstr
+from ._checks import MAX_AGE, check_arguments, check_encodable, check_integer, check_shortstr
 from ._model import Binding, Exchange, Queue
 from ._topology import Topology
 
@@ -129,7 +129,7 @@ def _stream_arguments(
     arguments: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
     """The x-arguments every partition gets, besides the typed queue fields."""
-    result = _arguments(entity, arguments)
+    result = check_arguments(entity, arguments)
     if max_age is not None:
         if isinstance(max_age, timedelta):
             seconds = max_age.total_seconds()
@@ -138,7 +138,7 @@ def _stream_arguments(
                     entity, "max_age (x-max-age)", f"must be whole seconds >= 1, got {max_age}"
                 )
             max_age = f"{int(seconds)}s"
-        if not (isinstance(max_age, str) and _MAX_AGE.fullmatch(max_age)):
+        if not (isinstance(max_age, str) and MAX_AGE.fullmatch(max_age)):
             raise TopologyValidationError(
                 entity,
                 "max_age (x-max-age)",
@@ -147,7 +147,7 @@ def _stream_arguments(
             )
         result["x-max-age"] = max_age
     if max_segment_size_bytes is not None:
-        result["x-stream-max-segment-size-bytes"] = _integer(
+        result["x-stream-max-segment-size-bytes"] = check_integer(
             entity,
             "max_segment_size_bytes (x-stream-max-segment-size-bytes)",
             max_segment_size_bytes,
@@ -156,7 +156,7 @@ def _stream_arguments(
             "",
         )
     if initial_cluster_size is not None:
-        result["x-initial-cluster-size"] = _integer(
+        result["x-initial-cluster-size"] = check_integer(
             entity,
             "initial_cluster_size (x-initial-cluster-size)",
             initial_cluster_size,
@@ -164,7 +164,7 @@ def _stream_arguments(
             None,
             "",
         )
-    _encodable(entity, result)
+    check_encodable(entity, result)
     return result
 
 
@@ -210,7 +210,7 @@ class SuperStream:
         queues: Sequence[str] | None = None,
     ) -> None:
         entity = f"super stream {name!r}" if isinstance(name, str) else "super stream"
-        _shortstr(entity, "name", name, empty=False)
+        check_shortstr(entity, "name", name, empty=False)
         if name.startswith("amq."):
             raise TopologyValidationError(
                 entity, "name", "names starting with 'amq.' are reserved by the broker"
@@ -219,7 +219,7 @@ class SuperStream:
         names = _names(entity, "queues", queues)
         counts = {len(x) for x in (keys, names) if x is not None}
         if partitions is not None:
-            counts.add(_integer(entity, "partitions", partitions, 1, None, ""))
+            counts.add(check_integer(entity, "partitions", partitions, 1, None, ""))
         if not counts:
             raise TopologyValidationError(
                 entity, "partitions", "give the number of partitions or the binding keys"
@@ -237,7 +237,7 @@ class SuperStream:
         if names is None:
             names = tuple(f"{name}-{key}" for key in keys)
             for queue in names:
-                _shortstr(entity, f"partition queue {queue!r}", queue)
+                check_shortstr(entity, f"partition queue {queue!r}", queue)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "binding_keys", keys)
         object.__setattr__(self, "queues", names)
@@ -312,7 +312,9 @@ class SuperStream:
             entity, max_age, max_segment_size_bytes, initial_cluster_size, arguments
         )
         if max_length_bytes is not None:
-            _integer(entity, "max_length_bytes (x-max-length-bytes)", max_length_bytes, 0, None, "")
+            check_integer(
+                entity, "max_length_bytes (x-max-length-bytes)", max_length_bytes, 0, None, ""
+            )
         exchange = Exchange(self.name, "direct", arguments={SUPER_STREAM_ARGUMENT: True})
         queues = [
             Queue(
@@ -392,7 +394,7 @@ def _names(entity: str, field: str, values: Sequence[str] | None) -> tuple[str, 
     if not result:
         raise TopologyValidationError(entity, field, "must not be empty")
     for index, value in enumerate(result):
-        _shortstr(entity, f"{field}[{index}]", value, empty=False)
+        check_shortstr(entity, f"{field}[{index}]", value, empty=False)
     repeated = sorted({value for value in result if result.count(value) > 1})
     if repeated:
         raise TopologyValidationError(entity, field, f"must be unique, repeated: {repeated}")

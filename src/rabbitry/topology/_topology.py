@@ -736,7 +736,9 @@ def _require_management_kind(management: object, kind: str, name: str) -> None:
 
 
 def _require_async(connection: object, name: str, twin: str) -> None:
-    if hasattr(connection, "_require_portal"):
+    from ..sync._connection import Connection as SyncConnection
+
+    if isinstance(connection, SyncConnection):
         raise TypeError(
             f"Topology.{name}() takes an AsyncConnection; use topology.{twin}(connection) "
             "with a rabbitry.Connection"
