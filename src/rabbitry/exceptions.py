@@ -43,12 +43,8 @@ The tree::
     │   ├── RpcInterrupted(reason)         the connection or channel was lost meanwhile
     │   ├── RpcRemoteError(error)          the server's handler raised; it answered so
     │   └── RpcTimeout (also Timeout)      no reply within the call's timeout
-    ├── HandlerSignal                      raised by consumer handlers to steer a message
-    │   ├── Retry                          take the retry path
-    │   ├── Reject                         park (or dead-letter) without retrying
-    │   │   └── BatchFormatError (ValueError)  a batch envelope is malformed or of a format
-    │   │                                     this client does not know
-    │   └── Requeue                        put it back on its queue
+    ├── BatchFormatError (Reject, ValueError)  a batch envelope is malformed or of a
+    │                                     format this client does not know
     ├── PublishError
     │   ├── Nacked                         the broker nacked a confirmed publish
     │   ├── Unroutable                     a mandatory publish came back (basic.return)
@@ -72,6 +68,15 @@ The tree::
     │   └── ManagementNotFound             404: no such queue, vhost, policy…
     └── Timeout (TimeoutError)             a deadline passed
         └── PoolTimeout                    no pooled channel became free in time
+
+Handler outcomes are not errors of the library, so they are not :class:`AMQPError` instances: a
+consumer's handler raises them to say what becomes of its message::
+
+    HandlerSignal
+    ├── Retry                              take the retry path
+    ├── Reject                             park (or dead-letter) without retrying
+    │   └── BatchFormatError               (also an AMQPError, above)
+    └── Requeue                            put it back on its queue
 
 Outside the tree, a ``BaseException`` like ``KeyboardInterrupt``: ``ServiceStopped``,
 raised by a stop signal in the main thread of a service run with ``rabbitry.run``.
@@ -655,8 +660,12 @@ class UnobservedPublishFailures(PublishError):
         return (type(self), (self.count, self.failures, self.what))
 
 
-class HandlerSignal(AMQPError):
-    """Raised by a consumer handler to say what should happen to the message."""
+class HandlerSignal(Exception):
+    """Raised by a consumer handler to say what should happen to the message.
+
+    Not an :class:`AMQPError`: nothing went wrong in the library, and an
+    ``except AMQPError`` around client calls must not catch a handler's decision.
+    """
 
 
 class Retry(HandlerSignal):
@@ -667,7 +676,7 @@ class Reject(HandlerSignal):
     """Raise from a handler to park (or dead-letter) the message without retrying."""
 
 
-class BatchFormatError(Reject, ValueError):
+class BatchFormatError(Reject, AMQPError, ValueError):
     """A batch envelope (``springBatchFormat`` header) cannot be split into its records.
 
     Its body is truncated or malformed, or its format is not one rabbitry knows. Being a

@@ -112,9 +112,29 @@ def test_exception_names_cover_the_module() -> None:
     assert defined == set(_exception_names())
 
 
-@pytest.mark.parametrize("name", sorted(set(_exception_names()) - {"ServiceStopped"}))
-def test_every_exception_derives_from_amqp_error(name: str) -> None:
+HANDLER_OUTCOMES = {"HandlerSignal", "Retry", "Reject", "Requeue"}
+
+
+@pytest.mark.parametrize(
+    "name", sorted(set(_exception_names()) - {"ServiceStopped"} - HANDLER_OUTCOMES)
+)
+def test_every_error_derives_from_amqp_error(name: str) -> None:
     assert issubclass(getattr(exc_module, name), rabbitry.AMQPError)
+
+
+@pytest.mark.parametrize("name", sorted(HANDLER_OUTCOMES))
+def test_handler_outcomes_are_not_amqp_errors(name: str) -> None:
+    # A handler's decision is no failure of the library: ``except AMQPError`` around
+    # client calls must not catch it.
+    outcome = getattr(exc_module, name)
+    assert issubclass(outcome, rabbitry.HandlerSignal)
+    assert not issubclass(outcome, rabbitry.AMQPError)
+
+
+def test_a_malformed_envelope_is_both_an_error_and_a_reject() -> None:
+    assert issubclass(rabbitry.BatchFormatError, rabbitry.AMQPError)
+    assert issubclass(rabbitry.BatchFormatError, rabbitry.Reject)
+    assert issubclass(rabbitry.BatchFormatError, ValueError)
 
 
 def test_service_stopped_is_not_caught_by_except_exception() -> None:
