@@ -76,6 +76,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "rabbitry.topology._checks",
             "rabbitry.topology._model",
+            "rabbitry.topology._policy",
             "rabbitry.topology._sharding",
             "rabbitry.topology._base",
             "rabbitry.topology._session",

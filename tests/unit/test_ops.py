@@ -29,7 +29,7 @@ from rabbitry.topology import (
     Queue,
     Topology,
 )
-from rabbitry.topology._model import broker_policies
+from rabbitry.topology._policy import broker_policies
 
 # --------------------------------------------------------------------------- Policy
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from types import ModuleType
 
     from ..protocol.spec import BasicProperties
-    from ..topology._model import Policy
+    from ..topology._policy import Policy
     from ._ops import QueueInfo, Request
 
 __all__ = ["AsyncManagementClient", "ManagementClient", "MissingExtraError"]
@@ -391,7 +391,7 @@ class ManagementClient(_Base):
         Raises:
             TopologyValidationError: a key or value breaks a rule; nothing was sent.
         """
-        from ..topology._model import Policy
+        from ..topology._policy import Policy
 
         item = Policy(name, pattern, apply_to=apply_to, definition=definition, priority=priority)
         self.put_policy(item, vhost)
@@ -713,7 +713,7 @@ class AsyncManagementClient(_Base):
         Raises:
             TopologyValidationError: a key or value breaks a rule; nothing was sent.
         """
-        from ..topology._model import Policy
+        from ..topology._policy import Policy
 
         item = Policy(name, pattern, apply_to=apply_to, definition=definition, priority=priority)
         await self.put_policy(item, vhost)

@@ -22,7 +22,7 @@ from urllib.parse import quote
 from ..exceptions import LocalProtocolError, ManagementError, ManagementNotFound
 from ..protocol.frames import split_timestamp
 from ..protocol.spec import BasicProperties
-from ..topology._model import Policy, broker_policies
+from ..topology._policy import Policy, broker_policies
 
 __all__ = [
     "QueueInfo",

@@ -43,16 +43,14 @@ from ._model import (
     MODULUS_HASH,
     OVERFLOW_MODES,
     PLUGIN_EXCHANGE_TYPES,
-    POLICY_APPLY_TO,
-    POLICY_KEYS,
     QUEUE_TYPES,
     UNLIMITED_DELIVERIES,
     Binding,
     Exchange,
-    Policy,
     Queue,
     format_expiration,
 )
+from ._policy import POLICY_APPLY_TO, POLICY_KEYS, Policy
 from ._retry import (
     ATTEMPTS_HEADER,
     DELIVERY_LIMIT_REASON,

@@ -42,7 +42,8 @@ from ..exceptions import (
 )
 from ..record import RecordedBinding, RecordedExchange, RecordedQueue, TopologyRecord
 from ._base import T, TopologyData
-from ._model import Binding, Exchange, Policy, Queue, is_reserved
+from ._model import Binding, Exchange, Queue, is_reserved
+from ._policy import Policy
 from ._session import Session, missing_entities
 
 if TYPE_CHECKING:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, fields
 from typing import Any, Self, TypeVar
 
 from ..exceptions import TopologyValidationError
-from ._model import Binding, Exchange, Policy, Queue
+from ._model import Binding, Exchange, Queue
+from ._policy import Policy
 from ._sharding import check_sharded_names, sharded_exchanges
 
 __all__ = ["T", "TopologyData"]

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import TopologyValidationError
-from ._model import Binding, Exchange, Policy, Queue, broker_policies
+from ._model import Binding, Exchange, Queue
+from ._policy import Policy, broker_policies
 
 if TYPE_CHECKING:
     import os

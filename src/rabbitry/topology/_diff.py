@@ -38,10 +38,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._model import Binding, Exchange, Policy, Queue
+from ._model import Binding, Exchange, Queue
 
 if TYPE_CHECKING:
     from ._base import TopologyData
+    from ._policy import Policy
 
 __all__ = [
     "ARGUMENT_WINS",

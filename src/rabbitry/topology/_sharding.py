@@ -15,7 +15,8 @@ import re
 from typing import TYPE_CHECKING
 
 from ..exceptions import TopologyValidationError
-from ._model import Binding, Exchange, Policy, Queue
+from ._model import Binding, Exchange, Queue
+from ._policy import Policy
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

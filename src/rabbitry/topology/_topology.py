@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..exceptions import TopologyError, TopologyValidationError
 from ._base import TopologyData
-from ._model import Binding, Exchange, Policy, Queue
+from ._model import Binding, Exchange, Queue
 from ._retry import HELPER_DELIVERY_LIMIT, WORK_QUEUE_DELIVERY_LIMIT
 from ._sharding import sharded_exchanges, sharding_policy
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ..sync.connection import Connection
     from ._apply import ApplyResult, VerifyReport
     from ._diff import PolicyOverlap
+    from ._policy import Policy
     from ._retry import RetryPolicy
 
 __all__ = ["Topology"]
