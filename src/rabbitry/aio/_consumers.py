@@ -150,7 +150,6 @@ class Connection(Protocol):
     only through these members.
     """
 
-    _loop: asyncio.AbstractEventLoop | None
     topology_record: TopologyRecord
 
     @property

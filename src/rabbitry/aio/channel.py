@@ -65,6 +65,8 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
     Args:
         connection: the connection creating the channel (applications do not).
         protocol: the channel's protocol state.
+        writes: the connection's write path.
+        loop: the connection's event loop.
         records: record what the channel declares, binds and deletes for recovery.
         internal: a channel of recovery itself (closed, not suspended, on a drop).
         forget: told the channel number when the channel ends.
@@ -76,6 +78,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         protocol: ChannelProtocol,
         writes: WritePath,
         *,
+        loop: asyncio.AbstractEventLoop,
         records: bool,
         internal: bool,
         forget: Callable[[int], object],
@@ -84,8 +87,6 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         self._read_flow = connection.read_flow
         self._proto = protocol
         self.channel_id = protocol.channel_id
-        loop = connection._loop
-        assert loop is not None
         self._loop = loop
         # One future per request sent, answered in order; the hook runs when the reply
         # is handled (before later deliveries), e.g. to register a consumer.
@@ -745,6 +746,7 @@ def create_channel(
     protocol: ChannelProtocol,
     writes: WritePath,
     *,
+    loop: asyncio.AbstractEventLoop,
     records: bool,
     internal: bool,
     forget: Callable[[int], object],
@@ -758,7 +760,13 @@ def create_channel(
         (``hooks.channel`` is the channel).
     """
     channel = AsyncChannel(
-        connection, protocol, writes, records=records, internal=internal, forget=forget
+        connection,
+        protocol,
+        writes,
+        loop=loop,
+        records=records,
+        internal=internal,
+        forget=forget,
     )
     return channel._hooks
 

@@ -535,10 +535,12 @@ class AsyncConnection(ConnectionEvents, SocketIO):
         channel_proto = proto.open_channel(channel_id)
         policy = self.recovery
         records = record and policy is not None and policy.record_channel_topology
+        assert self._loop is not None
         hooks = create_channel(
             self,
             channel_proto,
             self._writes,
+            loop=self._loop,
             records=records,
             internal=internal,
             forget=self._forget_channel,
@@ -676,7 +678,13 @@ def open_connections(loop: asyncio.AbstractEventLoop) -> list[AsyncConnection]:
 
     For :func:`rabbitry.service.run`, which closes those its main function left open.
     """
-    return [conn for conn in list(CONNECTIONS) if conn._loop is loop and not conn.is_closed]
+    return [conn for conn in list(CONNECTIONS) if loop_of(conn) is loop and not conn.is_closed]
+
+
+def loop_of(connection: AsyncConnection) -> asyncio.AbstractEventLoop | None:
+    """The event loop the connection was opened on (``None`` before its first connect),
+    for the library's objects that run on it (the publishers); not for applications."""
+    return connection._loop
 
 
 def writes_of(connection: AsyncConnection) -> WritePath:
@@ -692,6 +700,7 @@ def _after_fork() -> None:
     written, no event handled, the socket is left alone for the parent), so every later
     call raises :class:`InvalidStateError` at once, chained to an error naming the fork.
     """
+    conn: AsyncConnection
     for conn in list(CONNECTIONS):
         proto = conn._proto
         if proto is None or proto.state is ConnectionState.CLOSED:
