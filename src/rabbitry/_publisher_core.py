@@ -30,7 +30,7 @@ from .protocol.publish import PublishEncoder, retarget
 from .recovery import State
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Coroutine
 
     from ._waiters import Waiters
     from .aio.channel import AsyncChannel, Settleable
@@ -727,6 +727,7 @@ class PublisherPort:
         "frames",
         "kick",
         "ledger",
+        "loop",
         "new_message_id",
         "release_slot",
         "reserve_more",
@@ -734,6 +735,7 @@ class PublisherPort:
         "send",
         "send_batch",
         "send_reserved",
+        "shutdown",
     )
 
     def __init__(
@@ -742,6 +744,7 @@ class PublisherPort:
         encode: Callable[..., tuple[list[bytes], str | None]],
         encode_batch: Callable[..., list[Encoded]],
         new_message_id: Callable[[], str],
+        shutdown: Callable[[float | None], Coroutine[Any, Any, None]],
     ) -> None:
         #: ``encode(body, exchange, routing_key, properties, mandatory, persistent,
         #: expiration)``: the frames and message_id of one message; any thread.
@@ -751,8 +754,12 @@ class PublisherPort:
         self.encode_batch = encode_batch
         #: ``new_message_id()``: a message_id as the publisher generates them.
         self.new_message_id = new_message_id
-        #: The publisher's connection.
+        #: ``await shutdown(timeout)``: close the publisher without the report of the
+        #: failures nobody looked at (the caller reports them itself); on the loop.
+        self.shutdown = shutdown
+        #: The publisher's connection, and the event loop the publisher runs on.
         self.connection = core._conn
+        self.loop = core._loop
         self.frames = core._frames
         self.send = core._send
         self.send_batch = core._send_batch

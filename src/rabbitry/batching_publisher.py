@@ -378,7 +378,7 @@ class AsyncBatchingPublisher:
         self.linger = float(linger)
         self._options = _EnvelopeOptions(properties, persistent, expiration, mandatory, timeout)
         self._acc = _Accumulator(batch_records, batch_bytes)
-        self._loop = publisher._loop
+        self._loop = port_of(publisher).loop
         self._sender: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()

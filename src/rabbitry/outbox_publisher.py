@@ -142,7 +142,7 @@ class AsyncOutboxPublisher(OutboxRoom):
         self._pub = publisher
         self._port = port_of(publisher)
         self._outbox = outbox
-        self._loop = publisher._loop
+        self._loop = self._port.loop
         self._timeout = publisher.timeout
         self._writer = Writer(outbox, self._loop)
         self._writer.on_commit = self._committed

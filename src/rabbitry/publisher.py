@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._publisher_core import Batch, Encoded, Pending, PublisherCore, PublisherPort
 from ._waiters import Waiters
-from .aio.connection import writes_of
+from .aio.connection import loop_of, writes_of
 from .exceptions import (
     AMQPError,
     ConfigurationError,
@@ -148,7 +148,7 @@ class AsyncPublisher(PublisherCore):
             )
         if nack_retry is not None and not confirm:
             raise ConfigurationError("nack_retry needs confirm=True (nacks are confirms)")
-        loop = connection._loop
+        loop = loop_of(connection)
         if loop is None:
             raise InvalidStateError("the connection is not open (call connect() first)")
         self._conn = connection
@@ -206,7 +206,9 @@ class AsyncPublisher(PublisherCore):
         # Failed futures nobody looked at, reported when the publisher ends.
         self._ledger = UnobservedLedger("AsyncPublisher")
         # The members the sync twin and the outbox drive (closing mirrors _closing).
-        self._port = PublisherPort(self, self._encode, self._encode_batch, self._new_message_id)
+        self._port = PublisherPort(
+            self, self._encode, self._encode_batch, self._new_message_id, self._shutdown
+        )
         # The connection's end, when that is what closed the publisher.
         self._closed_by: AMQPError | None = None
         # close() has given up waiting (or opening failed): nothing will use or close a

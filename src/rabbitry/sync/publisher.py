@@ -457,7 +457,7 @@ class Publisher:
             self._unblocked.set()
         else:
             try:
-                self._portal.call(self._async._shutdown, timeout, wait=caller_timeout(timeout))
+                self._portal.call(self._port.shutdown, timeout, wait=caller_timeout(timeout))
             finally:
                 self._unblocked.set()  # threads waiting for an unblock see the close
         self._callbacks_done(timeout)
