@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..consumer import ConsumerStats, DedupStore, SyncHandler, is_async_callable
 from ..exceptions import ConfigurationError, InvalidStateError
-from ._connection import portal_of, post_callback
+from ._connection import engine_of, portal_of, post_callback
 from ._consumer_threads import ThreadedConsumer
 from .channel import caller_timeout
 
@@ -77,7 +77,7 @@ class Consumer:
                 post_callback(connection, user_cancel, tag)
 
         self._async = ThreadedConsumer(
-            connection._async,
+            engine_of(connection),
             self._portal,
             queue,
             handler,

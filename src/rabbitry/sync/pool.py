@@ -100,11 +100,12 @@ class ChannelPool:
         """
         return _Lease(self, timeout)
 
-    def _borrow(self, timeout: float | None) -> Channel:
+    def _borrow(self, timeout: float | None) -> tuple[Channel, AsyncChannel]:
+        """A channel lent, and the asyncio channel under it (what goes back)."""
         channel: AsyncChannel = self._portal.call(
             self._borrow_async, timeout, wait=caller_timeout(timeout)
         )
-        return Channel(self._connection, channel, self._portal)
+        return Channel(self._connection, channel, self._portal), channel
 
     def close(self, *, timeout: float | None = None) -> None:
         """Close the idle channels and refuse new borrowers (see the async twin).
@@ -121,23 +122,24 @@ class ChannelPool:
 class _Lease:
     """``with pool.acquire() as channel``: borrow on entry, give back on exit."""
 
-    __slots__ = ("_channel", "_pool", "_timeout")
+    __slots__ = ("_channel", "_engine", "_pool", "_timeout")
 
     def __init__(self, pool: ChannelPool, timeout: float | None) -> None:
         self._pool = pool
         self._timeout = timeout
         self._channel: Channel | None = None
+        self._engine: AsyncChannel | None = None
 
     def __enter__(self) -> Channel:
         if self._channel is not None:
             raise InvalidStateError("this lease is already in use")
-        self._channel = self._pool._borrow(self._timeout)
+        self._channel, self._engine = self._pool._borrow(self._timeout)
         return self._channel
 
     def __exit__(self, *exc_info: object) -> None:
-        channel, self._channel = self._channel, None
-        if channel is not None:
+        engine, self._channel, self._engine = self._engine, None, None
+        if engine is not None:
             try:
-                self._pool._portal.submit(self._pool._give_back, channel._async)
+                self._pool._portal.submit(self._pool._give_back, engine)
             except InvalidStateError:
                 pass  # the connection's IO thread is gone, and the channel with it

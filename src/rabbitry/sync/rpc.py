@@ -21,7 +21,7 @@ from ..rpc import (
     reply_lost,
     server_log,
 )
-from ._connection import portal_of
+from ._connection import engine_of, portal_of
 from .channel import caller_timeout
 from .consumer import Consumer
 
@@ -45,7 +45,7 @@ class RpcClient:
         self, connection: Connection, *, exchange: str = "", timeout: float | None = 30.0
     ) -> None:
         self._portal = portal_of(connection)
-        self._async = AsyncRpcClient(connection._async, exchange=exchange, timeout=timeout)
+        self._async = AsyncRpcClient(engine_of(connection), exchange=exchange, timeout=timeout)
 
     def __repr__(self) -> str:
         return repr(self._async).replace("AsyncRpcClient", "RpcClient", 1)
