@@ -32,9 +32,12 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..exceptions import UnobservedPublishFailures
+
+if TYPE_CHECKING:
+    import concurrent.futures
 
 __all__ = ["KEEP", "Observable", "UnobservedLedger", "looks", "peek"]
 
@@ -110,7 +113,7 @@ def looks(callback: Any) -> bool:
 _INSTRUMENTATION = "rabbitry.observability"
 
 
-def peek(future: Any) -> BaseException | None:
+def peek(future: asyncio.Future[Any] | concurrent.futures.Future[Any]) -> BaseException | None:
     """The exception of a done, not cancelled future, read without counting as looking
     at it (for the library's instrumentation, which records outcomes in spans).
 
