@@ -43,10 +43,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "leaves",
         (
             "rabbitry._version",
-            "rabbitry._errors_base",
-            "rabbitry._errors_topology",
-            "rabbitry._errors_rpc",
-            "rabbitry.exceptions",
+            "rabbitry.exceptions.*",
             "rabbitry.broker",
             "rabbitry.record",
             "rabbitry._failure_log",

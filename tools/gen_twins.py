@@ -178,6 +178,16 @@ def import_line(name: str, namespace: dict[str, Any]) -> tuple[str, str]:
     module = getattr(obj, "__module__", None)
     if module is None or module == "builtins":
         raise SystemExit(f"cannot tell where {name} comes from")
+    # A class of a subpackage's private module is imported from the subpackage's face
+    # when the face exports it (rabbitry.exceptions._base.AMQPError -> rabbitry.exceptions).
+    package, _, leaf = module.rpartition(".")
+    subpackage = "." in package
+    if (
+        subpackage
+        and leaf.startswith("_")
+        and name in getattr(sys.modules.get(package), "__all__", ())
+    ):
+        return package, name
     return module, name
 
 

@@ -1,18 +1,16 @@
 """The request/reply errors, and ``ServiceStopped``.
 
-Part of :mod:`rabbitry.exceptions`, which re-exports every name; its classes say they
-belong there (``__module__``), so their names, pickles and tracebacks are those of
-``rabbitry.exceptions``.
+Part of the :mod:`rabbitry.exceptions` package, whose ``__init__`` is its only face.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._errors_base import AMQPError
+from ._base import AMQPError, Timeout
 
 if TYPE_CHECKING:
-    from ._errors_base import Message
+    from ._base import Message
 
 # --------------------------------------------------------------------------- services
 
@@ -27,8 +25,6 @@ class ServiceStopped(BaseException):
     Attributes:
         signum: the signal received.
     """
-
-    __module__ = "rabbitry.exceptions"
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"stopped by {_signal_name(signum)}")
@@ -54,8 +50,6 @@ class RpcError(AMQPError):
         routing_key: the routing key the request was sent with.
     """
 
-    __module__ = "rabbitry.exceptions"
-
     def __init__(self, routing_key: str, message: str) -> None:
         super().__init__(message)
         self.routing_key = routing_key
@@ -66,8 +60,6 @@ class RpcError(AMQPError):
 
 class RpcUnroutable(RpcError):
     """The broker returned the request: no queue is bound for its routing key."""
-
-    __module__ = "rabbitry.exceptions"
 
     def __init__(self, routing_key: str, reply_text: str = "NO_ROUTE") -> None:
         super().__init__(
@@ -88,8 +80,6 @@ class RpcInterrupted(RpcError):
     Attributes:
         reason: why (the connection's or the channel's close reason).
     """
-
-    __module__ = "rabbitry.exceptions"
 
     def __init__(self, routing_key: str, reason: BaseException) -> None:
         super().__init__(
@@ -112,8 +102,6 @@ class RpcRemoteError(RpcError):
         reply: the error reply message.
     """
 
-    __module__ = "rabbitry.exceptions"
-
     def __init__(self, routing_key: str, error: str, reply: Message | None = None) -> None:
         super().__init__(routing_key, f"RPC handler for {routing_key!r} failed: {error}")
         self.error = error
@@ -121,3 +109,20 @@ class RpcRemoteError(RpcError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.routing_key, self.error))
+
+
+class RpcTimeout(RpcError, Timeout):
+    """No reply arrived within the call's timeout.
+
+    Attributes:
+        timeout: the call's timeout in seconds.
+    """
+
+    def __init__(self, routing_key: str, timeout: float | None) -> None:
+        super().__init__(
+            routing_key, f"no reply to the RPC call to {routing_key!r} within {timeout} s"
+        )
+        self.timeout = timeout
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.routing_key, self.timeout))

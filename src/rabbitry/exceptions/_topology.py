@@ -1,15 +1,13 @@
 """The topology and management HTTP API errors.
 
-Part of :mod:`rabbitry.exceptions`, which re-exports every name; its classes say they
-belong there (``__module__``), so their names, pickles and tracebacks are those of
-``rabbitry.exceptions``.
+Part of the :mod:`rabbitry.exceptions` package, whose ``__init__`` is its only face.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._errors_base import AMQPError
+from ._base import AMQPError
 
 # --------------------------------------------------------------------------- topology
 
@@ -21,8 +19,6 @@ class TopologyError(AMQPError):
     when a retry move was returned unroutable. Broker errors that caused it are chained
     as ``__cause__``.
     """
-
-    __module__ = "rabbitry.exceptions"
 
 
 class TopologyValidationError(TopologyError, ValueError):
@@ -37,8 +33,6 @@ class TopologyValidationError(TopologyError, ValueError):
         field: the offending field (or argument) name.
         rule: the rule that was broken, with the value given.
     """
-
-    __module__ = "rabbitry.exceptions"
 
     def __init__(self, entity: str, field: str, rule: str) -> None:
         super().__init__(f"{entity}: {field}: {rule}")
@@ -66,8 +60,6 @@ class TopologyConflict(TopologyError):
         theirs: the value the existing entity has (``None``: not set there).
         reply_text: the broker's reply text, as received.
     """
-
-    __module__ = "rabbitry.exceptions"
 
     def __init__(
         self,
@@ -113,8 +105,6 @@ class TopologyMissingExchange(TopologyError):
             ``("queue 'jobs'", "dead_letter_exchange", "jobs.dlx")``.
     """
 
-    __module__ = "rabbitry.exceptions"
-
     def __init__(self, missing: tuple[tuple[str, str, str], ...]) -> None:
         lines = "; ".join(
             f"{entity}: {field} {exchange!r} does not exist" for entity, field, exchange in missing
@@ -146,8 +136,6 @@ class ManagementError(AMQPError):
         path: the request path (never carries credentials).
     """
 
-    __module__ = "rabbitry.exceptions"
-
     def __init__(self, status: int | None, reason: str, method: str = "", path: str = "") -> None:
         where = f"{method} {path}: " if method else ""
         code = f"HTTP {status}" if status is not None else "no answer"
@@ -165,5 +153,3 @@ class ManagementNotFound(ManagementError):
     """The management API says the queue, exchange, vhost, policy or connection does not
     exist: a 404, or a 400 whose reason is the broker's ``404 NOT_FOUND`` (what the API
     answers when publishing to a missing exchange; ``status`` is then 400)."""
-
-    __module__ = "rabbitry.exceptions"
