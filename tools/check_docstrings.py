@@ -74,6 +74,7 @@ SOURCE_MODULES = (
     "rabbitry.protocol.frames",
     "rabbitry.protocol.greeting",
     "rabbitry.protocol._refusal",
+    "rabbitry.protocol._tables",
     "rabbitry.protocol.message",
     "rabbitry.protocol.tags",
     "rabbitry.protocol.streams",
