@@ -74,6 +74,8 @@ SOURCE_MODULES = (
     "rabbitry.protocol.frames",
     "rabbitry.protocol.greeting",
     "rabbitry.protocol._refusal",
+    "rabbitry.protocol._handshake",
+    "rabbitry.protocol._heartbeat",
     "rabbitry.protocol._tables",
     "rabbitry.protocol.message",
     "rabbitry.protocol.tags",
