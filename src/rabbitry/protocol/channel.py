@@ -25,7 +25,6 @@ Every decision is here; the engine only turns events into futures and callbacks.
 from __future__ import annotations
 
 import enum
-import struct
 from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -38,13 +37,12 @@ from ..exceptions import (
     channel_error_for,
 )
 from . import spec
+from ._content import ContentAssembler
 from .events import (
     ChannelClosedEvent,
     ConsumerCancelledByBroker,
-    Delivery,
     FlowChanged,
     PublishConfirmed,
-    Returned,
     RpcReply,
 )
 from .frames import (
@@ -55,7 +53,6 @@ from .frames import (
     ack_frame,
     method_frame,
 )
-from .message import Message
 from .publish import PublishEncoder
 
 if TYPE_CHECKING:
@@ -98,11 +95,6 @@ CLOSED = ChannelState.CLOSED
 # this many (e.g. a no-ack consumer shares the channel, whose tags are never settled)
 # they are forgotten and acks on this channel simply stop being merged.
 _SETTLED_ABOVE_LIMIT = 65536
-
-# Content-bearing methods we can receive, and what to make of them when complete.
-_DELIVER = spec.BasicDeliver.INDEX
-_RETURN = spec.BasicReturn.INDEX
-_GET_OK = spec.BasicGetOk.INDEX
 
 
 class ChannelProtocol:
@@ -150,12 +142,7 @@ class ChannelProtocol:
         self._encoder = PublishEncoder(
             channel_id, connection.frame_max, connection.max_message_size
         )
-        # Content assembly.
-        self._content_method: Method | None = None
-        self._content_props: spec.BasicProperties | None = None
-        self._content_size = 0
-        self._content_parts: list[bytes] = []
-        self._content_received = 0
+        self._content = ContentAssembler(connection, channel_id)
         # Ack coalescing: every delivery tag <= _ack_floor has been settled by a frame
         # already queued; _ack_frame is the last basic.ack frame we queued.
         self._ack_floor = 0
@@ -174,6 +161,10 @@ class ChannelProtocol:
         frame with one ``multiple=True`` ack of the new tag. Every earlier tag is already
         settled, so the broker settles exactly the same deliveries as with the separate
         acks; an ack of any other tag goes out as given.
+
+        Args:
+            delivery_tag: the broker's tag of the delivery.
+            multiple: and every earlier unsettled delivery of the channel.
 
         Raises:
             InvalidStateError: the channel is closing or closed.
@@ -234,7 +225,12 @@ class ChannelProtocol:
         self.settled(delivery_tag, False)
 
     def settled(self, delivery_tag: int, multiple: bool) -> None:
-        """Record that an ack, nack or reject of ``delivery_tag`` was queued."""
+        """Record that an ack, nack or reject of ``delivery_tag`` was queued.
+
+        Args:
+            delivery_tag: the tag the ack, nack or reject carried.
+            multiple: it settled every earlier delivery of the channel too.
+        """
         self._ack_frame = None
         if multiple:
             if delivery_tag > self._ack_floor:
@@ -261,6 +257,10 @@ class ChannelProtocol:
 
     def send_method(self, method: Method) -> None:
         """Queue a method: requests wait their turn, other methods keep their order.
+
+        Args:
+            method: the method; a synchronous request (without ``nowait``) is answered
+                by an :class:`RpcReply`.
 
         Raises:
             InvalidStateError: the channel is closing or closed.
@@ -301,6 +301,13 @@ class ChannelProtocol:
     ) -> int:
         """Queue basic.publish with its content.
 
+        Args:
+            exchange: the exchange to publish to (``""``: the default exchange).
+            routing_key: the routing key.
+            body: the message body.
+            properties: the message properties (``None``: none).
+            mandatory: ask the broker to return the message if no queue takes it.
+
         Returns:
             The publish sequence number in confirm mode, else 0.
 
@@ -327,6 +334,16 @@ class ChannelProtocol:
 
         Safe to call from any thread: it only reads settings fixed at open and a cache of
         encoded method frames. :meth:`send_publish` then queues the frames.
+
+        Args:
+            exchange: the exchange to publish to (``""``: the default exchange).
+            routing_key: the routing key.
+            body: the message body.
+            properties: the message properties (``None``: none).
+            mandatory: ask the broker to return the message if no queue takes it.
+
+        Returns:
+            The method, header and body frames of the message, in order.
 
         Raises:
             LocalProtocolError: the exchange, routing key, properties or body are invalid.
@@ -388,6 +405,10 @@ class ChannelProtocol:
 
         Requests still waiting to be sent are dropped: the engine fails their futures
         when the channel-closed event arrives.
+
+        Args:
+            reply_code: the code the close carries (200: a normal shutdown).
+            reply_text: the text it carries (at most 255 bytes).
         """
         if self.state is CLOSING or self.state is CLOSED:
             return
@@ -409,7 +430,11 @@ class ChannelProtocol:
 
     def connection_failed(self, exc: AMQPError) -> None:
         """The connection found a protocol violation and sent connection.close: from
-        now on every send raises ``InvalidStateError`` caused by ``exc``."""
+        now on every send raises ``InvalidStateError`` caused by ``exc``.
+
+        Args:
+            exc: the violation.
+        """
         self._connection_failed = exc
 
     def _check_usable(self, what: str) -> None:
@@ -451,26 +476,32 @@ class ChannelProtocol:
     def receive_frame(self, kind: int, payload: bytes) -> None:
         """Handle one frame for this channel (called by the connection).
 
+        Args:
+            kind: the frame type (method, header or body).
+            payload: the frame's payload.
+
         Raises:
             RemoteProtocolError: the frame breaks the protocol; the connection fails.
         """
         if self.state is CLOSING:
             # channel.close (§1.5.2.5): after sending close, discard every frame but
             # close and close-ok; that includes the rest of a message in flight.
-            self._reset_content()
+            self._content.reset()
             if kind == FRAME_METHOD:
                 self._receive_method(spec.decode_method(payload))
             return
         if kind == FRAME_METHOD:
-            if self._content_method is not None:
+            if self._content.method is not None:
                 raise RemoteProtocolError(
                     f"method frame on channel {self.channel_id} while content was expected", 505
                 )
             self._receive_method(spec.decode_method(payload))
         elif kind == FRAME_HEADER:
-            self._receive_header(payload)
+            if self._content.header(payload, self._rpc_responses):
+                self._rpc_done()  # the header completed a basic.get-ok with no body
         elif kind == FRAME_BODY:
-            self._receive_body(payload)
+            if self._content.body(payload, self._rpc_responses):
+                self._rpc_done()  # the body completed a basic.get-ok
         else:
             raise RemoteProtocolError(f"unknown frame type {kind}", 501)
 
@@ -485,7 +516,7 @@ class ChannelProtocol:
                 self.finish(self.close_exc or ChannelClosedByClient(200, "Normal shutdown"))
             return
         if method.CONTENT:
-            self._content_method = method
+            self._content.method = method
             return
         cls = type(method)
         if cls in self._rpc_responses:
@@ -537,121 +568,13 @@ class ChannelProtocol:
                 f"unexpected {method.NAME} on channel {self.channel_id} (expected {expected})", 503
             )
 
-    def _receive_header(self, payload: bytes) -> None:
-        method = self._content_method
-        if method is None or self._content_props is not None:
-            raise RemoteProtocolError(
-                f"content header on channel {self.channel_id} without a content method", 505
-            )
-        if len(payload) < 14:
-            raise RemoteProtocolError("content header shorter than 14 bytes", 502)
-        class_id = (payload[0] << 8) | payload[1]
-        if class_id != 60:
-            raise RemoteProtocolError(f"content header for class {class_id}, expected 60", 505)
-        size = int.from_bytes(payload[4:12], "big")
-        max_size = self._conn.max_message_size
-        if max_size and size > max_size:
-            raise RemoteProtocolError(
-                f"message body of {size} bytes exceeds max_message_size {max_size}", 501
-            )
-        try:
-            props, end = spec.BasicProperties.decode(payload, 12)
-        except RemoteProtocolError:
-            raise
-        except (struct.error, IndexError, ValueError, OverflowError, RecursionError) as exc:
-            raise RemoteProtocolError(f"malformed content header: {exc}", 502) from None
-        if end != len(payload):
-            raise RemoteProtocolError("malformed content header: trailing bytes", 502)
-        self._content_props = props
-        self._content_size = size
-        if size == 0:
-            self._complete(b"")
-
-    def _receive_body(self, payload: bytes) -> None:
-        if self._content_props is None:
-            raise RemoteProtocolError(
-                f"content body on channel {self.channel_id} without a content header", 505
-            )
-        received = self._content_received + len(payload)
-        if received > self._content_size:
-            raise RemoteProtocolError(
-                f"content body longer than the {self._content_size} bytes its header announced",
-                501,
-            )
-        if received == self._content_size and not self._content_parts:
-            self._complete(payload)
-            return
-        self._content_parts.append(payload)
-        self._content_received = received
-        if received == self._content_size:
-            self._complete(b"".join(self._content_parts))
-
-    def _reset_content(self) -> None:
-        self._content_method = None
-        self._content_props = None
-        if self._content_parts:  # the common one-frame body never filled it: keep it
-            self._content_parts = []
-        self._content_received = 0
-        self._content_size = 0
-
-    def _complete(self, body: bytes) -> None:
-        method = self._content_method
-        props = self._content_props
-        assert method is not None and props is not None
-        # _reset_content, inlined: this runs once per delivery.
-        self._content_method = None
-        self._content_props = None
-        if self._content_parts:
-            self._content_parts = []
-        self._content_received = 0
-        self._content_size = 0
-        index = method.INDEX
-        events = self._conn.event_queue
-        if index == _DELIVER:
-            assert isinstance(method, spec.BasicDeliver)
-            message = Message(
-                body,
-                props,
-                delivery_tag=method.delivery_tag,
-                redelivered=method.redelivered,
-                exchange=method.exchange,
-                routing_key=method.routing_key,
-                consumer_tag=method.consumer_tag,
-            )
-            events.append(Delivery(self.channel_id, message))
-        elif index == _GET_OK:
-            assert isinstance(method, spec.BasicGetOk)
-            if spec.BasicGetOk not in self._rpc_responses:
-                raise RemoteProtocolError("basic.get-ok without a basic.get", 503)
-            message = Message(
-                body,
-                props,
-                delivery_tag=method.delivery_tag,
-                redelivered=method.redelivered,
-                exchange=method.exchange,
-                routing_key=method.routing_key,
-                message_count=method.message_count,
-            )
-            events.append(RpcReply(self.channel_id, method, message))
-            self._rpc_done()
-        elif index == _RETURN:
-            assert isinstance(method, spec.BasicReturn)
-            message = Message(
-                body,
-                props,
-                exchange=method.exchange,
-                routing_key=method.routing_key,
-                reply_code=method.reply_code,
-                reply_text=method.reply_text,
-            )
-            events.append(Returned(self.channel_id, message))
-        else:  # basic.publish from the broker: not a thing a client accepts
-            raise RemoteProtocolError(f"unexpected {method.NAME} from the broker", 503)
-
     def finish(self, exc: AMQPError) -> None:
         """Mark the channel closed and tell the engine (once).
 
         Also called by its connection for each of its channels when the connection ends.
+
+        Args:
+            exc: why the channel closed; the :class:`ChannelClosedEvent` carries it.
         """
         if self.state is CLOSED:
             return

@@ -32,7 +32,6 @@ detects a dead peer within 2 × heartbeat + 1 s.
 from __future__ import annotations
 
 import enum
-import platform
 from typing import TYPE_CHECKING, Any
 
 from ..broker import RABBITMQ_3_MAX_MESSAGE_SIZE, default_max_message_size, server_version
@@ -50,6 +49,9 @@ from ..exceptions import (
     connection_error_for,
 )
 from . import spec
+from ._handshake import CLIENT_CAPABILITIES, Handshake
+from ._handshake import VERSION as VERSION  # client-properties "version"
+from ._heartbeat import HeartbeatClock
 from .channel import ChannelProtocol
 from .events import (
     ConnectionBlocked,
@@ -67,7 +69,6 @@ from .frames import (
     PROTOCOL_HEADER,
     FrameReader,
     Method,
-    encode_table_body,
     method_frame,
 )
 from .greeting import GREETING_SIZE, greeting_problem
@@ -76,24 +77,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 __all__ = ["CLIENT_CAPABILITIES", "ConnectionProtocol", "ConnectionState"]
-
-VERSION = "0.1.0"
-
-#: Sent in client-properties so that RabbitMQ enables its extensions for us: a broker
-#: sends basic.nack, basic.cancel, connection.blocked and an explicit close on a refused
-#: login only to a client that announces the matching capability here.
-CLIENT_CAPABILITIES = {
-    "publisher_confirms": True,
-    "exchange_exchange_bindings": True,
-    "basic.nack": True,
-    "consumer_cancel_notify": True,
-    "connection.blocked": True,
-    "authentication_failure_close": True,
-    "per_consumer_qos": True,
-}
-
-#: SASL mechanisms the client can answer connection.start with, in start-ok.
-SUPPORTED_MECHANISMS = ("PLAIN", "AMQPLAIN", "EXTERNAL")
 
 
 class ConnectionState(enum.Enum):
@@ -124,17 +107,6 @@ CLOSING = ConnectionState.CLOSING
 CLOSED = ConnectionState.CLOSED
 
 _HANDSHAKE = (AWAIT_START, AWAIT_TUNE, AWAIT_OPEN_OK)
-
-
-def _negotiate(client: int, server: int) -> int:
-    """The lower of two values where 0 means "no limit" (or "no preference").
-
-    connection.tune-ok: the client may lower what the server proposed in tune; 0 in
-    channel-max or frame-max means no limit, and a heartbeat of 0 means none.
-    """
-    if client == 0 or server == 0:
-        return max(client, server)
-    return min(client, server)
 
 
 class ConnectionProtocol:
@@ -176,37 +148,25 @@ class ConnectionProtocol:
         client_properties: Mapping[str, Any] | None = None,
         max_message_size: int | None = None,
     ) -> None:
-        mechanism = auth_mechanism.upper()
-        if mechanism not in SUPPORTED_MECHANISMS:
-            raise LocalProtocolError(
-                f"auth_mechanism: must be one of {', '.join(SUPPORTED_MECHANISMS)}, "
-                f"got {auth_mechanism!r}"
-            )
-        self._username = username
-        self._password = password
+        self._handshake = handshake = Handshake(
+            username=username,
+            password=password,
+            heartbeat=heartbeat,
+            channel_max=channel_max,
+            frame_max=frame_max,
+            auth_mechanism=auth_mechanism,
+            connection_name=connection_name,
+            locale=locale,
+            client_properties=client_properties,
+        )
         self.virtual_host = virtual_host
-        self._want_heartbeat = heartbeat
-        self._want_channel_max = channel_max
-        self._want_frame_max = frame_max
-        self.auth_mechanism = mechanism
+        self.auth_mechanism = handshake.auth_mechanism
         self.locale = locale
+        self.client_properties = handshake.client_properties
         self._size_follows_broker = max_message_size is None
         self.max_message_size = (
             RABBITMQ_3_MAX_MESSAGE_SIZE if max_message_size is None else max_message_size
         )
-        props: dict[str, Any] = {
-            "product": "rabbitry",
-            "version": VERSION,
-            "platform": f"Python {platform.python_version()}",
-            "copyright": "rabbitry contributors",
-            "capabilities": dict(CLIENT_CAPABILITIES),
-        }
-        if connection_name:
-            props["connection_name"] = connection_name
-        if client_properties:
-            props.update(client_properties)
-        self.client_properties = props
-
         self.state = AWAIT_START
         self.close_exc: AMQPError | None = None
         self.server_properties: dict[str, Any] = {}
@@ -232,11 +192,7 @@ class ConnectionProtocol:
         self._next_channel = 1
         self._connection_rpc = False
         self._terminated = False
-        # Heartbeat bookkeeping: flags set by traffic, turned into times by tick().
-        self._rx_since_tick = False
-        self._tx_since_tick = False
-        self._last_rx: float | None = None
-        self._last_tx: float | None = None
+        self._clock = HeartbeatClock()  # traffic flags, turned into times by tick()
         #: The engine stopped reading the socket on purpose (back-pressure): silence is
         #: then ours, not the broker's, so it does not count towards the timeout.
         self.rx_paused = False
@@ -244,7 +200,7 @@ class ConnectionProtocol:
     def __repr__(self) -> str:
         return (
             f"<ConnectionProtocol {self.state.value} vhost={self.virtual_host!r} "
-            f"user={self._username!r} channels={len(self.channels)}>"
+            f"user={self._handshake.username!r} channels={len(self.channels)}>"
         )
 
     # ------------------------------------------------------------------ engine side
@@ -260,7 +216,7 @@ class ConnectionProtocol:
         if not out:
             return b""
         self.send_queue = []
-        self._tx_since_tick = True
+        self._clock.tx_seen = True
         return out[0] if len(out) == 1 else b"".join(out)
 
     def buffers_to_send(self) -> list[bytes | memoryview]:
@@ -276,7 +232,7 @@ class ConnectionProtocol:
         out = self.send_queue
         if out:
             self.send_queue = []
-            self._tx_since_tick = True
+            self._clock.tx_seen = True
         return out  # type: ignore[return-value]
 
     def events_received(self) -> list[Event]:
@@ -319,7 +275,7 @@ class ConnectionProtocol:
         """
         if self.state is CLOSED:
             return
-        self._rx_since_tick = True
+        self._clock.rx_seen = True
         if self.state is AWAIT_START and not self._greeting_judged:
             head = (self.greeting + data)[:64]  # 64 bytes to describe a refusal
             self.greeting = head[:GREETING_SIZE]
@@ -393,21 +349,15 @@ class ConnectionProtocol:
         """
         if not self.heartbeat or self.state is CLOSED:
             return
-        if self._rx_since_tick or self._last_rx is None or self.rx_paused:
-            self._last_rx = now
-            self._rx_since_tick = False
-        if self._tx_since_tick or self._last_tx is None:
-            self._last_tx = now
-            self._tx_since_tick = False
-        if now - self._last_rx > 2 * self.heartbeat:
+        rx_silence, tx_silence = self._clock.silence(now, self.rx_paused)
+        if rx_silence > 2 * self.heartbeat:
             self._terminate(
                 HeartbeatTimeout(
-                    f"no data from the broker for {now - self._last_rx:.1f} s "
-                    f"(heartbeat {self.heartbeat} s)"
+                    f"no data from the broker for {rx_silence:.1f} s (heartbeat {self.heartbeat} s)"
                 )
             )
             return
-        if now - self._last_tx >= self.heartbeat / 2 and not self.send_queue:
+        if tx_silence >= self.heartbeat / 2 and not self.send_queue:
             self.send_queue.append(HEARTBEAT_FRAME)
 
     def abort(self, exc: AMQPError) -> None:
@@ -571,7 +521,9 @@ class ConnectionProtocol:
         elif state is AWAIT_TUNE and cls is spec.ConnectionSecure:
             # PLAIN/AMQPLAIN/EXTERNAL complete in start-ok; answer a challenge with the
             # same response, as the mechanisms have nothing else to say.
-            self._write(method_frame(0, spec.ConnectionSecureOk(response=self._sasl_response())))
+            self._write(
+                method_frame(0, spec.ConnectionSecureOk(response=self._handshake.sasl_response()))
+            )
         elif state is AWAIT_TUNE and cls is spec.ConnectionTune:
             assert isinstance(method, spec.ConnectionTune)
             self._on_tune(method)
@@ -588,67 +540,24 @@ class ConnectionProtocol:
             )
 
     def _on_start(self, start: spec.ConnectionStart) -> None:
-        # connection.start carries major 0, minor 9 for 0-9-1 (the revision is not sent).
-        if (start.version_major, start.version_minor) != (0, 9):
-            raise RemoteProtocolError(
-                f"the broker speaks AMQP {start.version_major}-{start.version_minor}, not 0-9-1",
-                503,
-            )
+        handshake = self._handshake
+        refusal = handshake.refusal(start)
         self.server_properties = start.server_properties or {}
         self.server_version = server_version(self.server_properties)
         if self._size_follows_broker:
             self.max_message_size = default_max_message_size(self.server_version)
-        offered = start.mechanisms.decode("utf-8", "replace").split()
-        if self.auth_mechanism not in offered:
-            self._terminate(
-                AuthenticationError(
-                    f"the broker does not offer the {self.auth_mechanism} mechanism "
-                    f"(it offers: {', '.join(offered) or 'none'})"
-                )
-            )
+        if refusal is not None:
+            self._terminate(refusal)
             return
-        self._write(
-            method_frame(
-                0,
-                spec.ConnectionStartOk(
-                    client_properties=self.client_properties,
-                    mechanism=self.auth_mechanism,
-                    response=self._sasl_response(),
-                    locale=self.locale,
-                ),
-            )
-        )
+        self._write(method_frame(0, handshake.start_ok()))
         self.state = AWAIT_TUNE
 
-    def _sasl_response(self) -> bytes:
-        if self.auth_mechanism == "PLAIN":  # RFC 4616: authzid NUL authcid NUL password
-            return b"\x00" + self._username.encode() + b"\x00" + self._password.encode()
-        if self.auth_mechanism == "AMQPLAIN":
-            return encode_table_body({"LOGIN": self._username, "PASSWORD": self._password})
-        return b""  # EXTERNAL: the identity comes from the TLS client certificate
-
     def _on_tune(self, tune: spec.ConnectionTune) -> None:
-        channel_max = _negotiate(self._want_channel_max, tune.channel_max) or 65535
-        frame_max = _negotiate(self._want_frame_max, tune.frame_max)
-        # connection.tune: frame-max may not be below frame-min-size (4096 bytes).
-        if frame_max and frame_max < FRAME_MIN_SIZE:
-            raise RemoteProtocolError(
-                f"the broker proposed frame_max {frame_max}, below the minimum {FRAME_MIN_SIZE}",
-                530,
-            )
-        heartbeat = _negotiate(self._want_heartbeat, tune.heartbeat)
-        self.channel_max = min(channel_max, 65535)
-        self.frame_max = frame_max
-        self.heartbeat = heartbeat
-        self._reader.frame_max = frame_max
-        self._write(
-            method_frame(
-                0,
-                spec.ConnectionTuneOk(
-                    channel_max=self.channel_max, frame_max=frame_max, heartbeat=heartbeat
-                ),
-            )
-        )
+        tune_ok = self._handshake.tune_ok(tune)
+        self.channel_max = tune_ok.channel_max
+        self.frame_max = self._reader.frame_max = tune_ok.frame_max
+        self.heartbeat = tune_ok.heartbeat
+        self._write(method_frame(0, tune_ok))
         # tune-ok and open go out together: the client need not wait between them.
         self._write(method_frame(0, spec.ConnectionOpen(virtual_host=self.virtual_host)))
         self.state = AWAIT_OPEN_OK

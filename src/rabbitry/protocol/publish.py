@@ -62,6 +62,12 @@ CACHE_LIMIT = 512
 def as_body(body: object) -> bytes:
     """A message body as bytes (``str`` as UTF-8).
 
+    Args:
+        body: the body as the application gave it.
+
+    Returns:
+        ``body`` itself when it is ``bytes``, else a copy as ``bytes``.
+
     Raises:
         LocalProtocolError: ``body`` is not bytes, bytearray, memoryview or str.
     """
@@ -83,6 +89,16 @@ def properties_prefix(persistent: bool | None, expiration: str | None) -> bytes:
     The properties are ``delivery_mode`` (2 if ``persistent``, 1 if ``False``, absent
     if ``None``), ``expiration`` (a digit string, absent if ``None``) and
     ``message_id``, whose value :meth:`PublishEncoder.frames` appends (``message_id=``).
+
+    Args:
+        persistent: the delivery mode: ``True`` 2, ``False`` 1, ``None`` absent.
+        expiration: the per-message TTL in milliseconds as a digit string, or ``None``.
+
+    Returns:
+        The property flags and the values of the properties before ``message_id``.
+
+    Raises:
+        LocalProtocolError: ``expiration`` is longer than 255 bytes.
     """
     flags = _FLAG_MESSAGE_ID
     parts = []
@@ -122,6 +138,14 @@ class PublishEncoder:
     def method_frame(self, exchange: str, routing_key: str, mandatory: bool) -> bytes:
         """The ``basic.publish`` method frame (cached).
 
+        Args:
+            exchange: the exchange name.
+            routing_key: the routing key.
+            mandatory: the mandatory flag.
+
+        Returns:
+            The whole method frame, frame-end included.
+
         Raises:
             LocalProtocolError: an argument is invalid or the frame exceeds ``frame_max``.
         """
@@ -159,6 +183,16 @@ class PublishEncoder:
     ) -> list[bytes]:
         """The frames of one publish, every argument checked.
 
+        Args:
+            exchange: the exchange name.
+            routing_key: the routing key.
+            body: the message body (``str`` is sent as UTF-8).
+            properties: the message properties (``None``: none).
+            mandatory: the mandatory flag.
+
+        Returns:
+            The frames in the layout of the module docstring.
+
         Raises:
             MessageTooLarge: the body exceeds ``max_message_size``.
             LocalProtocolError: the exchange, routing key, properties or body are
@@ -195,6 +229,9 @@ class PublishEncoder:
             body: the message body.
             message_id: the value of the ``message_id`` property, appended to
                 ``properties`` (at most 255 bytes).
+
+        Returns:
+            The frames in the layout of the module docstring.
 
         Raises:
             LocalProtocolError: an argument is invalid, or the method frame or the
@@ -248,7 +285,15 @@ class PublishEncoder:
 
 def retarget(frames: list[bytes], channel_id: int) -> list[bytes]:
     """The frames of a publish (as :class:`PublishEncoder` lays them out) addressed to
-    channel ``channel_id`` (for a resend on another channel)."""
+    channel ``channel_id`` (for a resend on another channel).
+
+    Args:
+        frames: the frames of one publish.
+        channel_id: the channel to address them to.
+
+    Returns:
+        New frame heads with the channel number replaced; the other pieces are shared.
+    """
     number = channel_id.to_bytes(2, "big")
     out = [frames[0][:1] + number + frames[0][3:]]
     for index in range(1, len(frames)):
@@ -258,12 +303,26 @@ def retarget(frames: list[bytes], channel_id: int) -> list[bytes]:
 
 
 def frames_channel(frames: list[bytes]) -> bytes:
-    """The channel number (2 bytes, big-endian) the frames of a publish are addressed to."""
+    """The channel number (2 bytes, big-endian) the frames of a publish are addressed to.
+
+    Args:
+        frames: the frames of one publish.
+
+    Returns:
+        The two bytes of the channel number in the method frame's head.
+    """
     return frames[0][1:3]
 
 
 def publish_parts(frames: list[bytes]) -> tuple[bytes, bytes]:
-    """The encoded properties and the body of the frames of one publish."""
+    """The encoded properties and the body of the frames of one publish.
+
+    Args:
+        frames: the frames of one publish.
+
+    Returns:
+        ``(encoded property flags and values, body)``.
+    """
     properties = frames[2][_CONTENT_HEAD.size :]
     if len(frames) == 7:
         body = bytes(frames[5])
@@ -277,8 +336,15 @@ def publish_parts(frames: list[bytes]) -> tuple[bytes, bytes]:
 def publish_key(head: bytes) -> tuple[str, str, bool]:
     """``(exchange, routing_key, mandatory)`` of an encoded ``basic.publish`` method frame.
 
+    Args:
+        head: the method frame, frame head and frame-end included.
+
+    Returns:
+        The exchange, routing key and mandatory flag it carries.
+
     Raises:
-        RemoteProtocolError: the frame is not a well-formed ``basic.publish``.
+        RemoteProtocolError: the frame is not a well-formed method frame.
+        LocalProtocolError: the frame is another method than ``basic.publish``.
     """
     method = spec.decode_method(head[_FRAME_HEAD.size : -1])
     if type(method) is not spec.BasicPublish:
@@ -318,12 +384,22 @@ class ConfirmTracker(Generic[W]):
         self._order: deque[int] = deque()
 
     def add(self, tag: int, waiter: W) -> None:
-        """Track a publish just sent with delivery tag ``tag``."""
+        """Track a publish just sent with delivery tag ``tag``.
+
+        Args:
+            tag: the publish's sequence number, above every tag added before.
+            waiter: what the confirm of ``tag`` settles.
+        """
         self._pending[tag] = waiter
         self._order.append(tag)
 
     def confirm(self, tag: int, multiple: bool, ack: bool) -> bool:
         """Apply a ``basic.ack`` (``ack``) or ``basic.nack`` of ``tag`` from the broker.
+
+        Args:
+            tag: the confirm's delivery tag.
+            multiple: it confirms every tracked tag up to and including ``tag``.
+            ack: ``True`` for basic.ack, ``False`` for basic.nack.
 
         Returns:
             ``True`` when no publish is left unconfirmed afterwards.
@@ -345,7 +421,14 @@ class ConfirmTracker(Generic[W]):
         return not self._pending  # a settle callback may have published again
 
     def get(self, tag: int) -> W | None:
-        """The waiter of ``tag``, if it is still unconfirmed."""
+        """The waiter of ``tag``, if it is still unconfirmed.
+
+        Args:
+            tag: a delivery tag.
+
+        Returns:
+            The waiter, or ``None`` when ``tag`` is not tracked.
+        """
         return self._pending.get(tag)
 
     def tags(self) -> KeysView[int]:

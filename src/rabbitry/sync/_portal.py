@@ -27,8 +27,10 @@ no locks (thread confinement). Other threads reach it through :class:`Portal`:
   that sweep is taken back by its submitter, which raises.
 
 User callbacks never run on the IO thread (a slow one would stop heartbeats). They go to
-:class:`Dispatcher`, a worker thread with a bounded queue; when it is full the IO thread
-stops reading the socket (TCP back-pressure) until the worker catches up.
+:class:`Dispatcher` (``_portal_dispatch.py``), a worker thread with a bounded queue; when
+it is full the IO thread stops reading the socket (TCP back-pressure) until the worker
+catches up. :class:`ConfirmFuture` (``_portal_future.py``) is the future of a sync
+confirmed publish. Both are re-exported here.
 """
 
 from __future__ import annotations
@@ -38,17 +40,14 @@ import concurrent.futures
 import copy
 import logging
 import os
-import queue
 import threading
-import time
 import weakref
 from collections import deque
-from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._failure_log import RateLimitedLog
 from ..exceptions import AMQPError, InvalidStateError, Timeout
-from ..publishing.unobserved import Observable, looks
+from ._portal_dispatch import Dispatcher
+from ._portal_future import IO_THREAD, ConfirmFuture
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -58,150 +57,6 @@ __all__ = ["ConfirmFuture", "Dispatcher", "Portal"]
 logger = logging.getLogger("rabbitry.sync")
 
 T = TypeVar("T")
-
-
-# Why private names of concurrent.futures: a ConfirmFuture must stay a real Future
-# (isinstance, wait(), as_completed() read a future's _state, _condition and _waiters
-# directly), yet skip Future.__init__, which builds a Condition and an RLock per future.
-# With only the public API (a plain Future) the sync confirmed publish costs about 15
-# more Python calls per message (66.5 instead of 51), past the call budget of
-# tests/integration/test_perf_budget.py. tests/unit/sync/test_confirm_future.py checks
-# the behaviour against the running Python (wait, as_completed, cancel, callbacks), so
-# a change in these internals fails there first.
-_DONE = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
-_CANCELLED = (CANCELLED, CANCELLED_AND_NOTIFIED)
-# The one lock and condition every ConfirmFuture shares (an RLock, as the standard
-# futures use, so concurrent.futures.wait() can take it once per future it watches).
-_SHARED_CONDITION = threading.Condition()
-
-
-class ConfirmFuture(concurrent.futures.Future[T], Observable):
-    """A ``concurrent.futures.Future`` that is cheap to create and to settle.
-
-    The sync API returns one per confirmed publish, so its cost is paid per message. A
-    standard future builds a ``Condition`` and an ``RLock`` of its own and notifies its
-    condition on every settle; this one shares one condition between all instances,
-    answers ``done()`` without taking it, and notifies only when a thread is actually
-    blocked in :meth:`result` or :meth:`exception` of this future. It is a subclass, so
-    ``isinstance``, ``add_done_callback``, ``cancel``, ``concurrent.futures.wait`` and
-    ``as_completed`` behave as with any future.
-
-    Done-callbacks never run on the IO thread, where the future is settled: they go to
-    the connection's callback thread (:class:`Dispatcher`), in order, so a slow one
-    cannot hold up heartbeats and other confirms. Without a callback the settle costs
-    nothing more. Once the dispatcher has stopped (the connection is closing), the
-    last settles run their callbacks where they are.
-
-    ``_observed`` says that someone looked at the outcome (``result()``,
-    ``exception()`` or a done-callback): :mod:`rabbitry.publishing.unobserved` reports
-    the failures nobody looked at.
-    """
-
-    def __init__(self) -> None:  # no super().__init__(): that builds the private lock
-        self._condition = _SHARED_CONDITION
-        self._state = PENDING
-        self._result: T | None = None
-        self._exception: BaseException | None = None
-        self._waiters: list[Any] = []
-        self._done_callbacks: list[Any] = []
-        self._sleepers = 0
-
-    def done(self) -> bool:
-        return self._state in _DONE
-
-    def _wait_done(self, timeout: float | None) -> None:
-        if self._state in _DONE:
-            return
-        condition = self._condition
-        with condition:
-            if self._state in _DONE:
-                return
-            self._sleepers += 1
-            try:
-                if timeout is None:
-                    while self._state not in _DONE:
-                        condition.wait()
-                    return
-                deadline = time.monotonic() + timeout
-                while self._state not in _DONE:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise TimeoutError()
-                    condition.wait(remaining)
-            finally:
-                self._sleepers -= 1
-
-    def result(self, timeout: float | None = None) -> T:
-        self._observed = True
-        self._wait_done(timeout)
-        if self._state in _CANCELLED:
-            raise concurrent.futures.CancelledError()
-        exc = self._exception
-        if exc is not None:
-            try:
-                raise exc
-            finally:
-                del exc  # no reference cycle through the traceback
-        return self._result  # type: ignore[return-value]
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        self._observed = True
-        self._wait_done(timeout)
-        if self._state in _CANCELLED:
-            raise concurrent.futures.CancelledError()
-        return self._exception
-
-    def set_result(self, result: T) -> None:
-        with self._condition:
-            if self._state in _DONE:
-                raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
-            self._result = result
-            self._state = FINISHED
-            for waiter in self._waiters:
-                waiter.add_result(self)
-            if self._sleepers:
-                self._condition.notify_all()
-        if self._done_callbacks:
-            self._invoke_callbacks()
-
-    def set_exception(self, exception: BaseException | None) -> None:
-        with self._condition:
-            if self._state in _DONE:
-                raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
-            self._exception = exception
-            self._state = FINISHED
-            for waiter in self._waiters:
-                waiter.add_exception(self)
-            if self._sleepers:
-                self._condition.notify_all()
-        if self._done_callbacks:
-            self._invoke_callbacks()
-
-    def add_done_callback(self, fn: Callable[[concurrent.futures.Future[T]], object]) -> None:
-        if looks(fn):
-            self._observed = True
-        super().add_done_callback(fn)
-
-    def _invoke_callbacks(self) -> None:
-        """Run the done-callbacks; from the IO thread, on the callback thread."""
-        portal = getattr(_IO_THREAD, "portal", None)
-        dispatcher = portal.dispatcher if portal is not None else None
-        if dispatcher is None or dispatcher.stopping:
-            super()._invoke_callbacks()  # type: ignore[misc]
-            return
-        for callback in self._done_callbacks:
-            dispatcher.post(_run_done_callback, callback, self)
-
-
-def _run_done_callback(callback: Callable[[Any], object], future: Any) -> None:
-    try:
-        callback(future)
-    except Exception:
-        logger.exception("exception calling callback for %r", future)
-
-
-# The portal whose loop runs on the current thread (set on each IO thread).
-_IO_THREAD = threading.local()
 
 
 #: Bytes of operations queued for the IO thread before ``submit`` blocks (publishes
@@ -298,7 +153,7 @@ class Portal:
         self._batch = (begin, end)
 
     def _run(self, started: threading.Event) -> None:
-        _IO_THREAD.portal = self
+        IO_THREAD.portal = self
         asyncio.set_event_loop(self._loop)
         self._loop.call_soon(started.set)
         try:
@@ -630,166 +485,6 @@ def _after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork)
-
-
-class Dispatcher:
-    """Runs user callbacks on a worker thread, in order, with a bounded queue.
-
-    ``post`` is called on the IO thread. When the queue is full the item is kept aside
-    and ``pause_reading`` is called; the worker calls ``resume_reading`` (through the
-    portal) once the queue has drained to half, and the kept items go first.
-
-    Deliveries are posted with their channel (``post_delivery``): one whose channel has
-    closed by the time the worker reaches it is dropped, not run (the broker requeues
-    it, and its ack could only fail), so no consumer callback starts after ``close()``.
-
-    Args:
-        portal: the connection's portal.
-        name: the worker thread's name.
-        maxsize: queued callbacks before the socket stops being read.
-        pause_reading: called on the IO thread to stop reading the socket.
-        resume_reading: called on the IO thread to read again.
-    """
-
-    _STOP = object()
-
-    def __init__(
-        self,
-        portal: Portal,
-        name: str,
-        maxsize: int,
-        pause_reading: Callable[[], None],
-        resume_reading: Callable[[], None],
-    ) -> None:
-        self._portal = portal
-        # A SimpleQueue (C, no lock round trips in Python) bounded by hand: only the IO
-        # thread puts, so checking qsize() first keeps it at most ``maxsize`` long.
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._maxsize = maxsize
-        self._overflow: deque[tuple[Callable[..., Any], tuple[Any, ...], Any]] = deque()
-        self._paused = False
-        self._resume_asked = False
-        self._pause_reading = pause_reading
-        self._resume_reading = resume_reading
-        self._low_water = max(1, maxsize // 2)
-        self._stopping = False
-        self._blocking_calls = 0
-        # Callbacks that raise (a consumer callback may raise on every message): ERROR
-        # with the traceback, rate-limited with counts; the IO loop times the summary.
-        self._errors = RateLimitedLog(logger, name, "callback failures", loop=portal.loop)
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    @property
-    def thread(self) -> threading.Thread:
-        """The worker thread."""
-        return self._thread
-
-    @property
-    def stopping(self) -> bool:
-        """:meth:`stop` was called: what is posted from now on may never run."""
-        return self._stopping
-
-    def post(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Queue ``fn(*args)`` for the worker (IO thread only)."""
-        item = (fn, args, None)
-        if not self._overflow and self._queue.qsize() < self._maxsize:
-            self._queue.put(item)
-            return
-        self._overflow.append(item)
-        if not self._paused and not self._blocking_calls:
-            self._paused = True
-            self._pause_reading()
-
-    def post_delivery(self, channel: Any, fn: Callable[..., Any], *args: Any) -> None:
-        """Queue ``fn(*args)``, dropped if ``channel`` has closed before it runs.
-
-        ``channel`` is an :class:`~rabbitry.aio.channel.AsyncChannel` (its ``close_exc``
-        is set once it has closed) or ``None`` for a callback that always runs.
-        """
-        item = (fn, args, channel)
-        if not self._overflow and self._queue.qsize() < self._maxsize:
-            self._queue.put(item)
-            return
-        self._overflow.append(item)
-        # While a callback waits for a blocking call, its answer must still be read:
-        # pausing then would deadlock it, so the overflow grows for that long instead.
-        if not self._paused and not self._blocking_calls:
-            self._paused = True
-            self._pause_reading()
-
-    def blocking_call_started(self) -> bool:
-        """A thread is about to block on the IO thread; True if it is this worker."""
-        if threading.current_thread() is not self._thread:
-            return False
-        self._blocking_calls += 1
-        if self._paused:
-            self._portal.submit(self._unpause)
-        return True
-
-    def blocking_call_finished(self) -> None:
-        """The worker's blocking call returned."""
-        self._blocking_calls -= 1
-
-    def _unpause(self) -> None:
-        if self._paused and self._blocking_calls:
-            self._paused = False
-            self._resume_reading()
-
-    def _refill(self) -> None:
-        """IO thread: move kept items into the queue; read the socket again when empty."""
-        self._resume_asked = False
-        overflow = self._overflow
-        put, qsize, maxsize = self._queue.put, self._queue.qsize, self._maxsize
-        while overflow:
-            if qsize() >= maxsize:
-                return
-            put(overflow.popleft())
-        if self._paused:
-            self._paused = False
-            self._resume_reading()
-
-    def _run(self) -> None:
-        get = self._queue.get
-        while True:
-            item = get()
-            if item is self._STOP:
-                self._errors.flush()
-                return
-            fn, args, channel = item
-            if channel is None or channel.close_exc is None:
-                try:
-                    fn(*args)
-                except Exception as exc:
-                    self._errors.log("raised", "callback %r failed", fn, exc_info=exc)
-            if self._stopping and self._queue.empty():
-                self._errors.flush()
-                return
-            if (
-                (self._paused or self._overflow)
-                and not self._resume_asked
-                and self._queue.qsize() < self._low_water
-            ):
-                self._resume_asked = True
-                try:
-                    self._portal.submit(self._refill)
-                except InvalidStateError:
-                    return
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Run the callbacks already queued, then end the worker (waits ``timeout`` at most).
-
-        Deliveries of closed channels are skipped (the connection closed them all before
-        this), and items kept aside while reading was paused are dropped. The worker
-        ends even if the queue is full (it checks after each item).
-        """
-        self._stopping = True
-        self._overflow.clear()
-        if self._queue.qsize() < self._maxsize:
-            self._queue.put(self._STOP)
-        # else the worker is busy and sees _stopping once the queue is empty
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
 
 
 def caller_timeout(timeout: float | None) -> float | None:
