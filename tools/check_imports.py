@@ -110,6 +110,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rabbitry.sharding",
             "rabbitry.sharded_queue",
             "rabbitry.batching_publisher",
+            "rabbitry._shovel_endpoints",
+            "rabbitry._shovel_ledger",
             "rabbitry.shovel",
             "rabbitry.service",
         ),
