@@ -109,6 +109,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "rabbitry.sharding",
             "rabbitry.sharded_queue",
+            "rabbitry._batch_envelopes",
             "rabbitry.batching_publisher",
             "rabbitry._shovel_endpoints",
             "rabbitry._shovel_ledger",
