@@ -81,6 +81,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rabbitry.topology._diff",
             "rabbitry.topology._definitions",
             "rabbitry.topology._apply",
+            "rabbitry._outbox_file",
             "rabbitry.outbox",
             "rabbitry._outbox_rows",
             "rabbitry._publisher_core",
