@@ -1,8 +1,6 @@
-"""The rows of an outbox publisher: their states, the confirm of one send, the writer
-thread that owns the store (group commit), the bound on the rows and bytes stored
-(:class:`OutboxRoom`, a base of :class:`~rabbitry.outbox_publisher.AsyncOutboxPublisher`),
-the check that a row's exchange exists (:class:`ExchangeCheck`) and the writer-side
-start."""
+"""The rows of an outbox publisher: their states, the queue of rows ready to send, the
+confirm of one send, the writer thread that owns the store (group commit), the check
+that a row's exchange exists (:class:`ExchangeCheck`) and the writer-side start."""
 
 from __future__ import annotations
 
@@ -10,15 +8,15 @@ import asyncio
 import contextlib
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .exceptions import AMQPError, InvalidStateError, LocalProtocolError, NotFound, OutboxFull
+from .exceptions import AMQPError, NotFound
 from .outbox import Outbox, OutboxBatch, OutboxRecord, OutboxStatus
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ._waiters import Waiters
     from .aio.channel import AsyncChannel
     from .aio.connection import AsyncConnection
 
@@ -29,19 +27,15 @@ STORING, READY, IN_FLIGHT, WAITING, ACKED, DEAD, _CHECKING = range(7)
 RETRY_WRITE_DELAY = 1.0
 
 
-class SendOutcomes:
-    """Where a :class:`Send` reports: the outbox publisher's handlers of an ack and of
-    a failed send (nack, return, channel end) of one of its rows."""
+class SendOwner(Protocol):
+    """Where a :class:`Send` reports: the handlers of an ack and of a failed send (nack,
+    return, channel end) of one row."""
 
-    __slots__ = ("acked", "send_failed")
+    def acked(self, entry: Entry) -> None:
+        """The broker confirmed the send of ``entry``."""
 
-    def __init__(
-        self,
-        acked: Callable[[Entry], None],
-        send_failed: Callable[[Entry, int, BaseException], None],
-    ) -> None:
-        self.acked = acked
-        self.send_failed = send_failed
+    def send_failed(self, entry: Entry, gen: int, exc: BaseException) -> None:
+        """Send number ``gen`` of ``entry`` failed with ``exc``."""
 
 
 class Entry:
@@ -63,12 +57,30 @@ class Entry:
         return self.record.id < other.record.id
 
 
+class ReadyRows:
+    """The rows ready to be sent, in order, and the event that wakes the sender."""
+
+    __slots__ = ("event", "rows")
+
+    def __init__(self) -> None:
+        self.rows: deque[Entry] = deque()
+        self.event = asyncio.Event()
+
+    def add(self, entries: list[Entry]) -> None:
+        """Mark ``entries`` ready and queue them, waking the sender when there are any."""
+        for entry in entries:
+            entry.state = READY
+            self.rows.append(entry)
+        if entries:
+            self.event.set()
+
+
 class Send:
     """One send of a row: the channel settles it on ack / nack / return / channel end."""
 
     __slots__ = ("entry", "gen", "owner", "settled")
 
-    def __init__(self, owner: SendOutcomes, entry: Entry, gen: int) -> None:
+    def __init__(self, owner: SendOwner, entry: Entry, gen: int) -> None:
         self.owner = owner
         self.entry = entry
         self.gen = gen
@@ -137,91 +149,6 @@ class Writer:
                 self.loop.call_soon_threadsafe(self.on_commit, batch, waiters, error)
             except RuntimeError:  # the loop is closed: nobody is left to tell
                 return
-
-
-class OutboxRoom:
-    """The bound of :class:`~rabbitry.outbox_publisher.AsyncOutboxPublisher` on the rows
-    and bytes it stores (the outbox's ``max_rows`` and ``max_bytes``): the room each
-    publish reserves before storing, given back when its rows leave, and the publishes
-    waiting for room, served in order."""
-
-    _outbox: Outbox
-    _loop: asyncio.AbstractEventLoop
-    _timeout: float | None
-    _closing: bool
-    # Rows and bytes reserved: stored, or being stored.
-    _rows: int
-    _bytes: int
-    # Reservations waiting for room, each with its (rows, bytes); handed that grant.
-    _room_waiters: Waiters[tuple[int, int]]
-    # Told when no row is left.
-    _idle_waiters: Waiters[None]
-
-    async def _reserve(self, rows: int, size: int, timeout: float | None) -> None:
-        if self._closing:
-            raise InvalidStateError("the publisher is closed")
-        outbox = self._outbox
-        if rows > outbox.max_rows or size > outbox.max_bytes:
-            raise LocalProtocolError(
-                f"publish_many.messages: {rows} messages of {size} bytes can never fit the "
-                f"outbox's bound (max_rows {outbox.max_rows}, max_bytes {outbox.max_bytes})"
-            )
-        if (
-            not self._room_waiters
-            and self._rows + rows <= outbox.max_rows
-            and self._bytes + size <= outbox.max_bytes
-        ):
-            self._rows += rows
-            self._bytes += size
-            return
-        if timeout is None:
-            timeout = self._timeout
-        try:
-            async with asyncio.timeout(timeout):
-                await self._room_waiters.wait((rows, size))
-        except TimeoutError:
-            raise OutboxFull(
-                f"outbox {outbox.name}: full ({self._rows}/{outbox.max_rows} rows, "
-                f"{self._bytes}/{outbox.max_bytes} bytes) for {timeout} s; the broker "
-                "is not confirming fast enough (or is unreachable)",
-                rows=self._rows,
-                size=self._bytes,
-            ) from None
-        finally:
-            # A waiter that left the head may have held back smaller ones behind it.
-            self._serve_room()
-
-    def _give_back_room(self, grant: tuple[int, int]) -> None:
-        """Take back room granted to a reservation that was cancelled before it resumed."""
-        self._release(*grant)
-
-    def _release(self, rows: int, size: int) -> None:
-        self._rows -= rows
-        self._bytes -= size
-        self._serve_room()
-        if not self._rows:
-            self._idle_waiters.wake_all(None)
-
-    def _serve_room(self) -> None:
-        """Grant room to the waiting reservations, oldest first, while the next one fits."""
-        outbox = self._outbox
-        waiters = self._room_waiters
-        while waiters:
-            need = waiters.next_need()
-            if need is None:
-                break
-            need_rows, need_size = need
-            if (
-                self._rows + need_rows > outbox.max_rows
-                or self._bytes + need_size > outbox.max_bytes
-            ):
-                break
-            self._rows += need_rows
-            self._bytes += need_size
-            waiters.hand(need)
-
-    def _wake_room_waiters(self, exc: BaseException) -> None:
-        self._room_waiters.fail_all(exc)
 
 
 class ExchangeCheck:

@@ -36,15 +36,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from .exceptions import ConfigurationError, OutboxCorrupt, OutboxError, OutboxLocked
+from ._outbox_file import APPLICATION_ID as APPLICATION_ID
+from ._outbox_file import COLUMNS, OutboxFile, OutboxLock
+from ._outbox_file import SCHEMA_VERSION as SCHEMA_VERSION
+from .exceptions import ConfigurationError, OutboxError
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
-
-try:  # POSIX; elsewhere the lock is taken by SQLite's own exclusive mode only
-    import fcntl
-except ImportError:  # pragma: no cover - not on Linux
-    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "DeadRecord",
@@ -54,13 +52,6 @@ __all__ = [
     "OutboxStatus",
     "SQLiteOutbox",
 ]
-
-#: ``PRAGMA application_id`` of a rabbitry outbox ("RBOX").
-APPLICATION_ID = 0x52424F58
-#: The schema version, in ``PRAGMA user_version``.
-SCHEMA_VERSION = 1
-
-_COLUMNS = "id, message_id, exchange, routing_key, mandatory, properties, body, created_at"
 
 
 @dataclass(slots=True)
@@ -291,41 +282,6 @@ class Outbox(abc.ABC):
         """Release the storage (idempotent)."""
 
 
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS outbox (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    message_id TEXT NOT NULL,
-    exchange TEXT NOT NULL,
-    routing_key TEXT NOT NULL,
-    mandatory INTEGER NOT NULL,
-    properties BLOB NOT NULL,
-    body BLOB NOT NULL,
-    created_at REAL NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    last_error TEXT
-);
-CREATE TABLE IF NOT EXISTS dead (
-    id INTEGER PRIMARY KEY,
-    message_id TEXT NOT NULL,
-    exchange TEXT NOT NULL,
-    routing_key TEXT NOT NULL,
-    mandatory INTEGER NOT NULL,
-    properties BLOB NOT NULL,
-    body BLOB NOT NULL,
-    created_at REAL NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    last_error TEXT,
-    reason TEXT NOT NULL,
-    died_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
-INSERT OR IGNORE INTO meta VALUES ('resent', 0);
-PRAGMA application_id = {APPLICATION_ID};
-PRAGMA user_version = {SCHEMA_VERSION};
-"""
-_TABLES = {"outbox", "dead", "meta", "sqlite_sequence"}
-
-
 class SQLiteOutbox(Outbox):
     """An outbox in one SQLite file (standard library ``sqlite3``, WAL journal).
 
@@ -365,7 +321,8 @@ class SQLiteOutbox(Outbox):
         self.synchronous = synchronous
         self.busy_timeout = float(busy_timeout)
         self._db: sqlite3.Connection | None = None
-        self._lock_fd: int | None = None
+        self._file = OutboxFile(self.path, self.busy_timeout)
+        self._lock = OutboxLock(self.path)
 
     def __repr__(self) -> str:
         return f"<SQLiteOutbox {self.path!r} max_rows={self.max_rows} max_bytes={self.max_bytes}>"
@@ -381,17 +338,17 @@ class SQLiteOutbox(Outbox):
         """Lock, check and (if new) create the outbox file; see :meth:`Outbox.open`."""
         if self._db is not None:
             raise OutboxError(self.path, "already open")
-        self._lock()
+        self._lock.acquire()
         try:
-            db = self._connect(create=True)
+            db = self._file.connect(create=True)
             try:
-                self._check(db, create=True)
+                self._file.check(db, create=True)
                 db.execute(f"PRAGMA synchronous={self.synchronous}")
             except BaseException:
                 db.close()
                 raise
         except BaseException:
-            self._unlock()
+            self._lock.release()
             raise
         self._db = db
         return self.status()
@@ -402,89 +359,7 @@ class SQLiteOutbox(Outbox):
         if db is not None:
             with contextlib.suppress(sqlite3.Error):
                 db.close()
-        self._unlock()
-
-    def _lock(self) -> None:
-        if fcntl is None:  # pragma: no cover - not on Linux
-            return
-        lock_path = self.path + ".lock"
-        try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise OutboxError(self.path, f"cannot create its lock file {lock_path}: {exc}") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = ""
-            with contextlib.suppress(OSError, ValueError):
-                holder = os.pread(fd, 32, 0).decode().strip()
-            os.close(fd)
-            who = f" (pid {holder})" if holder else ""
-            raise OutboxLocked(
-                self.path, f"in use by another publisher{who}; one outbox serves one publisher"
-            ) from None
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._lock_fd = fd
-
-    def _unlock(self) -> None:
-        fd, self._lock_fd = self._lock_fd, None
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
-            os.close(fd)  # closing the descriptor releases the flock
-
-    def _connect(self, *, create: bool) -> sqlite3.Connection:
-        if not create and not os.path.exists(self.path):
-            raise OutboxError(self.path, "no such file")
-        try:
-            # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
-            db = sqlite3.connect(
-                self.path,
-                timeout=self.busy_timeout,
-                isolation_level=None,
-                check_same_thread=False,
-            )
-        except sqlite3.Error as exc:
-            raise OutboxError(self.path, f"cannot open: {exc}") from exc
-        return db
-
-    def _check(self, db: sqlite3.Connection, *, create: bool) -> None:
-        """Refuse anything but a sound rabbitry outbox (or an empty file, when creating)."""
-        try:
-            mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            app_id = db.execute("PRAGMA application_id").fetchone()[0]
-            tables = {
-                row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")
-            }
-            if not tables and app_id == 0:
-                if not create:
-                    raise OutboxCorrupt(self.path, "empty database, not a rabbitry outbox")
-                db.executescript(_SCHEMA)
-                return
-            if app_id != APPLICATION_ID or not _TABLES <= tables:
-                raise OutboxCorrupt(
-                    self.path,
-                    f"not a rabbitry outbox (application_id {app_id:#x}, tables {sorted(tables)})",
-                )
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            if version != SCHEMA_VERSION:
-                raise OutboxCorrupt(
-                    self.path, f"schema version {version}, this rabbitry reads {SCHEMA_VERSION}"
-                )
-            problems = [row[0] for row in db.execute("PRAGMA quick_check")]
-            if problems != ["ok"]:
-                raise OutboxCorrupt(self.path, "integrity check failed: " + "; ".join(problems[:5]))
-        except sqlite3.OperationalError as exc:
-            if "locked" in str(exc) or "busy" in str(exc):
-                raise OutboxLocked(self.path, f"the database is locked ({exc})") from exc
-            raise OutboxCorrupt(self.path, f"unreadable: {exc}") from exc
-        except sqlite3.DatabaseError as exc:
-            # "file is not a database", "database disk image is malformed"
-            raise OutboxCorrupt(self.path, f"unreadable: {exc}") from exc
-        if mode.lower() != "wal":
-            raise OutboxError(self.path, f"cannot use WAL journal mode (got {mode!r})")
+        self._lock.release()
 
     def _require(self) -> sqlite3.Connection:
         if self._db is None:
@@ -497,9 +372,9 @@ class SQLiteOutbox(Outbox):
         if self._db is not None:
             yield self._db
             return
-        db = self._connect(create=False)
+        db = self._file.connect(create=False)
         try:
-            self._check(db, create=False)
+            self._file.check(db, create=False)
             yield db
         finally:
             db.close()
@@ -512,7 +387,7 @@ class SQLiteOutbox(Outbox):
         last = 0
         while True:
             rows = db.execute(
-                f"SELECT {_COLUMNS}, attempts, last_error FROM outbox WHERE id > ? "
+                f"SELECT {COLUMNS}, attempts, last_error FROM outbox WHERE id > ? "
                 "ORDER BY id LIMIT 1000",
                 (last,),
             ).fetchall()
@@ -531,77 +406,7 @@ class SQLiteOutbox(Outbox):
         Raises:
             OutboxError: the file cannot be written; nothing of the batch was applied.
         """
-        db = self._require()
-        try:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                if batch.inserts:
-                    # AUTOINCREMENT: SQLite itself remembers the highest id ever stored
-                    # (sqlite_sequence), so ids are never reused after deletes.
-                    self._insert(db, batch.inserts)
-                if batch.deletes:
-                    self._delete(db, batch.deletes)
-                if batch.failures:
-                    db.executemany(
-                        "UPDATE outbox SET attempts = ?, last_error = ? WHERE id = ?",
-                        [(attempts, error, i) for i, attempts, error in batch.failures],
-                    )
-                if batch.deaths:
-                    now = time.time()
-                    db.executemany(
-                        f"INSERT OR REPLACE INTO dead ({_COLUMNS}, attempts, last_error, "
-                        f"reason, died_at) SELECT {_COLUMNS}, attempts, last_error, ?, ? "
-                        "FROM outbox WHERE id = ?",
-                        [(reason, now, i) for i, reason in batch.deaths],
-                    )
-                    db.executemany(
-                        "DELETE FROM outbox WHERE id = ?", [(i,) for i, _ in batch.deaths]
-                    )
-                if batch.resent:
-                    db.execute(
-                        "UPDATE meta SET value = value + ? WHERE key = 'resent'", (batch.resent,)
-                    )
-                db.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    db.execute("ROLLBACK")
-                raise
-        except sqlite3.Error as exc:
-            raise OutboxError(self.path, f"write failed: {exc}") from exc
-
-    # Few statements per batch, each with many rows: sqlite3 releases the GIL around
-    # every statement step, and getting it back while the event loop's thread runs can
-    # take a whole switch interval (5 ms). One step per 1000 rows, not one per row.
-    _ROWS_PER_INSERT = 1000
-
-    def _insert(self, db: sqlite3.Connection, records: list[OutboxRecord]) -> None:
-        step = self._ROWS_PER_INSERT
-        for start in range(0, len(records), step):
-            chunk = records[start : start + step]
-            values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
-            args: list[Any] = []
-            for r in chunk:
-                args += (r.id, r.message_id, r.exchange, r.routing_key, r.mandatory,
-                         r.properties, r.body, r.created_at)  # fmt: skip
-            db.execute(f"INSERT INTO outbox ({_COLUMNS}) VALUES {values}", args)
-
-    @staticmethod
-    def _delete(db: sqlite3.Connection, ids: list[int]) -> None:
-        # Acks come mostly in id order: contiguous runs become one range each.
-        ordered = sorted(ids)
-        ranges: list[tuple[int, int]] = []
-        low = high = ordered[0]
-        for value in ordered[1:]:
-            if value == high + 1:
-                high = value
-            else:
-                ranges.append((low, high))
-                low = high = value
-        ranges.append((low, high))
-        for start in range(0, len(ranges), 500):
-            chunk = ranges[start : start + 500]
-            where = " OR ".join(["id BETWEEN ? AND ?"] * len(chunk))
-            db.execute(f"DELETE FROM outbox WHERE {where}", [v for pair in chunk for v in pair])
+        self._file.apply(self._require(), batch)
 
     # ------------------------------------------------------------------ inspection (CLI)
 
@@ -680,7 +485,7 @@ class SQLiteOutbox(Outbox):
         try:
             with self._reader() as db:
                 rows = db.execute(
-                    f"SELECT {_COLUMNS}, attempts, last_error, reason, died_at FROM dead "
+                    f"SELECT {COLUMNS}, attempts, last_error, reason, died_at FROM dead "
                     "ORDER BY id LIMIT ?",
                     (-1 if limit is None else limit,),
                 ).fetchall()
@@ -718,7 +523,7 @@ class SQLiteOutbox(Outbox):
                 top = self.status().last_id
                 for offset, (old,) in enumerate(rows, start=1):
                     db.execute(
-                        f"INSERT INTO outbox ({_COLUMNS}) SELECT ?, message_id, exchange, "
+                        f"INSERT INTO outbox ({COLUMNS}) SELECT ?, message_id, exchange, "
                         "routing_key, mandatory, properties, body, created_at FROM dead "
                         "WHERE id = ?",
                         (top + offset, old),

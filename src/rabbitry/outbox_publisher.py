@@ -6,24 +6,16 @@ Theory of operation
 -------------------
 ``publish()`` encodes and validates the message with the inner :class:`AsyncPublisher`'s
 encoder, reserves room in the outbox's bound (rows and bytes; waiting up to the publish
-timeout, then :class:`OutboxFull`), and queues the row for the writer thread. The writer
-thread owns the store: it takes everything queued since its last commit (the rows of
-every ``publish()`` waiting, the deletes of every ack, resends, deaths) and applies it as
-one transaction (group commit), so many concurrent publishes share one sync to disk.
-Only after that commit does ``publish()`` return, and only then is the row handed to the
-sender: a message is never on the wire before it is on disk.
+timeout, then :class:`OutboxFull`: ``_outbox_room.OutboxRoom``), and queues the row for
+the writer thread, which commits the rows of every ``publish()`` waiting as one
+transaction (``_outbox_commits.CommitQueue``). Only after that commit does ``publish()``
+return, and only then is the row handed to the sender: a message is never on the wire
+before it is on disk.
 
-The sender task sends rows with confirms through the inner publisher's window. The
-confirm of a row is a small :class:`Send` object in the channel's confirm table (no
-asyncio future per message). An ack queues the row's delete; the row leaves memory and
-the bound when that delete is committed. A nack, a lost channel or no confirm within
-``confirm_timeout`` (a sweep over the rows in flight, oldest first) schedules a resend
-with exponential backoff; a return (mandatory, unroutable) or a refusal
-(:class:`PublishRefused`: the broker closed the channel because of this message, e.g.
-406 too large) moves the row to the dead table with the broker's reason, logged at
-ERROR (rate-limited with counts: a few rows in full per minute, then one summary line),
-instead of retrying it forever. An ack that arrives late, after a resend was scheduled,
-still settles the row.
+The sender task sends rows with confirms through the inner publisher's window; the rows
+in flight are settled by ``_outbox_sends.InFlight``: deleted on ack, resent with backoff
+after a nack, a lost channel or ``confirm_timeout``, moved to the dead table with the
+broker's reason when returned or refused (logged at ERROR, rate-limited with counts).
 
 A row's exchange is known to exist before the row is sent (a passive declare on a side
 channel, once per name: ``_outbox_rows.ExchangeCheck``): a 404 would close the
@@ -40,44 +32,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import logging
-import random
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._failure_log import RateLimitedLog
+from ._outbox_commits import CommitQueue
+from ._outbox_room import OutboxRoom
 from ._outbox_rows import (
-    ACKED,
-    DEAD,
     IN_FLIGHT,
     READY,
-    RETRY_WRITE_DELAY,
-    STORING,
-    WAITING,
     Entry,
     ExchangeCheck,
-    OutboxRoom,
+    ReadyRows,
     Send,
-    SendOutcomes,
-    Writer,
     open_store,
 )
-from ._waiters import Waiters
+from ._outbox_sends import InFlight, RetrySchedule
 from .exceptions import (
     AMQPError,
     ConfigurationError,
     InvalidStateError,
     LocalProtocolError,
-    OutboxError,
-    PublishRefused,
     PublishTimeout,
-    Unroutable,
 )
 from .observability import _state as _obs
-from .outbox import Outbox, OutboxBatch, OutboxRecord
+from .outbox import Outbox, OutboxRecord
 from .protocol.publish import publish_key, publish_parts
 from .publisher import AsyncPublisher, open_publisher, port_of
 
@@ -120,7 +100,7 @@ class OutboxStats:
     dead: int
 
 
-class AsyncOutboxPublisher(OutboxRoom):
+class AsyncOutboxPublisher:
     """Publishes through a durable outbox: ``publish()`` returns once the message is stored.
 
     Get one with ``await connection.publisher(outbox=SQLiteOutbox(path))``; usable as
@@ -144,59 +124,41 @@ class AsyncOutboxPublisher(OutboxRoom):
         self._outbox = outbox
         self._loop = self._port.loop
         self._timeout = publisher.timeout
-        self._writer = Writer(outbox, self._loop)
-        self._writer.on_commit = self._committed
-        self._entries: dict[int, Entry] = {}
-        self._rows = 0
-        self._bytes = 0
-        self._next_id = 1
-        self._ready: deque[Entry] = deque()
-        self._ready_event = asyncio.Event()
-        self._in_flight: dict[int, Entry] = {}
-        self._retry_heap: list[tuple[float, Entry]] = []
-        self._retry_timer: asyncio.TimerHandle | None = None
-        self._room_waiters: Waiters[tuple[int, int]] = Waiters(self._give_back_room)
-        self._idle_waiters: Waiters[None] = Waiters()
-        # Changes gathered on the loop during one iteration, handed to the writer at once.
-        self._batch = OutboxBatch()
-        self._batch_waiters: list[tuple[asyncio.Future[None], list[Entry]]] = []
-        self._flush_handle: asyncio.Handle | None = None
         self._closing = False
         self._tasks: list[asyncio.Task[None]] = []
-        self._stored = self._acked_count = self._resent = self._dead = 0
-        self._rng = random.Random()
-        self._outcomes = SendOutcomes(self._acked, self._send_failed)
+        self._resent = 0
+        # The rows stored or being stored, by id; the collaborators below share it.
+        self._entries: dict[int, Entry] = {}
+        self._ready = ReadyRows()
+        self._room = OutboxRoom(outbox, self._timeout)
+        self._commits = CommitQueue(outbox, self._loop, self._entries, self._ready, self._room)
+        self._retries = RetrySchedule(outbox, self._loop, self._commits, self._ready)
         self._exchanges = ExchangeCheck(
-            connection, outbox, self._exchange_exists, self._kill, self._retry_later
+            connection, outbox, self._ready.add, self._commits.kill, self._retries.later
         )
-        self._dead_log = RateLimitedLog(
-            logger,
-            f"outbox {outbox.name}",
-            "messages moved to the dead table",
-            note="each is in the dead table with its reason",
-        )
-        self._commit_errors = RateLimitedLog(
-            logger, f"outbox {outbox.name}", "failed commits", note="each raised to its caller"
+        self._in_flight = InFlight(
+            outbox, self._loop, self._commits, self._retries, self._exchanges
         )
 
     def _start(self, next_id: int, dead: int, records: list[OutboxRecord]) -> None:
         """Take over the stored state (``records``: rows to send); start the tasks."""
-        self._next_id = next_id
-        self._dead = dead
+        self._commits.next_id = next_id
+        self._commits.dead = dead
+        room = self._room
         for record in records:
             entry = Entry(record, None, 1)
             entry.state = READY
             self._entries[record.id] = entry
-            self._rows += 1
-            self._bytes += entry.size
-            self._ready.append(entry)
+            room.rows += 1
+            room.bytes += entry.size
+            self._ready.rows.append(entry)
         if records:
             logger.info("outbox %s: resending %d stored messages", self._outbox.name, len(records))
-        self._writer.thread.start()
-        self._ready_event.set()
+        self._commits.writer.thread.start()
+        self._ready.event.set()
         self._tasks = [
             self._loop.create_task(self._sender()),
-            self._loop.create_task(self._sweeper()),
+            self._loop.create_task(self._in_flight.sweep()),
         ]
         for task in self._tasks:
             task.add_done_callback(self._task_done)
@@ -220,13 +182,13 @@ class AsyncOutboxPublisher(OutboxRoom):
                 "outbox %s: sending stopped (the connection is closed); %d messages stay "
                 "in the outbox until the next start",
                 self._outbox.name,
-                self._rows,
+                self._room.rows,
             )
 
     def __repr__(self) -> str:
         return (
-            f"<AsyncOutboxPublisher {self._outbox.name!r} pending={self._rows} "
-            f"in_flight={len(self._in_flight)}>"
+            f"<AsyncOutboxPublisher {self._outbox.name!r} pending={self._room.rows} "
+            f"in_flight={len(self._in_flight.rows)}>"
         )
 
     async def __aenter__(self) -> AsyncOutboxPublisher:
@@ -263,15 +225,16 @@ class AsyncOutboxPublisher(OutboxRoom):
         for entry in self._entries.values():
             oldest = max(0.0, time.time() - entry.record.created_at)
             break
+        commits = self._commits
         return OutboxStats(
-            pending=self._rows,
-            pending_bytes=self._bytes,
+            pending=self._room.rows,
+            pending_bytes=self._room.bytes,
             oldest_age=oldest,
-            in_flight=len(self._in_flight),
-            stored=self._stored,
-            acked=self._acked_count,
+            in_flight=len(self._in_flight.rows),
+            stored=commits.stored,
+            acked=commits.acked,
             resent=self._resent,
-            dead=self._dead,
+            dead=commits.dead,
         )
 
     # ------------------------------------------------------------------ publishing
@@ -323,8 +286,8 @@ class AsyncOutboxPublisher(OutboxRoom):
             body, exchange, routing_key, properties, mandatory, persistent, expiration
         )
         entry = self._entry(frames, message_id, exchange, routing_key, mandatory, time.time())
-        await self._reserve(1, entry.size, timeout)
-        await self._store([entry])
+        await self._room.reserve(1, entry.size, timeout)
+        await self._commits.store([entry])
         return entry.record.message_id
 
     async def publish_many(
@@ -381,8 +344,8 @@ class AsyncOutboxPublisher(OutboxRoom):
             entries.append(make(frames, message_id, key[0], key[1], flag, now))
         rows = len(entries)
         size = sum(e.size for e in entries)
-        await self._reserve(rows, size, timeout)
-        await self._store(entries)
+        await self._room.reserve(rows, size, timeout)
+        await self._commits.store(entries)
         return [e.record.message_id for e in entries]
 
     async def flush(self, *, timeout: float | None = None) -> None:
@@ -394,14 +357,14 @@ class AsyncOutboxPublisher(OutboxRoom):
         Raises:
             PublishTimeout: messages were still pending after ``timeout`` seconds.
         """
-        if not self._rows:
+        if not self._room.rows:
             return
         try:
             async with asyncio.timeout(timeout):
-                await self._idle_waiters.wait()
+                await self._room.wait_idle()
         except TimeoutError:
             raise PublishTimeout(
-                f"{self._rows} messages still in the outbox after {timeout} s"
+                f"{self._room.rows} messages still in the outbox after {timeout} s"
             ) from None
 
     async def close(self, *, timeout: float | None = None) -> None:
@@ -416,12 +379,12 @@ class AsyncOutboxPublisher(OutboxRoom):
         """
         if self._closing:
             return
-        self._closing = True
-        self._wake_room_waiters(InvalidStateError("the publisher is closed"))
+        self._closing = self._commits.closing = self._in_flight.closing = True
+        self._room.close(InvalidStateError("the publisher is closed"))
         try:
             deadline = None if timeout is None else self._loop.time() + timeout
             pub = self._pub
-            while (self._in_flight or pub.in_flight) and self._conn.is_open:
+            while (self._in_flight.rows or pub.in_flight) and self._conn.is_open:
                 if deadline is not None and self._loop.time() >= deadline:
                     break
                 await asyncio.sleep(0.01)
@@ -431,16 +394,15 @@ class AsyncOutboxPublisher(OutboxRoom):
             for task in self._tasks:
                 with contextlib.suppress(asyncio.CancelledError, AMQPError):
                     await task
-            if self._retry_timer is not None:
-                self._retry_timer.cancel()
+            self._retries.cancel()
             await self._exchanges.close()
-            self._dead_log.close()
-            self._commit_errors.close()
+            self._commits.close_logs()
             with contextlib.suppress(AMQPError):
                 await self._pub.close(timeout=0)
-            self._flush_batch()
-            self._writer.stop()
-            await asyncio.to_thread(self._writer.thread.join)
+            commits = self._commits
+            commits.flush()
+            commits.writer.stop()
+            await asyncio.to_thread(commits.writer.thread.join)
             await asyncio.to_thread(self._outbox.close)
 
     # ------------------------------------------------------------------ storing (loop)
@@ -467,118 +429,12 @@ class AsyncOutboxPublisher(OutboxRoom):
         )
         return Entry(record, frames, 0)
 
-    async def _store(self, entries: list[Entry]) -> None:
-        rows = len(entries)
-        table = self._entries
-        next_id = self._next_id
-        for entry in entries:
-            entry.record.id = next_id
-            table[next_id] = entry
-            next_id += 1
-        self._next_id = next_id
-        if self._closing:
-            self._forget(entries)
-            raise InvalidStateError("the publisher is closed")
-        waiter: asyncio.Future[None] = self._loop.create_future()
-        self._batch.inserts += [e.record for e in entries]
-        self._batch_waiters.append((waiter, entries))
-        self._schedule_flush()
-        # Once queued the rows are committed (and then sent) even if the caller is
-        # cancelled meanwhile (that cancels only this waiter): at-least-once, no half batch.
-        await waiter
-        self._stored += rows
-
-    def _forget(self, entries: list[Entry]) -> None:
-        size = 0
-        for entry in entries:
-            self._entries.pop(entry.record.id, None)
-            size += entry.size
-        self._release(len(entries), size)
-
-    def _schedule_flush(self) -> None:
-        if self._flush_handle is None:
-            self._flush_handle = self._loop.call_soon(self._flush_batch)
-
-    def _flush_batch(self) -> None:
-        """Hand what this loop iteration gathered to the writer thread (one lock round)."""
-        self._flush_handle = None
-        batch, waiters = self._batch, self._batch_waiters
-        if not batch and not waiters:
-            return
-        self._batch, self._batch_waiters = OutboxBatch(), []
-        if self._writer.thread.is_alive():
-            self._writer.submit(batch, waiters)
-            return
-        for waiter, _entries in waiters:  # closed: the writer is gone
-            if not waiter.done():
-                waiter.set_exception(InvalidStateError("the publisher is closed"))
-
-    def _committed(
-        self,
-        batch: OutboxBatch,
-        waiters: list[tuple[asyncio.Future[None], list[Entry]]],
-        error: BaseException | None,
-    ) -> None:
-        """Loop thread: the writer applied ``batch`` (or failed to: nothing of it)."""
-        if error is not None:
-            self._commit_errors.log(
-                "failed", "outbox %s: commit failed: %s", self._outbox.name, error
-            )
-            if not isinstance(error, OutboxError):
-                wrapped = OutboxError(self._outbox.name, f"write failed: {error!r}")
-                wrapped.__cause__ = error
-                error = wrapped
-            for waiter, entries in waiters:
-                self._forget(entries)
-                if not waiter.done():
-                    waiter.set_exception(error)
-            # Acks, failures and deaths are not lost: they are tried again shortly.
-            batch.inserts = []
-            if batch and not self._closing:
-                self._loop.call_later(RETRY_WRITE_DELAY, self._requeue, batch)
-            return
-        for waiter, entries in waiters:
-            for entry in entries:
-                if entry.state == STORING:
-                    entry.state = READY
-                    self._ready.append(entry)
-            if not waiter.done():
-                waiter.set_result(None)
-        if waiters:
-            self._ready_event.set()
-        freed_rows = freed_size = 0
-        table = self._entries
-        for row_id in batch.deletes:
-            gone = table.pop(row_id, None)
-            if gone is not None:
-                freed_rows += 1
-                freed_size += gone.size
-                self._acked_count += 1
-        for row_id, _reason in batch.deaths:
-            gone = table.pop(row_id, None)
-            if gone is not None:
-                freed_rows += 1
-                freed_size += gone.size
-                self._dead += 1
-        if freed_rows:
-            self._release(freed_rows, freed_size)
-
-    def _requeue(self, batch: OutboxBatch) -> None:
-        if self._closing:
-            return
-        mine = self._batch
-        mine.deletes += batch.deletes
-        mine.failures += batch.failures
-        mine.deaths += batch.deaths
-        mine.resent += batch.resent
-        self._schedule_flush()
-
     # ------------------------------------------------------------------ sending (loop)
 
     async def _sender(self) -> None:
         pub = self._port
-        ready = self._ready
-        event = self._ready_event
+        ready = self._ready.rows
+        event = self._ready.event
         while True:
             if not ready:
                 event.clear()
@@ -621,139 +477,26 @@ class AsyncOutboxPublisher(OutboxRoom):
                 frames = self._frames(record)
             except LocalProtocolError as exc:
                 pub.release_slot()
-                self._kill(entry, f"cannot be encoded: {exc}", "not encodable")
+                self._commits.kill(entry, f"cannot be encoded: {exc}", "not encodable")
                 return
         if entry.sends:
             self._resent += 1
-            self._batch.resent += 1
-            self._schedule_flush()
+            commits = self._commits
+            commits.batch.resent += 1
+            commits.schedule()
         entry.sends += 1
         entry.gen += 1
         entry.state = IN_FLIGHT
         entry.sent_at = self._loop.time()
-        self._in_flight[record.id] = entry
+        self._in_flight.rows[record.id] = entry
         pub.send_reserved(
-            frames, Send(self._outcomes, entry, entry.gen), record.message_id, record.mandatory
+            frames, Send(self._in_flight, entry, entry.gen), record.message_id, record.mandatory
         )
 
     def _frames(self, record: OutboxRecord) -> list[bytes]:
         return self._port.frames(
             record.exchange, record.routing_key, record.mandatory, record.properties, record.body
         )
-
-    def _acked(self, entry: Entry) -> None:
-        if entry.state in (ACKED, DEAD, STORING):
-            return
-        if entry.state == IN_FLIGHT:
-            self._in_flight.pop(entry.record.id, None)
-        entry.state = ACKED  # also a late ack of an earlier send: the broker has it
-        self._batch.deletes.append(entry.record.id)
-        self._schedule_flush()
-
-    def _send_failed(self, entry: Entry, gen: int, exc: BaseException) -> None:
-        if entry.gen != gen or entry.state != IN_FLIGHT:
-            return  # an earlier send, already given up on
-        self._in_flight.pop(entry.record.id, None)
-        if isinstance(exc, Unroutable):
-            message = exc.message
-            self._kill(entry, f"{message.reply_code} {message.reply_text}", "unroutable")
-            return
-        if isinstance(exc, PublishRefused):
-            # A definite refusal (404 no such exchange, 406 too large...): sending it
-            # again unchanged fails the same way, so it is not retried.
-            record = entry.record
-            record.attempts += 1
-            record.last_error = f"{type(exc).__name__}: {exc}"
-            self._batch.failures.append((record.id, record.attempts, record.last_error))
-            if exc.reply_code == 404:  # it was there when checked: check it again
-                self._exchanges.forget(record.exchange)
-            self._kill(
-                entry, f"refused by the broker: {exc.reply_code} {exc.reply_text}", "refused"
-            )
-            return
-        if self._closing:
-            entry.state = WAITING  # stays stored; the next publisher sends it
-            return
-        self._retry_later(entry, exc)
-
-    def _exchange_exists(self, entries: list[Entry]) -> None:
-        for entry in entries:
-            entry.state = READY
-            self._ready.append(entry)
-        if entries:
-            self._ready_event.set()
-
-    def _kill(self, entry: Entry, reason: str, kind: str) -> None:
-        entry.state = DEAD
-        self._dead_log.log(
-            kind,
-            "outbox %s: message %s moved to the dead table (rabbitry outbox status shows "
-            "it; retry-dead sends it again): %s",
-            self._outbox.name,
-            entry.record.message_id,
-            reason,
-        )
-        self._batch.deaths.append((entry.record.id, reason))
-        self._schedule_flush()
-
-    def _retry_later(self, entry: Entry, exc: BaseException) -> None:
-        record = entry.record
-        record.attempts += 1
-        record.last_error = f"{type(exc).__name__}: {exc}"
-        self._batch.failures.append((record.id, record.attempts, record.last_error))
-        self._schedule_flush()
-        outbox = self._outbox
-        delay = min(outbox.max_retry_delay, outbox.retry_delay * 2 ** (record.attempts - 1))
-        delay *= self._rng.uniform(0.75, 1.25)
-        entry.state = WAITING
-        entry.due = self._loop.time() + delay
-        heapq.heappush(self._retry_heap, (entry.due, entry))
-        self._arm_retry_timer()
-
-    def _arm_retry_timer(self) -> None:
-        if not self._retry_heap:
-            return
-        due = self._retry_heap[0][0]
-        timer = self._retry_timer
-        if timer is not None:
-            if timer.when() <= due:
-                return
-            timer.cancel()
-        self._retry_timer = self._loop.call_at(due, self._retry_due)
-
-    def _retry_due(self) -> None:
-        self._retry_timer = None
-        now = self._loop.time()
-        heap = self._retry_heap
-        moved = False
-        while heap and heap[0][0] <= now:
-            _due, entry = heapq.heappop(heap)
-            if entry.state == WAITING:
-                entry.state = READY
-                self._ready.append(entry)
-                moved = True
-        if moved:
-            self._ready_event.set()
-        self._arm_retry_timer()
-
-    async def _sweeper(self) -> None:
-        """Treat rows unconfirmed for ``confirm_timeout`` as failed sends (resend)."""
-        limit = self._outbox.confirm_timeout
-        period = min(1.0, limit / 4)
-        while True:
-            await asyncio.sleep(period)
-            now = self._loop.time()
-            expired = []
-            for entry in self._in_flight.values():
-                if now - entry.sent_at < limit:
-                    break  # in send order: the rest are younger
-                expired.append(entry)
-            for entry in expired:
-                self._send_failed(
-                    entry,
-                    entry.gen,
-                    PublishTimeout(f"not confirmed within {limit:g} s (confirm_timeout)"),
-                )
 
 
 async def open_outbox_publisher(
@@ -787,8 +530,9 @@ async def open_outbox_publisher(
 def release_store(publisher: AsyncOutboxPublisher) -> None:
     """Blocking, the loop being gone: stop the writer and close the store (for the
     thread-safe twin, :class:`rabbitry.OutboxPublisher`; not for applications)."""
-    publisher._closing = True
-    publisher._writer.stop()
-    if publisher._writer.thread.is_alive():
-        publisher._writer.thread.join()
+    publisher._closing = publisher._commits.closing = True
+    writer = publisher._commits.writer
+    writer.stop()
+    if writer.thread.is_alive():
+        writer.thread.join()
     publisher._outbox.close()

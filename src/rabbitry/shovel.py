@@ -55,14 +55,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
-from urllib.parse import SplitResult, quote, unquote, urlsplit, urlunsplit
 
+from ._shovel_endpoints import Endpoint, parse_destination, parse_source
+from ._shovel_ledger import ShovelLedger, key_of
 from .exceptions import (
     AMQPError,
     ConfigurationError,
@@ -88,9 +87,6 @@ __all__ = [
     "parse_destination",
     "parse_source",
 ]
-
-#: How many message ids of confirmed copies are remembered to recognise redeliveries.
-_REMEMBERED = 200_000
 
 
 @dataclass(frozen=True)
@@ -135,105 +131,6 @@ class ShovelStats:
         }
 
 
-# --------------------------------------------------------------------------- endpoints
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """A shovel end: the broker URL (with its vhost) and the queue or exchange.
-
-    Attributes:
-        url: an ``amqp://`` URL whose path is the vhost (credentials included).
-        name: the queue (source) or exchange (destination; ``""`` is the default one).
-        routing_key: the destination routing key (``None``: each message's own).
-    """
-
-    url: str
-    name: str
-    routing_key: str | None = None
-
-
-def _split_url(text: str, field: str) -> tuple[SplitResult, list[str]]:
-    parts = urlsplit(text)
-    if parts.scheme not in ("amqp", "amqps"):
-        raise ConfigurationError(f"{field}: must start with amqp:// or amqps://, got {text!r}")
-    path = parts.path[1:] if parts.path.startswith("/") else parts.path
-    segments = [unquote(s) for s in path.split("/")] if path else []
-    return parts, segments
-
-
-def _join_url(parts: SplitResult, vhost: str) -> str:
-    return urlunsplit((parts.scheme, parts.netloc, "/" + quote(vhost, safe=""), parts.query, ""))
-
-
-def _with_vhost(base: str, field: str) -> tuple[SplitResult, str]:
-    parts, segments = _split_url(base, field)
-    if len(segments) > 1:
-        raise ConfigurationError(f"{field}: the URL may name a vhost only, got {base!r}")
-    return parts, segments[0] if segments and segments[0] else "/"
-
-
-def parse_source(text: str, default_url: str) -> Endpoint:
-    """``amqp://host/[VHOST/]QUEUE`` (the vhost percent-encoded: ``%2F`` is ``/``), or a
-    bare ``QUEUE`` on ``default_url``.
-
-    Raises:
-        ConfigurationError: not of that form, or no queue named.
-    """
-    field = "--from"
-    if "://" not in text:
-        parts, vhost = _with_vhost(default_url, "--url")
-        name = text
-    else:
-        parts, segments = _split_url(text, field)
-        if len(segments) not in (1, 2):
-            raise ConfigurationError(
-                f"{field}: expected amqp://HOST/[VHOST/]QUEUE (vhost '/' is %2F), got {text!r}"
-            )
-        name = segments[-1]
-        vhost = segments[0] if len(segments) == 2 and segments[0] else "/"
-    if not name:
-        raise ConfigurationError(f"{field}: no queue named in {text!r}")
-    return Endpoint(_join_url(parts, vhost), name)
-
-
-def parse_destination(text: str, default_url: str) -> Endpoint:
-    """``amqp://host/EXCHANGE``, ``amqp://host/VHOST/EXCHANGE`` or
-    ``amqp://host/VHOST/EXCHANGE/ROUTING_KEY`` (``%2F`` is the vhost ``/``; an empty
-    EXCHANGE is the default exchange, e.g. ``amqp://host/%2F//QUEUE``), or a bare
-    ``EXCHANGE[/ROUTING_KEY]`` on ``default_url``. Without a routing key each message
-    keeps its own.
-
-    Raises:
-        ConfigurationError: not of that form.
-    """
-    field = "--to"
-    key: str | None
-    if "://" not in text:
-        parts, vhost = _with_vhost(default_url, "--url")
-        exchange, sep, rest = text.partition("/")
-        key = rest if sep else None
-    else:
-        parts, segments = _split_url(text, field)
-        if not 1 <= len(segments) <= 3:
-            raise ConfigurationError(
-                f"{field}: expected amqp://HOST/[VHOST/]EXCHANGE[/ROUTING_KEY] "
-                f"(vhost '/' is %2F), got {text!r}"
-            )
-        if len(segments) == 1:
-            vhost, exchange, key = "/", segments[0], None
-        else:
-            vhost = segments[0] or "/"
-            exchange = segments[1]
-            key = segments[2] if len(segments) == 3 else None
-    if not exchange and key is None:
-        raise ConfigurationError(
-            f"{field}: the default exchange needs a routing key (the target queue), "
-            f"e.g. amqp://host/%2F//QUEUE; got {text!r}"
-        )
-    return Endpoint(_join_url(parts, vhost), exchange, key)
-
-
 # --------------------------------------------------------------------------- the run
 
 
@@ -252,14 +149,6 @@ def _display_urls(urls: str | Sequence[str], field: str) -> str:
     except ConfigurationError as exc:
         raise ConfigurationError(f"{field}: {exc}") from None
     return shown[0] if len(shown) == 1 else "[" + ", ".join(shown) + "]"
-
-
-def _key_of(message: Message) -> tuple[str | None, str]:
-    """``(message_id, digest)``: the id recognises a message; the digest only counts."""
-    digest = hashlib.blake2b(bytes(message.body), digest_size=16)
-    digest.update(message.routing_key.encode())
-    digest.update(repr(message.properties.headers).encode())
-    return message.properties.message_id, digest.hexdigest()
 
 
 class AsyncShovel:
@@ -340,13 +229,7 @@ class AsyncShovel:
         self._stopping = False
         self._started = False
         self._failure: BaseException | None = None
-        # Ids of messages whose copy was confirmed, to recognise their redelivery.
-        self._confirmed: OrderedDict[str, None] = OrderedDict()
-        # Digests of messages already sent once (confirmed or outcome unknown).
-        self._sent: OrderedDict[str, None] = OrderedDict()
-        # Ids (or digests) of messages acknowledged at the source: an ack can be lost
-        # with the connection, and the redelivered message must not count twice.
-        self._acked: OrderedDict[str, None] = OrderedDict()
+        self._ledger = ShovelLedger()
         self._in_flight: set[asyncio.Future[None]] = set()
         self._settled: asyncio.Event | None = None
         self._depth = 0
@@ -369,12 +252,6 @@ class AsyncShovel:
     def _count(self, **changes: int) -> None:
         values = {k: getattr(self._stats, k) + v for k, v in changes.items()}
         self._stats = replace(self._stats, **values)
-
-    def _remember(self, store: OrderedDict[str, None], key: str) -> None:
-        store[key] = None
-        store.move_to_end(key)
-        if len(store) > _REMEMBERED:
-            store.popitem(last=False)
 
     def _progress(self) -> None:
         if self.on_progress is None:
@@ -536,16 +413,16 @@ class AsyncShovel:
     async def _forward(
         self, message: Message, channel: AsyncChannel, publisher: AsyncPublisher
     ) -> None:
-        message_id, digest = _key_of(message)
+        message_id, digest = key_of(message)
         if message.redelivered:
             self._count(redelivered=1)
-            if message_id is not None and message_id in self._confirmed:
+            if message_id is not None and self._ledger.was_confirmed(message_id):
                 # Its copy was confirmed but the ack was lost with the old connection.
                 message.ack()
                 self._count(deduplicated=1)
                 self._acknowledged(message_id)
                 return
-        if digest in self._sent:
+        if self._ledger.was_sent(digest):
             self._count(possible_duplicates=1)
         try:
             future = await publisher.send(
@@ -561,7 +438,7 @@ class AsyncShovel:
             self._requeue(message, channel)
             self._failure = exc
             return
-        self._remember(self._sent, digest)
+        self._ledger.sent(digest)
         self._in_flight.add(future)
         future.add_done_callback(
             lambda done: self._settle(done, message, channel, message_id, digest)
@@ -569,8 +446,7 @@ class AsyncShovel:
 
     def _acknowledged(self, key: str) -> None:
         """Count a source message as moved, once, however often it was delivered."""
-        if key not in self._acked:
-            self._remember(self._acked, key)
+        if self._ledger.acknowledged(key):
             self._count(moved=1)
             self._progress()
 
@@ -588,7 +464,7 @@ class AsyncShovel:
         exc = future.exception() if not future.cancelled() else PublishOutcomeUnknown(0)
         if exc is None:
             if message_id is not None:
-                self._remember(self._confirmed, message_id)
+                self._ledger.confirmed(message_id)
             if message.epoch == channel.epoch and channel.is_open:
                 # Confirmed at the destination: only now may the source let it go.
                 message.ack()

@@ -15,7 +15,9 @@ package works without it; creating a client raises :class:`MissingExtraError` (a
 objects, validated with the same rules as queue arguments.
 """
 
-from ._client import AsyncManagementClient, ManagementClient, MissingExtraError
+from ._async_client import AsyncManagementClient
+from ._client import ManagementClient
 from ._ops import QueueInfo
+from ._transport import MissingExtraError
 
 __all__ = ["AsyncManagementClient", "ManagementClient", "MissingExtraError", "QueueInfo"]
