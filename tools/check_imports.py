@@ -87,6 +87,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rabbitry.publisher",
             "rabbitry.outbox_publisher",
             "rabbitry.pool",
+            "rabbitry._consumer_stores",
+            "rabbitry._consumer_settle",
             "rabbitry._batch_consume",
             "rabbitry._consumer_core",
             "rabbitry.consumer",

@@ -1,10 +1,9 @@
-"""The machinery under :class:`rabbitry.consumer.AsyncConsumer`, and its stores.
+"""The machinery under :class:`rabbitry.consumer.AsyncConsumer`: its loop-thread half.
 
-:class:`DedupStore`, :class:`MemoryDedupStore` and :class:`ConsumerStats` (exported by
-:mod:`rabbitry.consumer` and :mod:`rabbitry`), and the consumer's loop-thread half:
-subscribing, taking deliveries in, handing them to the handler (one at a time or in
-batches, skipping duplicates), settling them, the retry policy's moves of failed
-messages, and the broker's and the channel's events (cancel, close, resubscribe).
+Subscribing, taking deliveries in, handing them to the handler (one at a time, or
+batches and envelopes through :class:`~rabbitry._batch_consume.BatchHandling`, skipping
+duplicates), and the broker's and the channel's events (cancel, close, resubscribe).
+Settling and the failure path are the :class:`~rabbitry._consumer_settle.Settler`'s.
 :class:`AsyncConsumer` derives from :class:`ConsumerCore`, which declares the
 attributes ``AsyncConsumer.__init__`` sets and this half uses.
 """
@@ -14,40 +13,33 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import time
-from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from ._batch_consume import EnvelopeHandling
 from .aio._recovery import redeclare_queue
 from .aio.channel import Subscription
 from .batching import BATCH_FORMAT_HEADER
 from .exceptions import (
     AMQPConnectionError,
     AMQPError,
-    ConfigurationError,
     ConsumerCancelled,
-    InvalidStateError,
     NotFound,
     PreconditionFailed,
-    Reject,
-    Requeue,
-    Retry,
 )
 from .observability import _state as _obs
-from .protocol.message import Message
 
 if TYPE_CHECKING:
-    from ._failure_log import FailureLog
+    from collections import deque
+    from collections.abc import Awaitable, Callable
+
+    from ._batch_consume import BatchHandling
+    from ._consumer_settle import Settler
+    from ._consumer_stores import ConsumerStats, DedupStore
     from .aio.channel import AsyncChannel
     from .aio.connection import AsyncConnection
-    from .topology._retry import RetryDecision, RetryPolicy
+    from .protocol.message import Message
+    from .topology._retry import RetryPolicy
 
 logger = logging.getLogger("rabbitry.consumer")
-
-#: ``_dead_letter`` before start() has looked (or when it cannot know).
-UNKNOWN = object()
 
 _ACK_TIMEOUT_TEXT = "delivery acknowledgement"
 _RESUBSCRIBE_BACKOFF = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
@@ -56,131 +48,9 @@ _RESUBSCRIBE_BACKOFF = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 #: reading the socket.
 _INBOX_MESSAGES = 1024
 _INBOX_BYTES = 16 * 1024 * 1024
-#: Seconds to wait before requeueing a message whose retry/parking move failed.
-_FAILED_MOVE_PAUSE = 1.0
 
 
-class DedupStore(Protocol):
-    """Remembers processed message ids so redelivered duplicates skip the handler."""
-
-    def seen(self, key: str) -> bool:
-        """Whether ``key`` was processed before (and is still remembered).
-
-        Args:
-            key: a message id.
-
-        Returns:
-            ``True`` if it was.
-        """
-        ...
-
-    def add(self, key: str) -> None:
-        """Remember that ``key`` was processed.
-
-        Args:
-            key: a message id.
-        """
-        ...
-
-
-class MemoryDedupStore:
-    """An in-memory LRU of message ids with a time to live.
-
-    Args:
-        max_size: ids remembered at most (least recently used go first).
-        ttl: seconds an id is remembered.
-        clock: monotonic time source (tests pass a fake one).
-    """
-
-    def __init__(
-        self,
-        max_size: int = 100_000,
-        ttl: float = 3600.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        if max_size < 1:
-            raise ConfigurationError(f"max_size: must be >= 1, got {max_size}")
-        if ttl <= 0:
-            raise ConfigurationError(f"ttl: must be > 0 seconds, got {ttl}")
-        self._entries: OrderedDict[str, float] = OrderedDict()
-        self._max_size = max_size
-        self._ttl = ttl
-        self._clock = clock
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def seen(self, key: str) -> bool:
-        """Whether ``key`` was added less than ``ttl`` seconds ago.
-
-        Args:
-            key: a message id.
-
-        Returns:
-            ``True`` if it was (it becomes the most recently used).
-        """
-        stamp = self._entries.get(key)
-        if stamp is None:
-            return False
-        if self._clock() - stamp > self._ttl:
-            del self._entries[key]
-            return False
-        self._entries.move_to_end(key)
-        return True
-
-    def add(self, key: str) -> None:
-        """Remember ``key`` now; evicts the oldest ids past ``max_size``.
-
-        Args:
-            key: a message id.
-        """
-        self._entries[key] = self._clock()
-        self._entries.move_to_end(key)
-        while len(self._entries) > self._max_size:
-            self._entries.popitem(last=False)
-
-
-class ConsumerStats:
-    """Counters of what the consumer did (read them any time)."""
-
-    __slots__ = (
-        "acked",
-        "deduplicated",
-        "delivered",
-        "dropped",
-        "dropped_records",
-        "failed",
-        "parked",
-        "released",
-        "requeued",
-        "resubscribed",
-        "retried",
-    )
-
-    def __init__(self) -> None:
-        self.delivered = 0
-        self.acked = 0
-        self.failed = 0
-        self.dropped = 0
-        #: Records lost to drops: those of a dropped batch envelope, and 1 per plain
-        #: message.
-        self.dropped_records = 0
-        self.retried = 0
-        self.parked = 0
-        self.requeued = 0
-        self.released = 0
-        self.deduplicated = 0
-        self.resubscribed = 0
-
-    def as_dict(self) -> dict[str, int]:
-        """The counters as a plain dict."""
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    def __repr__(self) -> str:
-        return f"ConsumerStats({self.as_dict()})"
-
-
-class ConsumerCore(EnvelopeHandling):
+class ConsumerCore:
     """Deliveries, settling and the broker's events: the machinery under AsyncConsumer.
 
     The sync ``Consumer``'s engine (``ThreadedConsumer`` in
@@ -226,8 +96,8 @@ class ConsumerCore(EnvelopeHandling):
     _queue_gone: bool
     _release_on_cancel: bool
     _attempt: int
-    _failures: FailureLog
-    _dead_letter: object
+    _settler: Settler
+    _batches: BatchHandling
 
     async def _subscribe(self, timeout: float | None) -> None:
         channel = await self._conn.channel(timeout=timeout)
@@ -270,7 +140,7 @@ class ConsumerCore(EnvelopeHandling):
         for message in waiting:
             self.stats.released += 1
             if self._manual:
-                self._settle(message, "nack", requeue=True)
+                self._settler.settle(message, "nack", requeue=True)
 
     # ------------------------------------------------------------------ deliveries (loop)
 
@@ -279,7 +149,7 @@ class ConsumerCore(EnvelopeHandling):
         if self._stopping:
             self.stats.released += 1
             if self._manual:
-                self._settle(message, "nack", requeue=True)
+                self._settler.settle(message, "nack", requeue=True)
             return
         self._attempt = 0
         if self._bounded:
@@ -331,11 +201,13 @@ class ConsumerCore(EnvelopeHandling):
             if traced is not None and traced.records_process():
                 # rabbitry.observability: a process span and measurements around it
                 handling = (
-                    self._handle_batch(work) if isinstance(work, list) else self._handle(work)
+                    self._batches.handle_batch(work)
+                    if isinstance(work, list)
+                    else self._handle(work)
                 )
                 await traced.process(self, work, handling)
             elif isinstance(work, list):
-                await self._handle_batch(work)
+                await self._batches.handle_batch(work)
             else:
                 await self._handle(work)
 
@@ -387,13 +259,13 @@ class ConsumerCore(EnvelopeHandling):
     async def _handle(self, message: Message) -> None:
         headers = message.properties.headers
         if headers and BATCH_FORMAT_HEADER in headers:  # a batch envelope: its records
-            await self._handle_envelope(message)
+            await self._batches.handle_envelope(message)
             return
         message_id = message.properties.message_id
         if self.dedup is not None and message_id and self.dedup.seen(message_id):
             # Already processed: ack it without calling the handler.
             self.stats.deduplicated += 1
-            self._ack(message)
+            self._settler.ack(message)
             return
         try:
             result = self._handler(message)
@@ -404,253 +276,15 @@ class ConsumerCore(EnvelopeHandling):
             # thread still runs the handler on it (sync facade): then it stays unacked
             # and the broker requeues it when stop() closes the channel.
             if self._release_on_cancel:
-                self._settle(message, "nack", requeue=True)
+                self._settler.settle(message, "nack", requeue=True)
                 self.stats.released += 1
             raise
         except Exception as exc:
-            await self._fail(message, exc)
+            await self._settler.fail(message, exc)
             return
-        self._ack(message)
+        self._settler.ack(message)
         if self.dedup is not None and message_id:
             self.dedup.add(message_id)
-
-    async def _handle_batch(self, batch: list[Message]) -> None:
-        if self.dedup is not None:
-            batch = self._drop_duplicates(batch)  # an envelope by its own message_id
-            if not batch:
-                return
-        if any(m.properties.headers and BATCH_FORMAT_HEADER in m.properties.headers for m in batch):
-            await self._handle_batch_with_envelopes(batch)  # records in the envelopes' place
-            return
-        failed: list[tuple[Message, BaseException]] = []
-        try:
-            result = self._handler(batch)
-            if inspect.isawaitable(result):
-                result = await result
-            if result is not None:
-                failed = self._failed_items(batch, result)
-        except asyncio.CancelledError:
-            if self._release_on_cancel:
-                for message in batch:
-                    self._settle(message, "nack", requeue=True)
-            raise
-        except Exception as exc:
-            if isinstance(exc, InvalidStateError):
-                logger.error("consumer %s: %s; treating the whole batch as failed", self, exc)
-            failed = [(message, exc) for message in batch]
-        failed_ids = {id(message) for message, _ in failed}
-        for message, error in failed:
-            await self._fail(message, error)
-        remaining = [m for m in batch if id(m) not in failed_ids and not m.settled]
-        if self.dedup is not None:
-            for message in remaining:
-                if message.properties.message_id:
-                    self.dedup.add(message.properties.message_id)
-        if not remaining or not self._manual:
-            return
-        if self.concurrency == 1 and all(m.settled for m, _ in failed):
-            # One multiple-ack settles the rest of the batch: every earlier unsettled
-            # delivery on this channel is in it (one batch at a time, failed ones already
-            # moved), so it acks nothing else. A failed move stays unacked: no multiple.
-            last = max(remaining, key=lambda m: m.delivery_tag)
-            if self._settle(last, "ack", multiple=True):
-                for message in remaining:
-                    message.settled = True
-                self.stats.acked += len(remaining)
-            return
-        for message in remaining:
-            self._ack(message)
-
-    def _drop_duplicates(self, batch: list[Message]) -> list[Message]:
-        """Ack the messages the dedup store has seen; return the others."""
-        assert self.dedup is not None
-        fresh = []
-        in_batch: set[str] = set()  # a second copy in the same batch is a duplicate too
-        for message in batch:
-            message_id = message.properties.message_id
-            if message_id and (message_id in in_batch or self.dedup.seen(message_id)):
-                self.stats.deduplicated += 1
-                self._ack(message)
-            else:
-                if message_id:
-                    in_batch.add(message_id)
-                fresh.append(message)
-        return fresh
-
-    @staticmethod
-    def _failed_items(batch: list[Message], result: object) -> list[tuple[Message, BaseException]]:
-        """Validate what a batch handler returned; each failed message once, in order."""
-        if not isinstance(result, Iterable) or isinstance(result, (str, bytes)):
-            raise InvalidStateError(
-                "a batch handler must return None or a collection of the messages that "
-                f"failed, got {type(result).__name__}"
-            )
-        members = {id(m) for m in batch}
-        failed: dict[int, tuple[Message, BaseException]] = {}
-        for item in result:
-            exc: BaseException | None = None
-            if isinstance(item, tuple):
-                if len(item) != 2 or not isinstance(item[1], BaseException | None):
-                    raise InvalidStateError(
-                        "a batch handler returned a malformed item: expected a message or "
-                        "(message, exception)"
-                    )
-                message, exc = item
-            else:
-                message = item
-            if not isinstance(message, Message) or id(message) not in members:
-                raise InvalidStateError("a batch handler returned a message not in its batch")
-            failed.setdefault(id(message), (message, exc or Retry("failed in a batch")))
-        return list(failed.values())
-
-    # ------------------------------------------------------------------ settling
-
-    def _ack(self, message: Message) -> None:
-        if self._manual and self._settle(message, "ack"):
-            self.stats.acked += 1
-
-    def _settle(self, message: Message, how: str, **options: Any) -> bool:
-        """Ack/nack on the message's own channel once; False if that is not possible."""
-        if message.settled:
-            return False
-        channel = message.channel
-        if channel is not None and getattr(channel, "epoch", 0) != message.epoch:
-            # The connection recovered since this delivery: its tag died with the old
-            # connection (the broker redelivers the message). Sending it now would ack
-            # whatever has that number on the new channel, or close it with 406.
-            logger.warning(
-                "consumer %s: not %sing delivery %s: it arrived before the connection "
-                "recovered (the broker redelivers it)",
-                self,
-                how,
-                message.delivery_tag,
-            )
-            message.settled = True
-            return False
-        if channel is None or channel.is_closed:
-            # The channel (and its delivery tags) are gone: the broker requeues the
-            # message itself; sending the tag on another channel would be a 406.
-            logger.warning(
-                "consumer %s: not %sing delivery %s: its channel is closed (the broker "
-                "will redeliver it)",
-                self,
-                how,
-                message.delivery_tag,
-            )
-            return False
-        try:
-            if how == "ack":
-                channel.basic_ack(message.delivery_tag, options.get("multiple", False))
-            elif how == "nack":
-                channel.basic_nack(message.delivery_tag, False, options.get("requeue", True))
-            else:
-                channel.basic_reject(message.delivery_tag, options.get("requeue", False))
-        except AMQPError as exc:
-            logger.warning("consumer %s: %s of %s failed: %r", self, how, message.delivery_tag, exc)
-            return False
-        message.settled = True
-        return True
-
-    async def _fail(
-        self, message: Message, exc: BaseException, records: tuple[int, int] | None = None
-    ) -> None:
-        """The handler failed on ``message``: retry, park, requeue or dead-letter it.
-
-        Whatever happens is logged at ERROR with the handler's traceback (rate-limited,
-        see :class:`~rabbitry._failure_log.FailureLog`), in words. ``records`` is
-        ``(failed, total)`` for a batch envelope: the words and the counts say how many
-        records went with it.
-        """
-        self.stats.failed += 1
-        size = 1 if records is None else records[1]
-        tag: Any = message.delivery_tag
-        if records is not None:
-            tag = f"{tag} (a batch envelope: {records[0]} of its {size} records failed)"
-        if _obs.active is not None:
-            _obs.active.handler_failed(self, message, exc)
-        if not self._manual:
-            self._failures.failure(
-                tag, exc, "lost: auto-acked message (the broker forgot it when it sent it)",
-                "lost",
-            )  # fmt: skip
-            return
-        if isinstance(exc, Requeue):
-            if self._settle(message, "nack", requeue=True):
-                self.stats.requeued += 1
-                self._failures.failure(
-                    tag, exc, "requeued (the handler raised Requeue)", "requeued"
-                )
-            else:
-                self._failures.failure(tag, exc, _NOT_SETTLED, "not settled")
-            return
-        policy = self.retry
-        if policy is None:
-            if not self._settle(message, "nack", requeue=False):
-                self._failures.failure(tag, exc, _NOT_SETTLED, "not settled")
-                return
-            dead_letter = self._dead_letter
-            if dead_letter is None:
-                self.stats.dropped += 1
-                self.stats.dropped_records += size
-                action = "dropped: the queue has no dead-letter exchange"
-                kind = "dropped"
-            elif dead_letter is UNKNOWN:
-                action = (
-                    "rejected: dead-lettered if the queue has a dead-letter exchange "
-                    "(by argument or policy), else dropped by the broker"
-                )
-                kind = "rejected"
-            else:
-                action = f"dead-lettered to exchange {dead_letter!r}"
-                kind = "dead-lettered"
-            self._failures.failure(tag, exc, action, kind)
-            return
-        from .topology._retry import handle_failure
-
-        retryable = False if isinstance(exc, Reject) else None
-        try:
-            decision = policy.plan(message, exc, queue=self.queue, retryable=retryable)
-        except ValueError:
-            decision = None
-        try:
-            outcome = await handle_failure(
-                message.channel,
-                message,
-                exc,
-                policy,
-                queue=self.queue,
-                retryable=retryable,
-            )
-        except (AMQPError, ValueError) as failure:
-            # The move was not confirmed, so the original must not be acked. Leaving it
-            # unacked would hold a prefetch slot until the channel closes (a stalled
-            # consumer) and a later batch's multiple-ack could cover it (a lost message):
-            # put it back on its queue instead, after a pause so that a move that keeps
-            # failing (retry topology deleted) is not a hot loop.
-            self._failures.failure(
-                tag,
-                exc,
-                f"requeued in {_FAILED_MOVE_PAUSE:.1f} s: moving it failed ({failure})",
-                "requeued (move failed)",
-            )
-            await asyncio.sleep(_FAILED_MOVE_PAUSE)
-            if self._settle(message, "nack", requeue=True):
-                self.stats.requeued += 1
-            return
-        message.settled = True
-        if _obs.active is not None:
-            _obs.active.moved(self, message, outcome, decision)
-        if outcome == "park":
-            self.stats.parked += 1
-        elif outcome == "retry":
-            self.stats.retried += 1
-        else:
-            self.stats.dropped += 1
-            self.stats.dropped_records += size
-        self._failures.failure(tag, exc, _describe(outcome, decision), _KINDS[outcome])
-
-    def _call_later(self, delay: float, callback: Callable[[], None]) -> object:
-        return asyncio.get_running_loop().call_later(delay, callback)
 
     # ------------------------------------------------------------------ broker events
 
@@ -752,21 +386,3 @@ class ConsumerCore(EnvelopeHandling):
         finally:
             if channel.is_open:
                 await channel.close()
-
-
-_NOT_SETTLED = "not settled: its channel is closed (the broker delivers it again)"
-_KINDS = {"retry": "retried", "park": "parked", "drop": "dropped"}
-
-
-def _describe(outcome: str, decision: RetryDecision | None) -> str:
-    """What a retry policy did with a failed message, in words."""
-    if decision is None or decision.kind != outcome:
-        return {"retry": "retried", "park": "parked", "drop": "dropped"}.get(outcome, outcome)
-    if outcome == "retry":
-        return (
-            f"sent for a retry in {decision.delay:g} s via {decision.routing_key} "
-            f"(attempt {decision.attempts} failed)"
-        )
-    if outcome == "park":
-        return f"parked in {decision.routing_key} after {decision.attempts} attempt(s)"
-    return f"dropped after {decision.attempts} attempt(s): the policy has no parking lot"

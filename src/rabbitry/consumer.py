@@ -38,14 +38,10 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-from ._consumer_core import (
-    UNKNOWN,
-    ConsumerCore,
-    ConsumerStats,
-    DedupStore,
-    MemoryDedupStore,
-)
-from ._failure_log import FailureLog
+from ._batch_consume import BatchHandling, failed_items
+from ._consumer_core import ConsumerCore
+from ._consumer_settle import Settler, check_failure_path
+from ._consumer_stores import ConsumerStats, DedupStore, MemoryDedupStore
 from .exceptions import (
     AMQPError,
     ConfigurationError,
@@ -93,10 +89,6 @@ AsyncHandler: TypeAlias = (
 #: handlers, which would never run there (the consumer also refuses them at runtime).
 SyncHandler: TypeAlias = Callable[[Message], None] | Callable[[list[Message]], BatchResult]
 
-#: Handler failures logged with a traceback per consumer and interval (then counted).
-_FAILURE_LOG_BURST = 10
-_FAILURE_LOG_INTERVAL = 60.0
-
 
 class AsyncConsumer(ConsumerCore):
     """Consume ``queue`` with ``handler``; see the module docstring for the semantics.
@@ -127,6 +119,11 @@ class AsyncConsumer(ConsumerCore):
         resubscribe: consume again (with backoff) after a broker cancel or a channel
             error such as the delivery-acknowledgement timeout.
     """
+
+    #: Whether a cancelled handling requeues its message (not when a thread runs it).
+    _RELEASE_ON_CANCEL = True
+    #: What a batch handler returned, validated (see ``_batch_consume.failed_items``).
+    _failed_items = staticmethod(failed_items)
 
     def __init__(
         self,
@@ -226,18 +223,12 @@ class AsyncConsumer(ConsumerCore):
         self._queue_gone = False
         #: False in the sync Consumer's subclass: a cancelled handler's thread may still
         #: be running, so its message must not be requeued behind its back (see stop()).
-        self._release_on_cancel = True
+        self._release_on_cancel = self._RELEASE_ON_CANCEL
         self._attempt = 0
-        self._failures = FailureLog(
-            logger,
-            repr(queue),
-            burst=_FAILURE_LOG_BURST,
-            interval=_FAILURE_LOG_INTERVAL,
-            schedule=self._call_later,
+        self._settler = Settler(self, manual=self._manual, stats=self.stats)
+        self._batches = BatchHandling(
+            self, handler, self._settler, release_on_cancel=self._release_on_cancel
         )
-        #: The queue's dead-letter exchange as far as start() could tell: a name, None
-        #: (it has none) or UNKNOWN (not declared through this connection's topology).
-        self._dead_letter: object = UNKNOWN
 
     def __repr__(self) -> str:
         state = "stopping" if self._stopping else "running" if self._started else "new"
@@ -288,65 +279,15 @@ class AsyncConsumer(ConsumerCore):
         self._ended = asyncio.Event()
         try:
             if self._manual:
-                await self._check_failure_path(timeout)
+                self._settler.dead_letter = await check_failure_path(
+                    self._conn, self.queue, self.retry, timeout
+                )
             await self._subscribe(timeout)
         except BaseException:
             self._started = False
             raise
         if _obs.active is not None:  # rabbitry.observability: stats, queue depth
             _obs.active.consumer_started(self, self._conn)
-
-    async def _check_failure_path(self, timeout: float | None) -> None:
-        """Passive-check that failed messages have somewhere to go (see :meth:`start`)."""
-        from .topology._session import missing_entities
-
-        record = getattr(self._conn, "topology_record", None)
-        recorded = record.queue(self.queue) if record is not None else None
-        policy = self.retry
-        if policy is None:
-            if recorded is None:
-                self._dead_letter = UNKNOWN
-                return
-            dlx = recorded.arguments.get("x-dead-letter-exchange")
-            self._dead_letter = dlx if isinstance(dlx, str) else None
-            if isinstance(dlx, str) and dlx:
-                missing = await missing_entities(self._conn, [("exchange", dlx)], timeout)
-                if missing:
-                    raise ConfigurationError(
-                        f"consumer of queue {self.queue!r}: its dead-letter exchange {dlx!r} "
-                        "does not exist, so every failed message would be dropped by the "
-                        "broker; declare the exchange first"
-                    )
-            return
-        names = policy.names(self.queue)
-        wanted: list[tuple[Literal["exchange", "queue"], str]] = [("exchange", names.dlx)]
-        wanted += [("queue", name) for name in names.retry_queues]
-        if names.parking_lot is not None:
-            wanted.append(("queue", names.parking_lot))
-        problems = [f"{kind} {name!r}" for kind, name in await missing_entities(
-            self._conn, wanted, timeout
-        )]  # fmt: skip
-        if policy.broker_driven and recorded is not None:
-            # One delay: the broker moves failed messages, through the work queue's own
-            # dead-letter arguments. A passive declare cannot read them; the record can.
-            arguments = recorded.arguments
-            expected = (names.dlx, names.retry_queues[0])
-            actual = (
-                arguments.get("x-dead-letter-exchange"),
-                arguments.get("x-dead-letter-routing-key"),
-            )
-            if actual != expected:
-                problems.append(
-                    f"queue {self.queue!r} dead-lettering to {expected[0]!r} with routing key "
-                    f"{expected[1]!r} (it was declared with {actual[0]!r} / {actual[1]!r})"
-                )
-        if problems:
-            raise ConfigurationError(
-                f"consumer of queue {self.queue!r}: retry={policy!r} needs "
-                f"{', '.join(problems)}, which the broker does not have; failed messages "
-                f"would be lost. Declare it with Topology.with_retry({self.queue!r}, "
-                "policy).apply(connection) before starting the consumer"
-            )
 
     async def stop(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop consuming.
@@ -362,7 +303,7 @@ class AsyncConsumer(ConsumerCore):
         if not self._started or self._stopping:
             return
         self._stopping = True
-        self._failures.flush()
+        self._settler.failures.flush()
         if self._resubscribe_task is not None:
             self._resubscribe_task.cancel()
         # A full inbox may have paused the connection's reading: the cancel-ok below

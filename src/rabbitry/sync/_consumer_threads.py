@@ -142,6 +142,11 @@ class ThreadedConsumer(AsyncConsumer):
     and end with :meth:`end_threads`.
     """
 
+    # A cancelled handling cannot stop its thread: its message stays unsettled (no
+    # requeue behind the thread's back), and stop() keeps the channel open until the
+    # threads have settled theirs.
+    _RELEASE_ON_CANCEL = False
+
     def __init__(
         self,
         connection: AsyncConnection,
@@ -177,10 +182,6 @@ class ThreadedConsumer(AsyncConsumer):
             on_cancel=on_cancel,
             resubscribe=resubscribe,
         )
-        # A cancelled handling cannot stop its thread: its message stays unsettled (no
-        # requeue behind the thread's back), and stop() keeps the channel open until the
-        # threads have settled theirs.
-        self._release_on_cancel = False
         self._portal = portal
         self._user_handler = handler
         # Messages and _Call jobs for the threads, in order; None ends one thread.
@@ -323,7 +324,7 @@ class ThreadedConsumer(AsyncConsumer):
                         if self._bounded:
                             self._handed_out(message)
                         self.stats.deduplicated += 1
-                        self._ack(message)
+                        self._settler.ack(message)
                         continue
                     self._ids.add(message_id)
             inbox.popleft()
@@ -350,11 +351,11 @@ class ThreadedConsumer(AsyncConsumer):
             self._ids.discard(message_id)
         try:
             if error is None:
-                self._ack(message)
+                self._settler.ack(message)
                 if self.dedup is not None and message_id:
                     self.dedup.add(message_id)  # the application's store may raise
             else:
-                self._spawn(self._fail(message, error))
+                self._spawn(self._settler.fail(message, error))
         finally:
             if not self._running:
                 assert self._idle is not None
@@ -392,7 +393,7 @@ class ThreadedConsumer(AsyncConsumer):
             if requeue:
                 self.stats.released += 1
                 if self._manual:
-                    self._settle(message, "nack", requeue=True)
+                    self._settler.settle(message, "nack", requeue=True)
         for job in kept:
             self._put(job)
         if not self._running and self._idle is not None:
@@ -424,11 +425,13 @@ class ThreadedConsumer(AsyncConsumer):
             traced = _obs.active
             if traced is not None and traced.records_process():
                 handling = (
-                    self._handle_batch(work) if isinstance(work, list) else self._handle(work)
+                    self._batches.handle_batch(work)
+                    if isinstance(work, list)
+                    else self._handle(work)
                 )
                 await traced.process(self, work, handling)
             elif isinstance(work, list):
-                await self._handle_batch(work)
+                await self._batches.handle_batch(work)
             else:
                 await self._handle(work)
         finally:
