@@ -15,14 +15,11 @@ import inspect
 import logging
 from typing import TYPE_CHECKING, Any
 
-from .aio._recovery import redeclare_queue
-from .aio.channel import Subscription
 from .batching import BATCH_FORMAT_HEADER
 from .exceptions import (
     AMQPConnectionError,
     AMQPError,
     ConsumerCancelled,
-    NotFound,
     PreconditionFailed,
 )
 from .observability import _state as _obs
@@ -34,7 +31,7 @@ if TYPE_CHECKING:
     from ._batch_consume import BatchHandling
     from ._consumer_settle import Settler
     from ._consumer_stores import ConsumerStats, DedupStore
-    from .aio.channel import AsyncChannel
+    from ._consumer_subscribe import Subscriber
     from .aio.connection import AsyncConnection
     from .protocol.message import Message
     from .topology._retry import RetryPolicy
@@ -42,7 +39,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("rabbitry.consumer")
 
 _ACK_TIMEOUT_TEXT = "delivery acknowledgement"
-_RESUBSCRIBE_BACKOFF = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 #: What may wait for a handler when the broker's prefetch does not bound it (auto ack,
 #: or prefetch 0): messages (with prefetch 0) and body bytes, before the connection stops
 #: reading the socket.
@@ -77,7 +73,6 @@ class ConsumerCore:
     resubscribe: bool
     stats: ConsumerStats
     consumer_tag: str | None
-    _channel: AsyncChannel | None
     _inbox: deque[Message | list[Message]]
     _bounded: bool
     _waiting: int
@@ -91,34 +86,11 @@ class ConsumerCore:
     _ended: asyncio.Event | None
     _end_reason: AMQPError | None
     _stopping: bool
-    _resubscribe_task: asyncio.Task[None] | None
     _background: set[asyncio.Future[Any]]
-    _queue_gone: bool
     _release_on_cancel: bool
-    _attempt: int
+    _subscriber: Subscriber
     _settler: Settler
     _batches: BatchHandling
-
-    async def _subscribe(self, timeout: float | None) -> None:
-        channel = await self._conn.channel(timeout=timeout)
-        self._channel = channel
-        try:
-            if self._manual and self.prefetch:
-                await channel.basic_qos(self.prefetch, timeout=timeout)
-            subscription = Subscription(
-                self.queue,
-                self._on_delivery,
-                no_ack=not self._manual,
-                exclusive=self.exclusive,
-                arguments=self.arguments,
-                on_cancel=self._on_broker_cancel,
-                on_close=self._on_channel_closed,
-            )
-            self.consumer_tag = await channel.start_consumer(subscription, timeout=timeout)
-        except BaseException:
-            if not channel.is_closed:
-                await channel.close()
-            raise
 
     def _end(self, reason: AMQPError | None) -> None:
         if self._ended is not None and not self._ended.is_set():
@@ -151,7 +123,7 @@ class ConsumerCore:
             if self._manual:
                 self._settler.settle(message, "nack", requeue=True)
             return
-        self._attempt = 0
+        self._subscriber.attempt = 0
         if self._bounded:
             self._waiting += 1
             self._waiting_bytes += len(message.body)
@@ -301,9 +273,9 @@ class ConsumerCore:
         # A broker cancel usually means the queue was deleted: declare it again (from
         # the topology record) before subscribing. Other resubscribes keep the queue:
         # re-declaring a server-named queue would move the consumer to a new, empty one.
-        self._queue_gone = True
+        self._subscriber.queue_gone = True
         if self.resubscribe and not self._stopping:
-            self._schedule_resubscribe()
+            self._subscriber.schedule()
         elif not self._stopping:
             self._end(ConsumerCancelled(tag))
 
@@ -327,7 +299,7 @@ class ConsumerCore:
         if isinstance(exc, AMQPConnectionError):
             return  # the connection is gone: recovery (not this consumer) brings it back
         if self.resubscribe and self._conn.is_open:
-            self._schedule_resubscribe()
+            self._subscriber.schedule()
         elif not self.resubscribe:
             self._end(exc)
 
@@ -335,54 +307,3 @@ class ConsumerCore:
         task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    def _schedule_resubscribe(self) -> None:
-        if self._resubscribe_task is None or self._resubscribe_task.done():
-            self._resubscribe_task = asyncio.ensure_future(self._resubscribe_loop())
-
-    async def _resubscribe_loop(self) -> None:
-        old = self._channel
-        if old is not None and old.is_open:
-            try:
-                await old.close()
-            except AMQPError:
-                pass
-        while not self._stopping and self._conn.is_open:
-            delay = _RESUBSCRIBE_BACKOFF[min(self._attempt, len(_RESUBSCRIBE_BACKOFF) - 1)]
-            self._attempt += 1
-            await asyncio.sleep(delay)
-            if self._stopping:
-                return
-            try:
-                if self._queue_gone:
-                    await self._redeclare()
-                    self._queue_gone = False
-                await self._subscribe(timeout=30.0)
-            except NotFound as exc:
-                # The queue does not exist (any more): declare it from the record first.
-                self._queue_gone = True
-                logger.warning("consumer %s: resubscribe attempt %d: %r", self, self._attempt, exc)
-                continue
-            except AMQPError as exc:
-                logger.warning(
-                    "consumer %s: resubscribe attempt %d failed: %r", self, self._attempt, exc
-                )
-                continue
-            self.stats.resubscribed += 1
-            logger.info("consumer %s: subscribed again", self)
-            return
-
-    async def _redeclare(self) -> None:
-        """Declare the queue again from the connection's topology record, if it has it."""
-        record = self._conn.topology_record
-        if record.queue(self.queue) is None:
-            return
-        channel = await self._conn.channel()
-        try:
-            name = await redeclare_queue(record, channel, self.queue)
-            if isinstance(name, str) and name and name != self.queue:
-                logger.info("consumer %s: queue re-declared as %r", self, name)
-                self.queue = name  # a server-named queue got a new name
-        finally:
-            if channel.is_open:
-                await channel.close()

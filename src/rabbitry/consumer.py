@@ -40,11 +40,12 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from ._batch_consume import BatchHandling, failed_items
 from ._consumer_core import ConsumerCore
+from ._consumer_options import check_options
 from ._consumer_settle import Settler, check_failure_path
 from ._consumer_stores import ConsumerStats, DedupStore, MemoryDedupStore
+from ._consumer_subscribe import Subscriber
 from .exceptions import (
     AMQPError,
-    ConfigurationError,
     InvalidStateError,
     Reject,
     Requeue,
@@ -143,34 +144,15 @@ class AsyncConsumer(ConsumerCore):
         on_cancel: Callable[[str], Any] | None = None,
         resubscribe: bool = True,
     ) -> None:
-        if ack not in ("manual", "auto"):
-            raise ConfigurationError(f"ack: must be 'manual' or 'auto', got {ack!r}")
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise ConfigurationError(f"concurrency: must be an integer >= 1, got {concurrency!r}")
-        if (
-            isinstance(prefetch, bool)
-            or not isinstance(prefetch, int)
-            or not 0 <= prefetch <= 65535
-        ):
-            raise ConfigurationError(f"prefetch: must be an integer in 0..65535, got {prefetch!r}")
-        if batch_size is not None and (
-            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
-        ):
-            raise ConfigurationError(f"batch_size: must be an integer >= 1, got {batch_size!r}")
-        if batch_timeout is not None and batch_timeout <= 0:
-            raise ConfigurationError(f"batch_timeout: must be > 0 seconds, got {batch_timeout!r}")
-        if not callable(handler):
-            raise ConfigurationError(
-                f"handler: must be callable (a function taking the message), got "
-                f"{type(handler).__name__}"
-            )
-        _check_retry(retry)
-        for field, value in (("concurrency", concurrency), ("batch_size", batch_size or 1)):
-            if value > 65535:
-                raise ConfigurationError(
-                    f"{field}: must be at most 65535, got {value} (prefetch is raised to it "
-                    "and basic.qos prefetch_count is a 16-bit field)"
-                )
+        check_options(
+            handler,
+            ack=ack,
+            prefetch=prefetch,
+            concurrency=concurrency,
+            retry=retry,
+            batch_size=batch_size,
+            batch_timeout=batch_timeout,
+        )
         self._conn = connection
         self.queue = queue
         # Single messages or lists (batches): which one is the caller's promise.
@@ -196,7 +178,6 @@ class AsyncConsumer(ConsumerCore):
         self.resubscribe = resubscribe
         self.stats = ConsumerStats()
         self.consumer_tag: str | None = None
-        self._channel: AsyncChannel | None = None
         # Work waiting for a handler slot: single messages, or whole batches.
         self._inbox: deque[Message | list[Message]] = deque()
         # What waits for a handler (inbox and open batch), counted when the broker's
@@ -218,13 +199,18 @@ class AsyncConsumer(ConsumerCore):
         self._end_reason: AMQPError | None = None
         self._started = False
         self._stopping = False
-        self._resubscribe_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Future[Any]] = set()
-        self._queue_gone = False
         #: False in the sync Consumer's subclass: a cancelled handler's thread may still
         #: be running, so its message must not be requeued behind its back (see stop()).
         self._release_on_cancel = self._RELEASE_ON_CANCEL
-        self._attempt = 0
+        self._subscriber = Subscriber(
+            connection,
+            self,
+            manual=self._manual,
+            deliver=self._on_delivery,
+            cancelled=self._on_broker_cancel,
+            closed=self._on_channel_closed,
+        )
         self._settler = Settler(self, manual=self._manual, stats=self.stats)
         self._batches = BatchHandling(
             self, handler, self._settler, release_on_cancel=self._release_on_cancel
@@ -242,7 +228,7 @@ class AsyncConsumer(ConsumerCore):
     @property
     def channel(self) -> AsyncChannel | None:
         """The channel currently consumed on (it changes after a resubscribe)."""
-        return self._channel
+        return self._subscriber.channel
 
     async def __aenter__(self) -> AsyncConsumer:
         await self.start()
@@ -282,7 +268,7 @@ class AsyncConsumer(ConsumerCore):
                 self._settler.dead_letter = await check_failure_path(
                     self._conn, self.queue, self.retry, timeout
                 )
-            await self._subscribe(timeout)
+            await self._subscriber.subscribe(timeout)
         except BaseException:
             self._started = False
             raise
@@ -304,12 +290,11 @@ class AsyncConsumer(ConsumerCore):
             return
         self._stopping = True
         self._settler.failures.flush()
-        if self._resubscribe_task is not None:
-            self._resubscribe_task.cancel()
+        self._subscriber.cancel()
         # A full inbox may have paused the connection's reading: the cancel-ok below
         # must get through. What arrives from now on is released (_on_delivery).
         self._resume_reads()
-        channel = self._channel
+        channel = self._subscriber.channel
         if channel is not None and not channel.is_closed and self.consumer_tag is not None:
             # Cancelled now, or (connection recovering) forgotten so that recovery does
             # not subscribe a stopped consumer again.
@@ -393,15 +378,6 @@ class AsyncConsumer(ConsumerCore):
 def failed_messages(*messages: Message) -> Collection[Message]:
     """Spell out the return value of a batch handler: ``return failed_messages(m1, m2)``."""
     return messages
-
-
-def _check_retry(retry: object) -> None:
-    from .topology._retry import RetryPolicy
-
-    if retry is not None and not isinstance(retry, RetryPolicy):
-        raise ConfigurationError(
-            f"retry: must be a rabbitry.topology.RetryPolicy or None, got {type(retry).__name__}"
-        )
 
 
 def is_async_callable(handler: object) -> bool:
