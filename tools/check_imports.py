@@ -91,6 +91,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rabbitry._consumer_options",
             "rabbitry._consumer_settle",
             "rabbitry._consumer_subscribe",
+            "rabbitry._consumer_flow",
             "rabbitry._batch_consume",
             "rabbitry._consumer_core",
             "rabbitry.consumer",

@@ -1,6 +1,7 @@
-"""How a consumer hands batches and batch envelopes to its handler, and settles them.
+"""How a consumer hands its deliveries to its handler, and settles them.
 
-:class:`BatchHandling` does it for :class:`rabbitry.consumer.AsyncConsumer`. A list
+:class:`Handling` does it for :class:`rabbitry.consumer.AsyncConsumer`: a message is
+acked when the handler returns, and goes down the failure path when it raises. A list
 handler's batch (``batch_size``) is acked with one multiple-ack when the handler
 returns (with ``concurrency=1``), and its duplicates (``dedup``) are acked unseen; the
 messages the handler returns as failed go down the failure path one by one.
@@ -44,13 +45,13 @@ if TYPE_CHECKING:
     from ._consumer_settle import Settler
     from ._consumer_stores import DedupStore
 
-__all__ = ["BatchHandling", "failed_items"]
+__all__ = ["Handling", "failed_items"]
 
 logger = logging.getLogger("rabbitry.consumer")
 
 
 class _Owner(Protocol):
-    """What :class:`BatchHandling` reads of its consumer (it also names it in its logs)."""
+    """What :class:`Handling` reads of its consumer (it also names it in its logs)."""
 
     @property
     def dedup(self) -> DedupStore | None: ...
@@ -59,8 +60,9 @@ class _Owner(Protocol):
     def concurrency(self) -> int: ...
 
 
-class BatchHandling:
-    """Hands batches and batch envelopes to the handler and settles them (see above).
+class Handling:
+    """Hands deliveries to the handler (single messages, batches and batch envelopes,
+    skipping duplicates) and settles them (see above).
 
     Args:
         owner: the consumer (its ``dedup`` store and ``concurrency``).
@@ -85,6 +87,43 @@ class BatchHandling:
         self.settler = settler
         self.stats = settler.stats
         self.release_on_cancel = release_on_cancel
+
+    async def handle(self, message: Message) -> None:
+        """Hand ``message`` to the handler (an envelope's records one by one); settle it.
+
+        Args:
+            message: a delivery.
+        """
+        headers = message.properties.headers
+        if headers and BATCH_FORMAT_HEADER in headers:  # a batch envelope: its records
+            await self.handle_envelope(message)
+            return
+        message_id = message.properties.message_id
+        dedup = self.owner.dedup
+        if dedup is not None and message_id and dedup.seen(message_id):
+            # Already processed: ack it without calling the handler.
+            self.stats.deduplicated += 1
+            self.settler.ack(message)
+            return
+        try:
+            result = self.handler(message)
+            if inspect.isawaitable(result):
+                await result
+        except asyncio.CancelledError:
+            # stop(drain=False) or a timed-out drain: hand the message back, unless a
+            # thread still runs the handler on it (sync facade): then it stays unacked
+            # and the broker requeues it when stop() closes the channel.
+            if self.release_on_cancel:
+                self.settler.settle(message, "nack", requeue=True)
+                self.stats.released += 1
+            raise
+        except Exception as exc:
+            await self.settler.fail(message, exc)
+            return
+        self.settler.ack(message)
+        dedup = self.owner.dedup
+        if dedup is not None and message_id:
+            dedup.add(message_id)
 
     async def handle_batch(self, batch: list[Message]) -> None:
         """Hand a list handler its batch; settle the batch.

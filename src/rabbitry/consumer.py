@@ -21,7 +21,7 @@ they take the failure path. Concurrency (``concurrency=N``) runs up to N handler
 handlers finish and ack, and requeues what was prefetched but not started.
 
 Theory of operation: deliveries arrive on the event loop (a plain channel callback) and
-go to an inbox; ``_pump`` starts handler tasks while fewer than ``concurrency`` run.
+go to an inbox; its runner starts handler tasks while fewer than ``concurrency`` run.
 Each delivery is settled exactly once: :attr:`Message.settled` guards against a handler
 that acks by hand and a consumer that would ack again (a double ack is a 406 that closes
 the channel). Acks for a channel that has since been replaced are dropped with a
@@ -34,12 +34,12 @@ import asyncio
 import functools
 import inspect
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-from ._batch_consume import BatchHandling, failed_items
+from ._batch_consume import Handling, failed_items
 from ._consumer_core import ConsumerCore
+from ._consumer_flow import Flow, TaskRunner
 from ._consumer_options import check_options
 from ._consumer_settle import Settler, check_failure_path
 from ._consumer_stores import ConsumerStats, DedupStore, MemoryDedupStore
@@ -121,8 +121,6 @@ class AsyncConsumer(ConsumerCore):
             error such as the delivery-acknowledgement timeout.
     """
 
-    #: Whether a cancelled handling requeues its message (not when a thread runs it).
-    _RELEASE_ON_CANCEL = True
     #: What a batch handler returned, validated (see ``_batch_consume.failed_items``).
     _failed_items = staticmethod(failed_items)
 
@@ -178,31 +176,25 @@ class AsyncConsumer(ConsumerCore):
         self.resubscribe = resubscribe
         self.stats = ConsumerStats()
         self.consumer_tag: str | None = None
-        # Work waiting for a handler slot: single messages, or whole batches.
-        self._inbox: deque[Message | list[Message]] = deque()
-        # What waits for a handler (inbox and open batch), counted when the broker's
+        # What waits for a handler (inbox and open batch) is counted when the broker's
         # prefetch does not bound it (auto ack, or prefetch 0): past the bound the
-        # connection stops reading the socket (_reads_paused) until half is handed out.
-        self._bounded = not self._manual or not self.prefetch
-        self._waiting = 0
-        self._waiting_bytes = 0
-        self._reads_paused = False
+        # connection stops reading the socket until half is handed out.
+        self._flow = Flow(
+            connection, self, bounded=not self._manual or not self.prefetch, prefetch=self.prefetch
+        )
+        #: The inbox of the flow (work waiting for a handler slot).
+        self._inbox = self._flow.inbox
         self._batch: list[Message] = []
         self._batch_timer: asyncio.TimerHandle | None = None
-        # Work in flight: handler tasks, and in the sync Consumer's subclass also the
-        # messages queued for its handler threads (see rabbitry.sync._consumer_threads).
-        self._running = 0
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._idle: asyncio.Event | None = None
         # Set when the consumer has ended for good (see wait()), with why.
         self._ended: asyncio.Event | None = None
         self._end_reason: AMQPError | None = None
         self._started = False
-        self._stopping = False
         self._background: set[asyncio.Future[Any]] = set()
-        #: False in the sync Consumer's subclass: a cancelled handler's thread may still
-        #: be running, so its message must not be requeued behind its back (see stop()).
-        self._release_on_cancel = self._RELEASE_ON_CANCEL
+        #: False when threads run the handler (see run_handlers_with): a cancelled
+        #: handler's thread may still be running, so its message must not be requeued
+        #: behind its back (see stop()).
+        self._release_on_cancel = True
         self._subscriber = Subscriber(
             connection,
             self,
@@ -212,18 +204,17 @@ class AsyncConsumer(ConsumerCore):
             closed=self._on_channel_closed,
         )
         self._settler = Settler(self, manual=self._manual, stats=self.stats)
-        self._batches = BatchHandling(
-            self, handler, self._settler, release_on_cancel=self._release_on_cancel
-        )
+        self._handling = Handling(self, handler, self._settler, release_on_cancel=True)
+        self._flow.runner = TaskRunner(self, self._flow, self._handling)
 
     def __repr__(self) -> str:
-        state = "stopping" if self._stopping else "running" if self._started else "new"
+        state = "stopping" if self._flow.stopping else "running" if self._started else "new"
         return f"<AsyncConsumer queue={self.queue!r} tag={self.consumer_tag!r} {state}>"
 
     @property
     def is_running(self) -> bool:
         """Started and not stopped."""
-        return self._started and not self._stopping
+        return self._started and not self._flow.stopping
 
     @property
     def channel(self) -> AsyncChannel | None:
@@ -260,8 +251,8 @@ class AsyncConsumer(ConsumerCore):
         if self._started:
             raise InvalidStateError("this consumer was already started")
         self._started = True
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._flow.idle = asyncio.Event()
+        self._flow.idle.set()
         self._ended = asyncio.Event()
         try:
             if self._manual:
@@ -286,14 +277,14 @@ class AsyncConsumer(ConsumerCore):
         Messages prefetched but not yet handed to the handler are requeued at once.
         Idempotent.
         """
-        if not self._started or self._stopping:
+        if not self._started or self._flow.stopping:
             return
-        self._stopping = True
+        self._flow.stopping = True
         self._settler.failures.flush()
         self._subscriber.cancel()
         # A full inbox may have paused the connection's reading: the cancel-ok below
         # must get through. What arrives from now on is released (_on_delivery).
-        self._resume_reads()
+        self._flow.resume_reads()
         channel = self._subscriber.channel
         if channel is not None and not channel.is_closed and self.consumer_tag is not None:
             # Cancelled now, or (connection recovering) forgotten so that recovery does
@@ -302,14 +293,14 @@ class AsyncConsumer(ConsumerCore):
                 self.consumer_tag, timeout=10.0 if timeout is None else timeout
             )
         self._release_waiting()
-        if self._running:
-            assert self._idle is not None
+        if self._flow.running:
+            assert self._flow.idle is not None
             if drain:
                 try:
-                    await asyncio.wait_for(self._idle.wait(), timeout)
+                    await asyncio.wait_for(self._flow.idle.wait(), timeout)
                 except TimeoutError:
                     logger.warning("consumer %s: handlers still running after %s s", self, timeout)
-            if self._running and not self._release_on_cancel:
+            if self._flow.running and not self._release_on_cancel:
                 # Sync facade: a handler thread cannot be interrupted. Return now, as
                 # promised, but keep the channel open until the running handlers have
                 # settled their messages; closing it earlier would requeue a message while
@@ -317,10 +308,10 @@ class AsyncConsumer(ConsumerCore):
                 self._spawn_background(self._close_when_idle(channel, timeout))
                 self._end(None)
                 return
-            for task in list(self._tasks):
+            for task in list(self._flow.tasks):
                 task.cancel()
-            if self._tasks:
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self._flow.tasks:
+                await asyncio.gather(*self._flow.tasks, return_exceptions=True)
         if channel is not None and not channel.is_closed:
             try:
                 await channel.close(timeout=timeout)
@@ -366,8 +357,8 @@ class AsyncConsumer(ConsumerCore):
         return self._end_reason if ended.is_set() else self._conn.close_exc
 
     async def _close_when_idle(self, channel: AsyncChannel | None, timeout: float | None) -> None:
-        assert self._idle is not None
-        await self._idle.wait()
+        assert self._flow.idle is not None
+        await self._flow.idle.wait()
         if channel is not None and not channel.is_closed:
             try:
                 await channel.close(timeout=timeout)
