@@ -406,7 +406,7 @@ class ThreadRunner:
     # ------------------------------------------------------------------ task path (IO thread)
 
     def _start_task(self, work: Message | list[Message]) -> bool:
-        """Hand ``work`` to a task running ``_handle``/``_handle_batch``, if it may start."""
+        """Hand ``work`` to a task running ``Handling.handle``/``handle_batch``, if it may start."""
         if self._flow.running >= self._concurrency:
             return False
         self._flow.inbox.popleft()
