@@ -42,7 +42,7 @@ from .protocol.message import Message
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ._consumer_settle import Settler
+    from ._consumer_settle import FailurePath, Settler
     from ._consumer_stores import DedupStore
 
 __all__ = ["Handling", "failed_items"]
@@ -68,23 +68,26 @@ class Handling:
         owner: the consumer (its ``dedup`` store and ``concurrency``).
         handler: the consumer's handler.
         settler: settles the consumer's deliveries.
+        failure: where the messages the handler failed on go.
         release_on_cancel: requeue what a cancelled handling held (``False`` when the
             handler runs on a thread that a cancel does not stop).
     """
 
-    __slots__ = ("handler", "owner", "release_on_cancel", "settler", "stats")
+    __slots__ = ("failure", "handler", "owner", "release_on_cancel", "settler", "stats")
 
     def __init__(
         self,
         owner: _Owner,
         handler: Callable[[Any], object],
         settler: Settler,
+        failure: FailurePath,
         *,
         release_on_cancel: bool,
     ) -> None:
         self.owner = owner
         self.handler = handler
         self.settler = settler
+        self.failure = failure
         self.stats = settler.stats
         self.release_on_cancel = release_on_cancel
 
@@ -118,7 +121,7 @@ class Handling:
                 self.stats.released += 1
             raise
         except Exception as exc:
-            await self.settler.fail(message, exc)
+            await self.failure.fail(message, exc)
             return
         self.settler.ack(message)
         dedup = self.owner.dedup
@@ -157,7 +160,7 @@ class Handling:
             failed = [(message, exc) for message in batch]
         failed_ids = {id(message) for message, _ in failed}
         for message, error in failed:
-            await self.settler.fail(message, error)
+            await self.failure.fail(message, error)
         remaining = [m for m in batch if id(m) not in failed_ids and not m.settled]
         if dedup is not None:
             for message in remaining:
@@ -215,7 +218,7 @@ class Handling:
         try:
             records = unpack(envelope, settle)
         except BatchFormatError as exc:
-            await self.settler.fail(envelope, exc)
+            await self.failure.fail(envelope, exc)
             return
         handler = self.handler
         settler = settler_of(records[0]) if records else None
@@ -245,7 +248,7 @@ class Handling:
                 if settler.done:
                     return
                 settler.done = True  # the failure path settles the envelope itself
-            await self.settler.fail(envelope, failures[0], records=(len(failures), len(records)))
+            await self.failure.fail(envelope, failures[0], records=(len(failures), len(records)))
             return
         if dedup is not None and message_id and envelope.settled:
             dedup.add(message_id)
@@ -272,7 +275,7 @@ class Handling:
             try:
                 records = unpack(message, settle_for(message))
             except BatchFormatError as exc:
-                await self.settler.fail(message, exc)
+                await self.failure.fail(message, exc)
                 continue
             envelopes.append(message)
             for record in records:
@@ -299,12 +302,12 @@ class Handling:
             envelope = owner.get(id(message))
             if envelope is None:
                 failed_plain.add(id(message))
-                await self.settler.fail(message, error)
+                await self.failure.fail(message, error)
             else:
                 failed_envelopes.setdefault(id(envelope), (envelope, error))
         for envelope, error in failed_envelopes.values():
             if not envelope.settled:
-                await self.settler.fail(envelope, error)
+                await self.failure.fail(envelope, error)
         handled = [m for m in items if id(m) not in owner and id(m) not in failed_plain]
         for message in handled:
             self.settler.ack(message)  # no-op when the handler settled it

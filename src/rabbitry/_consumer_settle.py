@@ -1,8 +1,8 @@
 """Settling a consumer's deliveries, and the failure path of the ones its handler failed.
 
 :class:`Settler` acks, nacks and rejects each delivery once, on the channel it arrived
-on (never on a channel that replaced it), and sends a failed message where the
-consumer's retry policy or its queue's dead-lettering says: a retry or parking queue,
+on (never on a channel that replaced it). :class:`FailurePath` sends a failed message
+where the consumer's retry policy or its queue's dead-lettering says: a retry or parking queue,
 the dead-letter exchange, back to the queue (:class:`~rabbitry.exceptions.Requeue`), or
 nowhere. :func:`check_failure_path` is ``start()``'s check that those places exist.
 """
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .protocol.message import Message
     from .topology._retry import RetryDecision, RetryPolicy
 
-__all__ = ["UNKNOWN", "Settler", "check_failure_path"]
+__all__ = ["UNKNOWN", "FailurePath", "Settler", "check_failure_path"]
 
 logger = logging.getLogger("rabbitry.consumer")
 
@@ -40,7 +40,7 @@ _FAILURE_LOG_INTERVAL = 60.0
 
 
 class _Owner(Protocol):
-    """What :class:`Settler` reads of its consumer (it also names it in its logs and
+    """What :class:`FailurePath` reads of its consumer (it also names it in its logs and
     hands it to the observability hooks)."""
 
     @property
@@ -51,33 +51,20 @@ class _Owner(Protocol):
 
 
 class Settler:
-    """Settles each delivery once on its own channel and sends failed ones down the
-    failure path (retry policy, dead-lettering, requeue, drop), counting in ``stats``.
+    """Settles each delivery once, on the channel it arrived on, counting the acks.
 
     Args:
-        owner: the consumer (for its queue and retry policy, its logs and the
-            observability hooks).
+        owner: the consumer (named in the logs).
         manual: manual acks (with auto acks nothing is ever settled).
         stats: the consumer's counters.
     """
 
-    __slots__ = ("dead_letter", "failures", "manual", "owner", "stats")
+    __slots__ = ("manual", "owner", "stats")
 
-    def __init__(self, owner: _Owner, *, manual: bool, stats: ConsumerStats) -> None:
+    def __init__(self, owner: object, *, manual: bool, stats: ConsumerStats) -> None:
         self.owner = owner
         self.manual = manual
         self.stats = stats
-        #: Handler failures, logged in words at a bounded rate (flushed on stop).
-        self.failures = FailureLog(
-            logger,
-            repr(owner.queue),
-            burst=_FAILURE_LOG_BURST,
-            interval=_FAILURE_LOG_INTERVAL,
-            schedule=_call_later,
-        )
-        #: The queue's dead-letter exchange as far as start() could tell: a name, None
-        #: (it has none) or UNKNOWN (not declared through this connection's topology).
-        self.dead_letter: object = UNKNOWN
 
     def ack(self, message: Message) -> None:
         """Ack ``message`` (with manual acks), unless it is settled; count it.
@@ -141,6 +128,36 @@ class Settler:
         message.settled = True
         return True
 
+
+class FailurePath:
+    """Sends the messages the handler failed on where the consumer's retry policy or
+    its queue's dead-lettering says (retry, park, requeue, dead-letter, drop), logs it
+    in words at a bounded rate, and counts it.
+
+    Args:
+        owner: the consumer (for its queue and retry policy, its logs and the
+            observability hooks).
+        settler: settles the consumer's deliveries.
+    """
+
+    __slots__ = ("dead_letter", "failures", "owner", "settler", "stats")
+
+    def __init__(self, owner: _Owner, settler: Settler) -> None:
+        self.owner = owner
+        self.settler = settler
+        self.stats = settler.stats
+        #: Handler failures, logged in words at a bounded rate (flushed on stop).
+        self.failures = FailureLog(
+            logger,
+            repr(owner.queue),
+            burst=_FAILURE_LOG_BURST,
+            interval=_FAILURE_LOG_INTERVAL,
+            schedule=_call_later,
+        )
+        #: The queue's dead-letter exchange as far as start() could tell: a name, None
+        #: (it has none) or UNKNOWN (not declared through this connection's topology).
+        self.dead_letter: object = UNKNOWN
+
     async def fail(
         self, message: Message, exc: BaseException, records: tuple[int, int] | None = None
     ) -> None:
@@ -162,14 +179,14 @@ class Settler:
             tag = f"{tag} (a batch envelope: {records[0]} of its {size} records failed)"
         if _obs.active is not None:
             _obs.active.handler_failed(self.owner, message, exc)
-        if not self.manual:
+        if not self.settler.manual:
             self.failures.failure(
                 tag, exc, "lost: auto-acked message (the broker forgot it when it sent it)",
                 "lost",
             )  # fmt: skip
             return
         if isinstance(exc, Requeue):
-            if self.settle(message, "nack", requeue=True):
+            if self.settler.settle(message, "nack", requeue=True):
                 self.stats.requeued += 1
                 self.failures.failure(tag, exc, "requeued (the handler raised Requeue)", "requeued")
             else:
@@ -177,7 +194,7 @@ class Settler:
             return
         policy = self.owner.retry
         if policy is None:
-            if not self.settle(message, "nack", requeue=False):
+            if not self.settler.settle(message, "nack", requeue=False):
                 self.failures.failure(tag, exc, _NOT_SETTLED, "not settled")
                 return
             dead_letter = self.dead_letter
@@ -226,7 +243,7 @@ class Settler:
                 "requeued (move failed)",
             )
             await asyncio.sleep(_FAILED_MOVE_PAUSE)
-            if self.settle(message, "nack", requeue=True):
+            if self.settler.settle(message, "nack", requeue=True):
                 self.stats.requeued += 1
             return
         message.settled = True
@@ -281,7 +298,7 @@ async def check_failure_path(
 
     Returns:
         The queue's dead-letter exchange as far as it can tell (for
-        :attr:`Settler.dead_letter`): a name, ``None`` or :data:`UNKNOWN`.
+        :attr:`FailurePath.dead_letter`): a name, ``None`` or :data:`UNKNOWN`.
 
     Raises:
         ConfigurationError: something is missing (the message names what).

@@ -41,7 +41,7 @@ from ._batch_consume import Handling, failed_items
 from ._consumer_core import ConsumerCore
 from ._consumer_flow import Flow, TaskRunner
 from ._consumer_options import check_options
-from ._consumer_settle import Settler, check_failure_path
+from ._consumer_settle import FailurePath, Settler, check_failure_path
 from ._consumer_stores import ConsumerStats, DedupStore, MemoryDedupStore
 from ._consumer_subscribe import Subscriber
 from .exceptions import (
@@ -204,7 +204,10 @@ class AsyncConsumer(ConsumerCore):
             closed=self._on_channel_closed,
         )
         self._settler = Settler(self, manual=self._manual, stats=self.stats)
-        self._handling = Handling(self, handler, self._settler, release_on_cancel=True)
+        self._failure = FailurePath(self, self._settler)
+        self._handling = Handling(
+            self, handler, self._settler, self._failure, release_on_cancel=True
+        )
         self._flow.runner = TaskRunner(self, self._flow, self._handling)
 
     def __repr__(self) -> str:
@@ -256,7 +259,7 @@ class AsyncConsumer(ConsumerCore):
         self._ended = asyncio.Event()
         try:
             if self._manual:
-                self._settler.dead_letter = await check_failure_path(
+                self._failure.dead_letter = await check_failure_path(
                     self._conn, self.queue, self.retry, timeout
                 )
             await self._subscriber.subscribe(timeout)
@@ -280,7 +283,7 @@ class AsyncConsumer(ConsumerCore):
         if not self._started or self._flow.stopping:
             return
         self._flow.stopping = True
-        self._settler.failures.flush()
+        self._failure.failures.flush()
         self._subscriber.cancel()
         # A full inbox may have paused the connection's reading: the cancel-ok below
         # must get through. What arrives from now on is released (_on_delivery).

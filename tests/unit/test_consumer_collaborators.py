@@ -1,4 +1,5 @@
-"""The consumer's collaborators on their own: Settler, Flow and TaskRunner, Handling."""
+"""The consumer's collaborators on their own: Settler, FailurePath, Flow and TaskRunner,
+Handling."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from rabbitry._batch_consume import Handling
 from rabbitry._consumer_flow import INBOX_BYTES, Flow, TaskRunner
-from rabbitry._consumer_settle import UNKNOWN, Settler
+from rabbitry._consumer_settle import UNKNOWN, FailurePath, Settler
 from rabbitry._consumer_stores import ConsumerStats, MemoryDedupStore
 from rabbitry.exceptions import Requeue
 from rabbitry.protocol.message import Message, Properties
@@ -77,7 +78,6 @@ def test_settler_acks_once_and_counts() -> None:
     s.ack(message)
     assert channel.sent == [("ack", 1, False)]
     assert owner.stats.acked == 1
-    assert s.dead_letter is UNKNOWN
 
 
 def test_settler_drops_a_settlement_from_before_a_recovery() -> None:
@@ -101,18 +101,19 @@ def test_settler_with_auto_acks_sends_nothing() -> None:
     assert channel.sent == [] and owner.stats.acked == 0
 
 
-async def test_settler_requeues_on_requeue() -> None:
+async def test_failure_path_requeues_on_requeue() -> None:
     owner, channel = Owner(), FakeChannel()
-    s = settler(owner)
+    s = FailurePath(owner, settler(owner))
     await s.fail(delivery(3, channel), Requeue("later"))
     assert channel.sent == [("nack", 3, True)]
     assert owner.stats.requeued == 1 and owner.stats.failed == 1
     s.failures.flush()
 
 
-async def test_settler_without_a_policy_rejects_into_the_dead_letter_path() -> None:
+async def test_failure_path_without_a_policy_rejects_into_the_dead_letter_path() -> None:
     owner, channel = Owner(), FakeChannel()
-    s = settler(owner)
+    s = FailurePath(owner, settler(owner))
+    assert s.dead_letter is UNKNOWN
     s.dead_letter = None  # the queue has no dead-letter exchange
     await s.fail(delivery(4, channel), ValueError("boom"))
     assert channel.sent == [("nack", 4, False)]
@@ -148,7 +149,7 @@ async def test_task_runner_handles_the_inbox_in_order_and_acks() -> None:
         seen.append(message.delivery_tag)
 
     s = settler(owner)
-    handling = Handling(owner, handler, s, release_on_cancel=True)
+    handling = Handling(owner, handler, s, FailurePath(owner, s), release_on_cancel=True)
     flow = Flow(Connection(), owner, bounded=False, prefetch=10)  # type: ignore[arg-type]
     flow.runner = runner = TaskRunner(owner, flow, handling)
     flow.idle = asyncio.Event()

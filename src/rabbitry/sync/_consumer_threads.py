@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 
     from .._batch_consume import Handling
     from .._consumer_flow import Flow
-    from .._consumer_settle import Settler
+    from .._consumer_settle import FailurePath, Settler
     from ..consumer import AsyncConsumer
     from ..protocol.message import Message
     from ._portal import Portal
@@ -179,6 +179,7 @@ class ThreadRunner:
         self._flow: Flow
         self._handling: Handling
         self._settler: Settler
+        self._failure: FailurePath
 
     def attach(self, flow: Flow, handling: Handling) -> None:
         """Take the consumer's work from ``flow``; hand the rest to ``handling``.
@@ -190,6 +191,7 @@ class ThreadRunner:
         self._flow = flow
         self._handling = handling
         self._settler = handling.settler
+        self._failure = handling.failure
         self._owner = handling.owner
         self._stats = handling.stats
         self._window = self._concurrency if flow.bounded else _UNBOUNDED
@@ -359,7 +361,7 @@ class ThreadRunner:
                 if self._owner.dedup is not None and message_id:
                     self._owner.dedup.add(message_id)  # the application's store may raise
             else:
-                self._flow.spawn(self._settler.fail(message, error))
+                self._flow.spawn(self._failure.fail(message, error))
         finally:
             if not self._flow.running:
                 assert self._flow.idle is not None
