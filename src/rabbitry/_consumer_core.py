@@ -31,11 +31,10 @@ if TYPE_CHECKING:
     from ._batch_consume import Handling
     from ._consumer_flow import Flow
     from ._consumer_settle import Settler
-    from ._consumer_stores import ConsumerStats, DedupStore
+    from ._consumer_stores import ConsumerStats
     from ._consumer_subscribe import Subscriber
     from .aio.connection import AsyncConnection
     from .protocol.message import Message
-    from .topology._retry import RetryPolicy
 
 logger = logging.getLogger("rabbitry.consumer")
 
@@ -53,21 +52,12 @@ class ConsumerCore:
 
     # Set by AsyncConsumer.__init__.
     _conn: AsyncConnection
-    queue: str
-    _handler: Callable[[Any], object]
     _manual: bool
-    concurrency: int
-    prefetch: int
-    retry: RetryPolicy | None
     batch_size: int | None
     batch_timeout: float
-    exclusive: bool
-    arguments: dict[str, Any] | None
-    dedup: DedupStore | None
     on_cancel: Callable[[str], Any] | None
     resubscribe: bool
     stats: ConsumerStats
-    consumer_tag: str | None
     _batch: list[Message]
     _batch_timer: asyncio.TimerHandle | None
     _ended: asyncio.Event | None
