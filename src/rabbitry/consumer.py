@@ -21,7 +21,7 @@ they take the failure path. Concurrency (``concurrency=N``) runs up to N handler
 handlers finish and ack, and requeues what was prefetched but not started.
 
 Theory of operation: deliveries arrive on the event loop (a plain channel callback) and
-go to an inbox; ``_pump`` starts handler tasks while fewer than ``concurrency`` run.
+go to an inbox; its runner starts handler tasks while fewer than ``concurrency`` run.
 Each delivery is settled exactly once: :attr:`Message.settled` guards against a handler
 that acks by hand and a consumer that would ack again (a double ack is a 406 that closes
 the channel). Acks for a channel that has since been replaced are dropped with a
@@ -34,21 +34,18 @@ import asyncio
 import functools
 import inspect
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-from ._consumer_core import (
-    UNKNOWN,
-    ConsumerCore,
-    ConsumerStats,
-    DedupStore,
-    MemoryDedupStore,
-)
-from ._failure_log import FailureLog
+from ._batch_consume import Handling, failed_items
+from ._consumer_core import ConsumerCore
+from ._consumer_flow import Flow, TaskRunner
+from ._consumer_options import check_options
+from ._consumer_settle import FailurePath, Settler, check_failure_path
+from ._consumer_stores import ConsumerStats, DedupStore, MemoryDedupStore
+from ._consumer_subscribe import Subscriber
 from .exceptions import (
     AMQPError,
-    ConfigurationError,
     InvalidStateError,
     Reject,
     Requeue,
@@ -93,10 +90,6 @@ AsyncHandler: TypeAlias = (
 #: handlers, which would never run there (the consumer also refuses them at runtime).
 SyncHandler: TypeAlias = Callable[[Message], None] | Callable[[list[Message]], BatchResult]
 
-#: Handler failures logged with a traceback per consumer and interval (then counted).
-_FAILURE_LOG_BURST = 10
-_FAILURE_LOG_INTERVAL = 60.0
-
 
 class AsyncConsumer(ConsumerCore):
     """Consume ``queue`` with ``handler``; see the module docstring for the semantics.
@@ -128,6 +121,9 @@ class AsyncConsumer(ConsumerCore):
             error such as the delivery-acknowledgement timeout.
     """
 
+    #: What a batch handler returned, validated (see ``_batch_consume.failed_items``).
+    _failed_items = staticmethod(failed_items)
+
     def __init__(
         self,
         connection: AsyncConnection,
@@ -146,34 +142,15 @@ class AsyncConsumer(ConsumerCore):
         on_cancel: Callable[[str], Any] | None = None,
         resubscribe: bool = True,
     ) -> None:
-        if ack not in ("manual", "auto"):
-            raise ConfigurationError(f"ack: must be 'manual' or 'auto', got {ack!r}")
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise ConfigurationError(f"concurrency: must be an integer >= 1, got {concurrency!r}")
-        if (
-            isinstance(prefetch, bool)
-            or not isinstance(prefetch, int)
-            or not 0 <= prefetch <= 65535
-        ):
-            raise ConfigurationError(f"prefetch: must be an integer in 0..65535, got {prefetch!r}")
-        if batch_size is not None and (
-            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
-        ):
-            raise ConfigurationError(f"batch_size: must be an integer >= 1, got {batch_size!r}")
-        if batch_timeout is not None and batch_timeout <= 0:
-            raise ConfigurationError(f"batch_timeout: must be > 0 seconds, got {batch_timeout!r}")
-        if not callable(handler):
-            raise ConfigurationError(
-                f"handler: must be callable (a function taking the message), got "
-                f"{type(handler).__name__}"
-            )
-        _check_retry(retry)
-        for field, value in (("concurrency", concurrency), ("batch_size", batch_size or 1)):
-            if value > 65535:
-                raise ConfigurationError(
-                    f"{field}: must be at most 65535, got {value} (prefetch is raised to it "
-                    "and basic.qos prefetch_count is a 16-bit field)"
-                )
+        check_options(
+            handler,
+            ack=ack,
+            prefetch=prefetch,
+            concurrency=concurrency,
+            retry=retry,
+            batch_size=batch_size,
+            batch_timeout=batch_timeout,
+        )
         self._conn = connection
         self.queue = queue
         # Single messages or lists (batches): which one is the caller's promise.
@@ -199,59 +176,53 @@ class AsyncConsumer(ConsumerCore):
         self.resubscribe = resubscribe
         self.stats = ConsumerStats()
         self.consumer_tag: str | None = None
-        self._channel: AsyncChannel | None = None
-        # Work waiting for a handler slot: single messages, or whole batches.
-        self._inbox: deque[Message | list[Message]] = deque()
-        # What waits for a handler (inbox and open batch), counted when the broker's
+        # What waits for a handler (inbox and open batch) is counted when the broker's
         # prefetch does not bound it (auto ack, or prefetch 0): past the bound the
-        # connection stops reading the socket (_reads_paused) until half is handed out.
-        self._bounded = not self._manual or not self.prefetch
-        self._waiting = 0
-        self._waiting_bytes = 0
-        self._reads_paused = False
+        # connection stops reading the socket until half is handed out.
+        self._flow = Flow(
+            connection, self, bounded=not self._manual or not self.prefetch, prefetch=self.prefetch
+        )
+        #: The inbox of the flow (work waiting for a handler slot).
+        self._inbox = self._flow.inbox
         self._batch: list[Message] = []
         self._batch_timer: asyncio.TimerHandle | None = None
-        # Work in flight: handler tasks, and in the sync Consumer's subclass also the
-        # messages queued for its handler threads (see rabbitry.sync._consumer_threads).
-        self._running = 0
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._idle: asyncio.Event | None = None
         # Set when the consumer has ended for good (see wait()), with why.
         self._ended: asyncio.Event | None = None
         self._end_reason: AMQPError | None = None
         self._started = False
-        self._stopping = False
-        self._resubscribe_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Future[Any]] = set()
-        self._queue_gone = False
-        #: False in the sync Consumer's subclass: a cancelled handler's thread may still
-        #: be running, so its message must not be requeued behind its back (see stop()).
+        #: False when threads run the handler (see run_handlers_with): a cancelled
+        #: handler's thread may still be running, so its message must not be requeued
+        #: behind its back (see stop()).
         self._release_on_cancel = True
-        self._attempt = 0
-        self._failures = FailureLog(
-            logger,
-            repr(queue),
-            burst=_FAILURE_LOG_BURST,
-            interval=_FAILURE_LOG_INTERVAL,
-            schedule=self._call_later,
+        self._subscriber = Subscriber(
+            connection,
+            self,
+            manual=self._manual,
+            deliver=self._on_delivery,
+            cancelled=self._on_broker_cancel,
+            closed=self._on_channel_closed,
         )
-        #: The queue's dead-letter exchange as far as start() could tell: a name, None
-        #: (it has none) or UNKNOWN (not declared through this connection's topology).
-        self._dead_letter: object = UNKNOWN
+        self._settler = Settler(self, manual=self._manual, stats=self.stats)
+        self._failure = FailurePath(self, self._settler)
+        self._handling = Handling(
+            self, handler, self._settler, self._failure, release_on_cancel=True
+        )
+        self._flow.runner = TaskRunner(self, self._flow, self._handling)
 
     def __repr__(self) -> str:
-        state = "stopping" if self._stopping else "running" if self._started else "new"
+        state = "stopping" if self._flow.stopping else "running" if self._started else "new"
         return f"<AsyncConsumer queue={self.queue!r} tag={self.consumer_tag!r} {state}>"
 
     @property
     def is_running(self) -> bool:
         """Started and not stopped."""
-        return self._started and not self._stopping
+        return self._started and not self._flow.stopping
 
     @property
     def channel(self) -> AsyncChannel | None:
         """The channel currently consumed on (it changes after a resubscribe)."""
-        return self._channel
+        return self._subscriber.channel
 
     async def __aenter__(self) -> AsyncConsumer:
         await self.start()
@@ -283,70 +254,20 @@ class AsyncConsumer(ConsumerCore):
         if self._started:
             raise InvalidStateError("this consumer was already started")
         self._started = True
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._flow.idle = asyncio.Event()
+        self._flow.idle.set()
         self._ended = asyncio.Event()
         try:
             if self._manual:
-                await self._check_failure_path(timeout)
-            await self._subscribe(timeout)
+                self._failure.dead_letter = await check_failure_path(
+                    self._conn, self.queue, self.retry, timeout
+                )
+            await self._subscriber.subscribe(timeout)
         except BaseException:
             self._started = False
             raise
         if _obs.active is not None:  # rabbitry.observability: stats, queue depth
             _obs.active.consumer_started(self, self._conn)
-
-    async def _check_failure_path(self, timeout: float | None) -> None:
-        """Passive-check that failed messages have somewhere to go (see :meth:`start`)."""
-        from .topology._session import missing_entities
-
-        record = getattr(self._conn, "topology_record", None)
-        recorded = record.queue(self.queue) if record is not None else None
-        policy = self.retry
-        if policy is None:
-            if recorded is None:
-                self._dead_letter = UNKNOWN
-                return
-            dlx = recorded.arguments.get("x-dead-letter-exchange")
-            self._dead_letter = dlx if isinstance(dlx, str) else None
-            if isinstance(dlx, str) and dlx:
-                missing = await missing_entities(self._conn, [("exchange", dlx)], timeout)
-                if missing:
-                    raise ConfigurationError(
-                        f"consumer of queue {self.queue!r}: its dead-letter exchange {dlx!r} "
-                        "does not exist, so every failed message would be dropped by the "
-                        "broker; declare the exchange first"
-                    )
-            return
-        names = policy.names(self.queue)
-        wanted: list[tuple[Literal["exchange", "queue"], str]] = [("exchange", names.dlx)]
-        wanted += [("queue", name) for name in names.retry_queues]
-        if names.parking_lot is not None:
-            wanted.append(("queue", names.parking_lot))
-        problems = [f"{kind} {name!r}" for kind, name in await missing_entities(
-            self._conn, wanted, timeout
-        )]  # fmt: skip
-        if policy.broker_driven and recorded is not None:
-            # One delay: the broker moves failed messages, through the work queue's own
-            # dead-letter arguments. A passive declare cannot read them; the record can.
-            arguments = recorded.arguments
-            expected = (names.dlx, names.retry_queues[0])
-            actual = (
-                arguments.get("x-dead-letter-exchange"),
-                arguments.get("x-dead-letter-routing-key"),
-            )
-            if actual != expected:
-                problems.append(
-                    f"queue {self.queue!r} dead-lettering to {expected[0]!r} with routing key "
-                    f"{expected[1]!r} (it was declared with {actual[0]!r} / {actual[1]!r})"
-                )
-        if problems:
-            raise ConfigurationError(
-                f"consumer of queue {self.queue!r}: retry={policy!r} needs "
-                f"{', '.join(problems)}, which the broker does not have; failed messages "
-                f"would be lost. Declare it with Topology.with_retry({self.queue!r}, "
-                "policy).apply(connection) before starting the consumer"
-            )
 
     async def stop(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop consuming.
@@ -359,16 +280,15 @@ class AsyncConsumer(ConsumerCore):
         Messages prefetched but not yet handed to the handler are requeued at once.
         Idempotent.
         """
-        if not self._started or self._stopping:
+        if not self._started or self._flow.stopping:
             return
-        self._stopping = True
-        self._failures.flush()
-        if self._resubscribe_task is not None:
-            self._resubscribe_task.cancel()
+        self._flow.stopping = True
+        self._failure.failures.flush()
+        self._subscriber.cancel()
         # A full inbox may have paused the connection's reading: the cancel-ok below
         # must get through. What arrives from now on is released (_on_delivery).
-        self._resume_reads()
-        channel = self._channel
+        self._flow.resume_reads()
+        channel = self._subscriber.channel
         if channel is not None and not channel.is_closed and self.consumer_tag is not None:
             # Cancelled now, or (connection recovering) forgotten so that recovery does
             # not subscribe a stopped consumer again.
@@ -376,14 +296,14 @@ class AsyncConsumer(ConsumerCore):
                 self.consumer_tag, timeout=10.0 if timeout is None else timeout
             )
         self._release_waiting()
-        if self._running:
-            assert self._idle is not None
+        if self._flow.running:
+            assert self._flow.idle is not None
             if drain:
                 try:
-                    await asyncio.wait_for(self._idle.wait(), timeout)
+                    await asyncio.wait_for(self._flow.idle.wait(), timeout)
                 except TimeoutError:
                     logger.warning("consumer %s: handlers still running after %s s", self, timeout)
-            if self._running and not self._release_on_cancel:
+            if self._flow.running and not self._release_on_cancel:
                 # Sync facade: a handler thread cannot be interrupted. Return now, as
                 # promised, but keep the channel open until the running handlers have
                 # settled their messages; closing it earlier would requeue a message while
@@ -391,10 +311,10 @@ class AsyncConsumer(ConsumerCore):
                 self._spawn_background(self._close_when_idle(channel, timeout))
                 self._end(None)
                 return
-            for task in list(self._tasks):
+            for task in list(self._flow.tasks):
                 task.cancel()
-            if self._tasks:
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self._flow.tasks:
+                await asyncio.gather(*self._flow.tasks, return_exceptions=True)
         if channel is not None and not channel.is_closed:
             try:
                 await channel.close(timeout=timeout)
@@ -440,8 +360,8 @@ class AsyncConsumer(ConsumerCore):
         return self._end_reason if ended.is_set() else self._conn.close_exc
 
     async def _close_when_idle(self, channel: AsyncChannel | None, timeout: float | None) -> None:
-        assert self._idle is not None
-        await self._idle.wait()
+        assert self._flow.idle is not None
+        await self._flow.idle.wait()
         if channel is not None and not channel.is_closed:
             try:
                 await channel.close(timeout=timeout)
@@ -452,15 +372,6 @@ class AsyncConsumer(ConsumerCore):
 def failed_messages(*messages: Message) -> Collection[Message]:
     """Spell out the return value of a batch handler: ``return failed_messages(m1, m2)``."""
     return messages
-
-
-def _check_retry(retry: object) -> None:
-    from .topology._retry import RetryPolicy
-
-    if retry is not None and not isinstance(retry, RetryPolicy):
-        raise ConfigurationError(
-            f"retry: must be a rabbitry.topology.RetryPolicy or None, got {type(retry).__name__}"
-        )
 
 
 def is_async_callable(handler: object) -> bool:

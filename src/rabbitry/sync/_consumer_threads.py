@@ -1,16 +1,16 @@
-"""The consumer under :class:`rabbitry.sync.consumer.Consumer`: handlers on threads.
+"""The runner of :class:`rabbitry.sync.consumer.Consumer`: its handler on threads.
 
-:class:`ThreadedConsumer` is an :class:`~rabbitry.consumer.AsyncConsumer` (deliveries,
+The sync consumer is an :class:`~rabbitry.consumer.AsyncConsumer` (deliveries,
 settling, the failure policy and the broker's events all stay on the IO thread) whose
-handler runs on ``concurrency`` threads of its own, and whose hand-offs between the IO
-thread and those threads are cheap in bursts.
+handler :class:`ThreadRunner` runs on ``concurrency`` threads of its own, with cheap
+hand-offs between the IO thread and those threads in bursts.
 
 Theory of operation
 -------------------
 A plain message (not a batch envelope, no process span to record) takes the *direct*
 path, with no task per message:
 
-* The IO thread's ``_pump`` puts it on one FIFO queue (``SimpleQueue``) shared by the
+* The IO thread's ``pump`` puts it on one FIFO queue (``SimpleQueue``) shared by the
   handler threads, with every other message that is waiting: a thread that is busy finds
   the next one there when it has finished, without waiting for the IO thread. Only a
   thread blocked on the empty queue needs a wake-up.
@@ -19,7 +19,7 @@ path, with no task per message:
   wake-up settles every message that finished meanwhile, and the portal's drain sends
   their acks in one write. It goes behind what the handler itself queued on the portal
   (a ``message.ack()``, a publish).
-* On the IO thread, ``_completed`` then does what ``_handle`` does after the handler:
+* On the IO thread, ``_completed`` then does what ``Handling.handle`` does after the handler:
   acks it (unless the handler settled it), remembers its id for ``dedup``, or sends it
   down the failure path (in a task, as the retry moves wait for the broker).
 
@@ -29,15 +29,15 @@ message whose ``message_id`` is the one of a message still queued or running (wi
 checked against the store like in a sequential consumer.
 
 What still needs the coroutine machinery (batches, envelopes, a consumer whose process
-spans are recorded) takes the *task* path: ``_handle`` / ``_handle_batch`` in a task per
-work item, as in the asyncio consumer, whose handler (``_run_on_thread``) queues the call
+spans are recorded) takes the *task* path: ``Handling.handle`` / ``handle_batch`` in a task per
+work item, as in the asyncio consumer, whose handler (``run_on_thread``) queues the call
 on the same threads and awaits its result. Such an item starts only while fewer than
 ``concurrency`` are in flight, like in the asyncio consumer, and with one thread the
 direct messages behind it wait until it has finished, so the order holds.
 
-The messages queued for the threads count as handed out (in flight: ``_running``), so
+The messages queued for the threads count as handed out (in flight: ``Flow.running``), so
 ``stop(drain=True)`` waits for them; the ones no thread has started are taken back from
-the queue at that point (``_release_waiting``: a stop or a broker cancel) and requeued,
+the queue at that point (``take_back``: a stop or a broker cancel) and requeued,
 like the messages of the inbox, or forgotten when their channel closes (the broker
 requeues them). When the broker's prefetch does not bound the deliveries (auto ack,
 ``prefetch=0``) only ``concurrency`` messages are queued at once, so the consumer's
@@ -52,22 +52,23 @@ import functools
 import logging
 import queue
 import threading
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from ..batching import BATCH_FORMAT_HEADER
-from ..consumer import AsyncConsumer, DedupStore
 from ..exceptions import InvalidStateError
 from ..observability import _state as _obs
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ..aio.connection import AsyncConnection
+    from .._batch_consume import Handling
+    from .._consumer_flow import Flow
+    from .._consumer_settle import FailurePath, Settler
+    from ..consumer import AsyncConsumer
     from ..protocol.message import Message
-    from ..topology._retry import RetryPolicy
     from ._portal import Portal
 
-__all__ = ["ThreadedConsumer"]
+__all__ = ["ThreadRunner"]
 
 logger = logging.getLogger("rabbitry.consumer")
 
@@ -134,90 +135,90 @@ def _run_in(context: contextvars.Context, fn: Callable[[Any], object], work: Any
     return context.run(fn, work)
 
 
-class ThreadedConsumer(AsyncConsumer):
-    """An :class:`AsyncConsumer` running the plain ``handler`` on ``concurrency`` threads.
+class ThreadRunner:
+    """Runs a consumer's plain ``handler`` on ``concurrency`` threads of its own.
 
-    The engine of :class:`rabbitry.sync.consumer.Consumer` (see the module docstring);
-    it lives on ``portal``'s IO thread. Its handler threads start with :meth:`start`
-    and end with :meth:`end_threads`.
+    The sync :class:`rabbitry.sync.consumer.Consumer`'s runner (see the module
+    docstring): the consumer's deliveries, settling, failure policy and events stay on
+    ``portal``'s IO thread, in an :class:`~rabbitry.consumer.AsyncConsumer` whose handler
+    is :meth:`run_on_thread` and whose work this runner takes (``run_handlers_with``).
+    Its handler threads start with :meth:`start` and end with :meth:`end_threads`.
+
+    Args:
+        portal: the IO thread's portal.
+        handler: the application's handler.
+        concurrency: handler threads.
     """
 
     def __init__(
         self,
-        connection: AsyncConnection,
         portal: Portal,
-        queue_name: str,
         handler: Callable[[Any], object],
         *,
-        ack: Literal["manual", "auto"],
-        prefetch: int,
         concurrency: int,
-        retry: RetryPolicy | None,
-        batch_size: int | None,
-        batch_timeout: float | None,
-        exclusive: bool,
-        arguments: dict[str, Any] | None,
-        dedup: DedupStore | None,
-        on_cancel: Callable[[str], Any] | None,
-        resubscribe: bool,
     ) -> None:
-        super().__init__(
-            connection,
-            queue_name,
-            self._run_on_thread,
-            ack=ack,
-            prefetch=prefetch,
-            concurrency=concurrency,
-            retry=retry,
-            batch_size=batch_size,
-            batch_timeout=batch_timeout,
-            exclusive=exclusive,
-            arguments=arguments,
-            dedup=dedup,
-            on_cancel=on_cancel,
-            resubscribe=resubscribe,
-        )
-        # A cancelled handling cannot stop its thread: its message stays unsettled (no
-        # requeue behind the thread's back), and stop() keeps the channel open until the
-        # threads have settled theirs.
-        self._release_on_cancel = False
         self._portal = portal
         self._user_handler = handler
+        self._concurrency = concurrency
         # Messages and _Call jobs for the threads, in order; None ends one thread.
         self._jobs: queue.SimpleQueue[Message | _Call | None] = queue.SimpleQueue()
         self._put = self._jobs.put
         self._workers: list[threading.Thread] = []
         self._workers_ended = False
-        # Direct messages in flight at most (with the task path's items: _running).
-        self._window = concurrency if self._bounded else _UNBOUNDED
+        self._started = False
+        # Direct messages in flight at most (with the task path's items: flow.running);
+        # set by attach().
+        self._window = concurrency
         self._serial = concurrency == 1
         # Task-path items in flight; with one thread, direct messages wait behind them.
         self._tasked = 0
         # message_ids of the direct messages in flight (only with dedup).
         self._ids: set[str] = set()
         self._acker: _PortalAcker | None = None
+        # Set by attach().
+        self._flow: Flow
+        self._handling: Handling
+        self._settler: Settler
+        self._failure: FailurePath
+
+    def attach(self, flow: Flow, handling: Handling) -> None:
+        """Take the consumer's work from ``flow``; hand the rest to ``handling``.
+
+        Args:
+            flow: the consumer's work.
+            handling: hands work to the consumer's handler and settles it.
+        """
+        self._flow = flow
+        self._handling = handling
+        self._settler = handling.settler
+        self._failure = handling.failure
+        self._owner = handling.owner
+        self._stats = handling.stats
+        self._window = self._concurrency if flow.bounded else _UNBOUNDED
 
     # ------------------------------------------------------------------ threads
 
-    async def start(self, timeout: float | None = None) -> None:
-        """Start the handler threads, then subscribe (see :meth:`AsyncConsumer.start`).
+    async def start(self, consumer: AsyncConsumer, timeout: float | None = None) -> None:
+        """Start the handler threads, then ``consumer`` (see :meth:`AsyncConsumer.start`).
 
         Args:
+            consumer: the consumer whose handler this runner runs.
             timeout: seconds for each broker request it makes (``None``: no limit).
         """
         started = self._started
         if not started:
             self._start_threads()
         try:
-            await super().start(timeout)
+            await consumer.start(timeout)
         except BaseException:
             if not started:
                 self.end_threads()
             raise
+        self._started = True
 
     def _start_threads(self) -> None:
         self._workers_ended = False
-        while len(self._workers) < self.concurrency:
+        while len(self._workers) < self._concurrency:
             worker = threading.Thread(
                 target=self._serve,
                 name=f"rabbitry-handler-{len(self._workers) + 1}",
@@ -234,7 +235,7 @@ class ThreadedConsumer(AsyncConsumer):
         call is cancelled, and so is every call queued later.
         """
         self._workers_ended = True
-        self._take_back(requeue=False, calls=True)
+        self.take_back(requeue=False, calls=True)
         self.stop_threads()
 
     def stop_threads(self) -> None:
@@ -282,8 +283,14 @@ class ThreadedConsumer(AsyncConsumer):
 
     # ------------------------------------------------------------------ direct path (IO thread)
 
-    def _pump(self) -> None:
-        inbox = self._inbox
+    def pump(self) -> None:
+        """IO thread: hand what waits in the inbox to the threads (or to a task).
+
+        Plain messages go on the threads' queue (the direct path) while fewer than
+        ``concurrency`` are in flight when the inbox is bounded; batches, envelopes and
+        traced messages start a task running the consumer's handling (the task path).
+        """
+        inbox = self._flow.inbox
         while inbox:
             work = inbox[0]
             if work.__class__ is list:
@@ -299,9 +306,9 @@ class ThreadedConsumer(AsyncConsumer):
                 if not self._start_task(message):
                     return
                 continue
-            if self._running >= self._window or (self._tasked and self._serial):
+            if self._flow.running >= self._window or (self._tasked and self._serial):
                 return
-            dedup = self.dedup
+            dedup = self._owner.dedup
             if dedup is not None:
                 message_id = message.properties.message_id
                 if message_id:
@@ -313,35 +320,35 @@ class ThreadedConsumer(AsyncConsumer):
                         # The application's store failed: like a handling that failed
                         # before the handler, the message stays unsettled (the broker
                         # has it back when the channel closes); the others go on.
-                        logger.exception("consumer %s: handler task failed", self)
+                        logger.exception("consumer %s: handler task failed", self._owner)
                         inbox.popleft()
-                        if self._bounded:
-                            self._handed_out(message)
+                        if self._flow.bounded:
+                            self._flow.handed_out(message)
                         continue
                     if seen:
                         inbox.popleft()
-                        if self._bounded:
-                            self._handed_out(message)
-                        self.stats.deduplicated += 1
-                        self._ack(message)
+                        if self._flow.bounded:
+                            self._flow.handed_out(message)
+                        self._stats.deduplicated += 1
+                        self._settler.ack(message)
                         continue
                     self._ids.add(message_id)
             inbox.popleft()
-            if self._bounded:
-                self._handed_out(message)
+            if self._flow.bounded:
+                self._flow.handed_out(message)
             acker = self._acker
             if acker is None or acker.target is not message.channel:
                 acker = self._acker = _PortalAcker(self._portal, message.channel)
             message.settle_through(acker)
-            if not self._running:
-                assert self._idle is not None
-                self._idle.clear()
-            self._running += 1
+            if not self._flow.running:
+                assert self._flow.idle is not None
+                self._flow.idle.clear()
+            self._flow.running += 1
             self._put(message)
 
     def _completed(self, message: Message, error: Exception | None) -> None:
         """IO thread: a handler thread has run the handler on ``message``."""
-        self._running -= 1
+        self._flow.running -= 1
         acker = message.channel
         if acker.__class__ is _PortalAcker:
             message.settle_through(acker.target)
@@ -350,19 +357,19 @@ class ThreadedConsumer(AsyncConsumer):
             self._ids.discard(message_id)
         try:
             if error is None:
-                self._ack(message)
-                if self.dedup is not None and message_id:
-                    self.dedup.add(message_id)  # the application's store may raise
+                self._settler.ack(message)
+                if self._owner.dedup is not None and message_id:
+                    self._owner.dedup.add(message_id)  # the application's store may raise
             else:
-                self._spawn(self._fail(message, error))
+                self._flow.spawn(self._failure.fail(message, error))
         finally:
-            if not self._running:
-                assert self._idle is not None
-                self._idle.set()
-            if self._inbox and not self._stopping:
-                self._pump()
+            if not self._flow.running:
+                assert self._flow.idle is not None
+                self._flow.idle.set()
+            if self._flow.inbox and not self._flow.stopping:
+                self.pump()
 
-    def _take_back(self, requeue: bool, calls: bool = False) -> None:
+    def take_back(self, requeue: bool, calls: bool = False) -> None:
         """IO thread: take the direct messages no thread has started off the queue.
 
         ``requeue``: nack them back to the queue (a stop or a broker cancel), else leave
@@ -383,40 +390,32 @@ class ThreadedConsumer(AsyncConsumer):
                     kept.append(job)
                 continue
             message: Message = job  # type: ignore[assignment]
-            self._running -= 1
+            self._flow.running -= 1
             acker = message.channel
             if acker.__class__ is _PortalAcker:
                 message.settle_through(acker.target)
             if self._ids:
                 self._ids.discard(message.properties.message_id)
             if requeue:
-                self.stats.released += 1
-                if self._manual:
-                    self._settle(message, "nack", requeue=True)
+                self._stats.released += 1
+                if self._settler.manual:
+                    self._settler.settle(message, "nack", requeue=True)
         for job in kept:
             self._put(job)
-        if not self._running and self._idle is not None:
-            self._idle.set()
-
-    def _release_waiting(self) -> None:
-        self._take_back(requeue=True)  # delivered before the inbox's
-        super()._release_waiting()
-
-    def _on_channel_closed(self, exc: Any) -> None:
-        self._take_back(requeue=False)
-        super()._on_channel_closed(exc)
+        if not self._flow.running and self._flow.idle is not None:
+            self._flow.idle.set()
 
     # ------------------------------------------------------------------ task path (IO thread)
 
     def _start_task(self, work: Message | list[Message]) -> bool:
-        """Hand ``work`` to a task running ``_handle``/``_handle_batch``, if it may start."""
-        if self._running >= self.concurrency:
+        """Hand ``work`` to a task running ``Handling.handle``/``handle_batch``, if it may start."""
+        if self._flow.running >= self._concurrency:
             return False
-        self._inbox.popleft()
-        if self._bounded:
-            self._handed_out(work)
+        self._flow.inbox.popleft()
+        if self._flow.bounded:
+            self._flow.handed_out(work)
         self._tasked += 1
-        self._spawn(self._work_on(work))
+        self._flow.spawn(self._work_on(work))
         return True
 
     async def _work_on(self, work: Message | list[Message]) -> None:
@@ -424,18 +423,27 @@ class ThreadedConsumer(AsyncConsumer):
             traced = _obs.active
             if traced is not None and traced.records_process():
                 handling = (
-                    self._handle_batch(work) if isinstance(work, list) else self._handle(work)
+                    self._handling.handle_batch(work)
+                    if isinstance(work, list)
+                    else self._handling.handle(work)
                 )
-                await traced.process(self, work, handling)
+                await traced.process(self._owner, work, handling)
             elif isinstance(work, list):
-                await self._handle_batch(work)
+                await self._handling.handle_batch(work)
             else:
-                await self._handle(work)
+                await self._handling.handle(work)
         finally:
             self._tasked -= 1
 
-    async def _run_on_thread(self, work: Message | list[Message]) -> Any:
-        """The task path's handler: the user's, run on a handler thread."""
+    async def run_on_thread(self, work: Message | list[Message]) -> Any:
+        """The consumer's handler on the task path: the user's, run on a handler thread.
+
+        Args:
+            work: a message or a batch.
+
+        Returns:
+            What the handler returned.
+        """
         messages = work if isinstance(work, list) else [work]
         for message in messages:
             message.settle_through(_PortalAcker(self._portal, message.channel))

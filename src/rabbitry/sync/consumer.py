@@ -1,8 +1,8 @@
 """Consumer: the thread-safe twin of :class:`rabbitry.consumer.AsyncConsumer`.
 
 The async consumer does all the work on the IO thread (deliveries, acks, failure
-policy); here its handler runs on ``concurrency`` threads of its own (the engine is a
-``ThreadedConsumer``, see ``rabbitry.sync._consumer_threads``). A handler may block for as
+policy); here its handler runs on ``concurrency`` threads of its own (a ``ThreadRunner``,
+see ``rabbitry.sync._consumer_threads``). A handler may block for as
 long as it needs: heartbeats are the IO thread's job, and the broker's
 ``consumer_timeout`` is the only limit. Messages handed to the handler ack through the
 portal, so ``message.ack()`` from the handler thread is safe (the consumer then does not
@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..consumer import ConsumerStats, DedupStore, SyncHandler, is_async_callable
+from .._consumer_core import run_handlers_with
+from ..consumer import AsyncConsumer, ConsumerStats, DedupStore, SyncHandler, is_async_callable
 from ..exceptions import ConfigurationError, InvalidStateError
 from ._connection import engine_of, portal_of, post_callback
-from ._consumer_threads import ThreadedConsumer
+from ._consumer_threads import ThreadRunner
 from .channel import caller_timeout
 
 if TYPE_CHECKING:
@@ -76,11 +77,11 @@ class Consumer:
             def cancel_hook(tag: str) -> None:
                 post_callback(connection, user_cancel, tag)
 
-        self._async = ThreadedConsumer(
+        self._threads = ThreadRunner(self._portal, handler, concurrency=concurrency)
+        self._async = AsyncConsumer(
             engine_of(connection),
-            self._portal,
             queue,
-            handler,
+            self._threads.run_on_thread,
             ack=ack,
             prefetch=prefetch,
             concurrency=concurrency,
@@ -93,6 +94,7 @@ class Consumer:
             on_cancel=cancel_hook,
             resubscribe=resubscribe,
         )
+        run_handlers_with(self._async, self._threads)
 
     def __repr__(self) -> str:
         return repr(self._async).replace("AsyncConsumer", "Consumer", 1)
@@ -190,7 +192,7 @@ class Consumer:
         Args:
             timeout: seconds for each broker request it makes (``None``: no limit).
         """
-        self._portal.call(self._async.start, timeout, wait=caller_timeout(timeout))
+        self._portal.call(self._threads.start, self._async, timeout, wait=caller_timeout(timeout))
 
     def wait(self, timeout: float | None = None) -> AMQPError | None:
         """Block until this consumer has ended for good; see :meth:`AsyncConsumer.wait`.
@@ -222,6 +224,6 @@ class Consumer:
             # still running finishes on its thread (the consumer's channel stays open
             # until its message is settled); then the thread ends.
             try:
-                self._portal.submit(self._async.end_threads)
+                self._portal.submit(self._threads.end_threads)
             except InvalidStateError:  # the IO thread has stopped (connection closed)
-                self._async.stop_threads()
+                self._threads.stop_threads()
