@@ -14,11 +14,18 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from ..exceptions import AMQPConnectionError, AMQPError, ConnectionClosedByClient
+from ..exceptions import (
+    AMQPConnectionError,
+    AMQPError,
+    ConnectionClosedByClient,
+    InvalidStateError,
+    Timeout,
+)
 from ..protocol.connection import ConnectionState
 from ..protocol.events import ConnectionTerminated
 from ..recovery import RecoveryPolicy, State, is_recoverable
 from ._recovery import Port, Recovery
+from ._timers import CLOSE_TIMEOUT
 
 if TYPE_CHECKING:
     from ..config import ConnectionParameters
@@ -269,3 +276,72 @@ class ConnectionLifecycle:
         if io.transport is not None:
             # Not close(): a broker that reads nothing (blocked) would keep it open.
             io.transport.abort()
+
+    def connected(self, params: ConnectionParameters) -> None:
+        """The first connect succeeded, to ``params``: the connection is OPEN."""
+        owner = self._owner
+        owner.params = params
+        proto = self._io.proto
+        if not (proto.heartbeat if proto else 0):
+            logger.warning(
+                "heartbeats are off on the connection to %s: a dead peer "
+                "behind a silent network is only noticed when TCP gives up "
+                "(about 11 minutes on Linux), and recovery waits as long",
+                params.address,
+            )
+        self.recovered = asyncio.Event()
+        self.recovered.set()
+        self.set_state(State.OPEN, None)
+
+    async def close(self, reply_code: int, reply_text: str, timeout: float | None) -> None:
+        """Close cleanly (``AsyncConnection.close``): connection.close, wait for
+        close-ok (at most ``timeout``, ``None``: ``CLOSE_TIMEOUT``), close the socket."""
+        io = self._io
+        self.closing = True
+        if self.state is State.RECOVERING:
+            await self.stop_recovery(ConnectionClosedByClient(reply_code, reply_text))
+            return
+        proto = io.proto
+        terminated = self.terminated
+        if proto is None or terminated is None:
+            return
+        if not terminated.done():
+            proto.close(reply_code, reply_text)
+            io.flush()
+            self._dispatch.handle(proto.events_received())
+            if proto.close_exc is not None:
+                # Nothing the broker sends from now on but close-ok is read (0-9-1
+                # §4.2.2.1): what was pending fails now, not after the close-ok wait.
+                self._dispatch.fail_all_pending(proto.close_exc)
+            try:
+                await asyncio.wait_for(
+                    asyncio.shield(terminated),
+                    timeout if timeout is not None else CLOSE_TIMEOUT,
+                )
+            except TimeoutError:
+                proto.abort(ConnectionClosedByClient(reply_code, reply_text))
+                self._dispatch.handle(proto.events_received())
+        if io.transport is not None:
+            io.transport.close()
+        if io.lost is not None and not io.lost.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(io.lost), 1.0)
+            except TimeoutError:
+                if io.transport is not None:
+                    io.transport.abort()
+
+    async def wait_recovered(self, timeout: float | None) -> None:
+        """Return once the connection is OPEN (``AsyncConnection.wait_recovered``)."""
+        try:
+            async with asyncio.timeout(timeout):
+                # Loop: the connection may drop again between the recovery that woke
+                # this waiter and the waiter running; that is a new outage to wait out.
+                while self.state is State.RECOVERING:
+                    assert self.recovered is not None
+                    await self.recovered.wait()
+        except TimeoutError:
+            raise Timeout(f"still recovering after {timeout} s") from None
+        if self.state is not State.OPEN:
+            raise InvalidStateError(f"the connection is {self.state.value}") from (
+                self._owner.close_exc
+            )

@@ -31,7 +31,6 @@ from ..config import ConnectionParameters, default_url, parse_urls
 from ..exceptions import (
     AMQPError,
     ConfigurationError,
-    ConnectionClosedByClient,
     ConnectionRecovering,
     InvalidStateError,
     Timeout,
@@ -46,7 +45,7 @@ from ._dispatch import BlockedCallback, EventDispatcher
 from ._events import CloseCallback, ConnectionLifecycle, LoopHooks
 from ._recovery_port import RecoveryPort
 from ._socket import ReadFlow, SocketIO
-from ._timers import CLOSE_TIMEOUT, Timers
+from ._timers import Timers
 from .channel import AsyncChannel, create_channel
 
 if TYPE_CHECKING:
@@ -245,19 +244,7 @@ class AsyncConnection:
         self._io.loop = asyncio.get_running_loop()
         self._pid = os.getpid()
         CONNECTIONS.add(self)
-        params = await self._connector.connect_any(timeout)
-        self.params = params
-        if not self.heartbeat:
-            logger.warning(
-                "heartbeats are off on the connection to %s: a dead peer "
-                "behind a silent network is only noticed when TCP gives up "
-                "(about 11 minutes on Linux), and recovery waits as long",
-                params.address,
-            )
-        life = self._life
-        life.recovered = asyncio.Event()
-        life.recovered.set()
-        life.set_state(State.OPEN, None)
+        self._life.connected(await self._connector.connect_any(timeout))
 
     async def __aenter__(self) -> Self:
         await self.connect()
@@ -286,39 +273,7 @@ class AsyncConnection:
         """
         if self._pid != os.getpid():
             return
-        life, io = self._life, self._io
-        life.closing = True
-        if life.state is State.RECOVERING:
-            await life.stop_recovery(ConnectionClosedByClient(reply_code, reply_text))
-            return
-        proto = io.proto
-        terminated = life.terminated
-        if proto is None or terminated is None:
-            return
-        if not terminated.done():
-            proto.close(reply_code, reply_text)
-            io.flush()
-            self._dispatch.handle(proto.events_received())
-            if proto.close_exc is not None:
-                # Nothing the broker sends from now on but close-ok is read (0-9-1
-                # §4.2.2.1): what was pending fails now, not after the close-ok wait.
-                self._dispatch.fail_all_pending(proto.close_exc)
-            try:
-                await asyncio.wait_for(
-                    asyncio.shield(terminated),
-                    timeout if timeout is not None else CLOSE_TIMEOUT,
-                )
-            except TimeoutError:
-                proto.abort(ConnectionClosedByClient(reply_code, reply_text))
-                self._dispatch.handle(proto.events_received())
-        if io.transport is not None:
-            io.transport.close()
-        if io.lost is not None and not io.lost.done():
-            try:
-                await asyncio.wait_for(asyncio.shield(io.lost), 1.0)
-            except TimeoutError:
-                if io.transport is not None:
-                    io.transport.abort()
+        await self._life.close(reply_code, reply_text, timeout)
 
     async def wait_closed(self, timeout: float | None = None) -> AMQPError:
         """Wait until the connection ends.
@@ -491,20 +446,7 @@ class AsyncConnection:
             InvalidStateError: the connection is closed (for good).
             Timeout: still recovering after ``timeout`` seconds.
         """
-        try:
-            async with asyncio.timeout(timeout):
-                # Loop: the connection may drop again between the recovery that woke
-                # this waiter and the waiter running; that is a new outage to wait out.
-                life = self._life
-                while life.state is State.RECOVERING:
-                    assert life.recovered is not None
-                    await life.recovered.wait()
-        except TimeoutError:
-            raise Timeout(f"still recovering after {timeout} s") from None
-        if self._life.state is not State.OPEN:
-            raise InvalidStateError(f"the connection is {self._life.state.value}") from (
-                self.close_exc
-            )
+        await self._life.wait_recovered(timeout)
 
     async def _await_recovery(self, timeout: float | None, what: str) -> None:
         """An operation met a recovering connection: wait or fail, by policy."""
@@ -559,14 +501,6 @@ class AsyncConnection:
         return self._io.flow.pauses
 
     @property
-    def _blocked_callbacks(self) -> list[BlockedCallback]:
-        return self._dispatch.blocked_callbacks
-
-    @property
-    def _close_callbacks(self) -> list[CloseCallback]:
-        return self._life.close_callbacks
-
-    @property
     def _state_callbacks(self) -> list[Callable[[State, AMQPError | None], Any]]:
         return self._life.state_callbacks
 
@@ -598,10 +532,11 @@ def remove_callback(connection: AsyncConnection, callback: Callable[..., Any]) -
     ``add_close_callback`` or ``on_state_change`` (if it is), for the library's objects
     that stop listening when they close (publishers, RPC clients); not for applications.
     """
+    life = connection._life
     for callbacks in (
-        connection._blocked_callbacks,
-        connection._close_callbacks,
-        connection._state_callbacks,
+        connection._dispatch.blocked_callbacks,
+        life.close_callbacks,
+        life.state_callbacks,
     ):
         if callback in callbacks:
             callbacks.remove(callback)
