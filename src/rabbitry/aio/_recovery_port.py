@@ -17,10 +17,11 @@ if TYPE_CHECKING:
     from ._dispatch import EventDispatcher
     from ._events import ConnectionLifecycle
     from ._lifecycle import ChannelHooks
+    from ._opener import ChannelOpener
     from ._socket import SocketIO
     from .channel import AsyncChannel
 
-__all__ = ["ChannelOpener", "Endpoint", "RecoveryPort"]
+__all__ = ["Endpoint", "RecoveryPort"]
 
 logger = logging.getLogger("rabbitry.connection")
 
@@ -31,14 +32,6 @@ class Endpoint(Protocol):
     params: ConnectionParameters
     close_exc: AMQPError | None
     topology_record: TopologyRecord
-
-
-class ChannelOpener(Protocol):
-    """How recovery opens the channels of its own requests."""
-
-    async def open_channel(self, timeout: float) -> AsyncChannel:
-        """Open a channel that records nothing and is closed, not suspended, if the
-        connection drops again."""
 
 
 class RecoveryPort:
@@ -55,7 +48,7 @@ class RecoveryPort:
         dispatch: its event dispatcher (the channels).
         lifecycle: its lifecycle.
         connector: its connection attempts.
-        opener: opens recovery's own channels.
+        opener: opens the channels (recovery's own among them).
     """
 
     def __init__(

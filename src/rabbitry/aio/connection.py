@@ -43,10 +43,10 @@ from ._connect import Connector
 from ._connect import CredentialsProvider as CredentialsProvider
 from ._dispatch import BlockedCallback, EventDispatcher
 from ._events import CloseCallback, ConnectionLifecycle, LoopHooks
+from ._opener import ChannelOpener
 from ._recovery_port import RecoveryPort
 from ._socket import ReadFlow, SocketIO
 from ._timers import Timers
-from .channel import AsyncChannel, create_channel
 
 if TYPE_CHECKING:
     import ssl
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
     from ..publishing.pipe import WritePath
     from ._lifecycle import ChannelHooks
+    from .channel import AsyncChannel
 
 __all__ = ["AsyncConnection"]
 
@@ -124,7 +125,8 @@ class AsyncConnection:
         io.sink = timers.sink = dispatch
         dispatch.ends = life
         self._connector = Connector(candidates, credentials_provider, max_message_size, io, life)
-        life.port = RecoveryPort(self, io, dispatch, life, self._connector, _RecoveryChannels(self))
+        self._opener = opener = ChannelOpener(self, io, dispatch)
+        life.port = RecoveryPort(self, io, dispatch, life, self._connector, opener)
         # What channels and publishers use to write, and the transport's back-pressure.
         self._writes: WritePath = io.writes
         self._pid = os.getpid()
@@ -328,39 +330,7 @@ class AsyncConnection:
         """
         if self._life.state is State.RECOVERING:
             await self._await_recovery(timeout, "open a channel")
-        return await self._open_channel(channel_id, timeout)
-
-    async def _open_channel(
-        self,
-        channel_id: int | None,
-        timeout: float | None,
-        *,
-        record: bool = True,
-        internal: bool = False,
-    ) -> AsyncChannel:
-        """Open a channel now (recovery uses it while the connection is RECOVERING).
-
-        ``record=False``: what the channel declares is not recorded for recovery (the
-        channels of recovery itself and of the topology layer, which records on its own).
-        """
-        proto = self._require_open()
-        channel_proto = proto.open_channel(channel_id)
-        policy = self.recovery
-        records = record and policy is not None and policy.record_channel_topology
-        loop = self._io.loop
-        assert loop is not None
-        hooks = create_channel(
-            self,
-            channel_proto,
-            self._writes,
-            loop=loop,
-            records=records,
-            internal=internal,
-            forget=self._dispatch.forget,
-        )
-        self._channels[channel_proto.channel_id] = hooks
-        await hooks.wait_open(timeout)
-        return hooks.channel
+        return await self._opener.open(channel_id, timeout)
 
     async def update_secret(
         self, new_secret: bytes | str, reason: str = "", *, timeout: float | None = None
@@ -392,16 +362,7 @@ class AsyncConnection:
             raise Timeout(f"connection.update-secret got no answer within {timeout} s") from None
 
     def _require_open(self) -> ConnectionProtocol:
-        proto = self._proto
-        if proto is None or proto.state is not ConnectionState.OPEN:
-            if self.close_exc is not None:
-                raise InvalidStateError("the connection is closed") from self.close_exc
-            if proto is not None and proto.close_exc is not None:
-                raise InvalidStateError(
-                    f"the connection is closing ({proto.close_exc})"
-                ) from proto.close_exc
-            raise InvalidStateError("the connection is not open (call connect() first)")
-        return proto
+        return self._opener.require_open()
 
     # ------------------------------------------------------------------ recovery
 
@@ -506,25 +467,6 @@ class AsyncConnection:
 
     def _flush(self) -> None:
         self._io.flush()
-
-
-class _RecoveryChannels:
-    """Opens the channels of recovery's own requests on a connection."""
-
-    def __init__(self, connection: AsyncConnection) -> None:
-        self._connection = connection
-
-    async def open_channel(self, timeout: float) -> AsyncChannel:
-        """Open a channel that records nothing and is closed, not suspended, if the
-        connection drops again.
-
-        Args:
-            timeout: seconds to wait for channel.open-ok.
-
-        Returns:
-            The open channel.
-        """
-        return await self._connection._open_channel(None, timeout, record=False, internal=True)
 
 
 def remove_callback(connection: AsyncConnection, callback: Callable[..., Any]) -> None:
