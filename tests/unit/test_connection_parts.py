@@ -77,12 +77,8 @@ class Sink:
         raise AssertionError("not closing")
 
 
-async def _no_recovery(timeout: float | None, what: str) -> None:
-    return None
-
-
 def _socket(channels: dict[int, Any]) -> tuple[SocketIO, FakeProto, FakeTransport]:
-    io = SocketIO(channels, _no_recovery)
+    io = SocketIO(channels)
     io.loop = asyncio.get_running_loop()
     io.sink = Sink()
     proto, transport = FakeProto(), FakeTransport()

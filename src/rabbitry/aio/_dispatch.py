@@ -8,10 +8,12 @@ own waiter of update-secret-ok and blocked callbacks, and the connection-level o
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..exceptions import Timeout
 from ..protocol.connection import ConnectionState
 from ..protocol.events import (
     ChannelClosedEvent,
@@ -30,8 +32,6 @@ from ..protocol.events import (
 from .channel import pipe_of
 
 if TYPE_CHECKING:
-    import asyncio
-
     from ..exceptions import AMQPError
     from ._lifecycle import ChannelHooks
     from ._socket import SocketIO
@@ -114,6 +114,30 @@ class EventDispatcher:
         for hooks in list(self.channels.values()):
             hooks.on_closed(exc)
         self.channels.clear()
+
+    def consumes(self, queue: str) -> bool:
+        """Whether a consumer of one of the channels consumes from ``queue``."""
+        for hooks in self.channels.values():
+            if any(method.queue == queue for method in hooks.consumer_specs()):
+                return True
+        return False
+
+    async def await_update_secret(self, timeout: float | None) -> None:
+        """Wait for the answer to the connection.update-secret just queued.
+
+        Raises:
+            Timeout: no update-secret-ok within ``timeout``.
+            AMQPConnectionError: the connection ended meanwhile.
+        """
+        io = self._io
+        assert io.loop is not None
+        waiter = self.update_secret_waiter = io.loop.create_future()
+        io.kick()
+        try:
+            async with asyncio.timeout(timeout):
+                await waiter
+        except TimeoutError:
+            raise Timeout(f"connection.update-secret got no answer within {timeout} s") from None
 
     def forget(self, channel_id: int) -> None:
         """A channel ended on its own (e.g. closed while the connection was down)."""

@@ -18,6 +18,7 @@ from ..exceptions import (
     AMQPConnectionError,
     AMQPError,
     ConnectionClosedByClient,
+    ConnectionRecovering,
     InvalidStateError,
     Timeout,
 )
@@ -345,3 +346,20 @@ class ConnectionLifecycle:
             raise InvalidStateError(f"the connection is {self.state.value}") from (
                 self._owner.close_exc
             )
+
+    async def await_recovery(self, timeout: float | None, what: str) -> None:
+        """An operation met a recovering connection: wait or fail, by policy
+        (``WritePath.await_recovery``).
+
+        Raises:
+            ConnectionRecovering: the policy says to fail.
+            Timeout: still recovering after ``timeout`` seconds.
+            InvalidStateError: the connection closed instead.
+        """
+        if self.state is not State.RECOVERING:
+            return
+        policy = self._owner.recovery
+        assert policy is not None
+        if policy.during_recovery == "fail":
+            raise ConnectionRecovering(f"cannot {what}: the connection is recovering")
+        await self.wait_recovered(timeout)

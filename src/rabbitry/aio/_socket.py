@@ -22,12 +22,10 @@ import ssl
 from typing import TYPE_CHECKING, Protocol, cast
 
 from ..protocol.connection import ConnectionProtocol, ConnectionState
-from ..publishing.pipe import WritePath
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
     from ..protocol.events import Event
+    from ..publishing.pipe import WritePath
     from ._lifecycle import ChannelHooks
     from .channel import AsyncChannel
 
@@ -177,15 +175,9 @@ class SocketIO:
 
     Args:
         channels: the hooks of the connection's channels, by number (for :class:`ReadFlow`).
-        await_recovery: what an operation of a recovering connection awaits
-            (``WritePath.await_recovery``).
     """
 
-    def __init__(
-        self,
-        channels: dict[int, ChannelHooks[AsyncChannel]],
-        await_recovery: Callable[[float | None, str], Awaitable[None]],
-    ) -> None:
+    def __init__(self, channels: dict[int, ChannelHooks[AsyncChannel]]) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
         #: The protocol object of the current attempt (``None`` between attempts).
         self.proto: ConnectionProtocol | None = None
@@ -202,8 +194,9 @@ class SocketIO:
         self._corked = False
         self._in_batch = False
         self._flush_handle: asyncio.Handle | None = None
-        #: What channels and publishers use to write, and the transport's back-pressure.
-        self.writes = WritePath(self.kick, self.flush, await_recovery)
+        #: What channels and publishers use to write, and the transport's back-pressure
+        #: (set by the connection: ``WritePath(kick, flush, await_recovery)``).
+        self.writes: WritePath
         self.flow = ReadFlow(self, channels)
 
     # ------------------------------------------------------------------ writing

@@ -30,8 +30,6 @@ from ..broker import RABBITMQ_3_MAX_MESSAGE_SIZE, server_capabilities
 from ..config import ConnectionParameters, default_url, parse_urls
 from ..exceptions import (
     AMQPError,
-    ConfigurationError,
-    ConnectionRecovering,
     InvalidStateError,
     Timeout,
 )
@@ -39,21 +37,18 @@ from ..observability import _state as _obs
 from ..protocol.connection import ConnectionProtocol, ConnectionState
 from ..record import TopologyRecord
 from ..recovery import DEFAULT_RECOVERY, RecoveryPolicy, State
-from ._connect import Connector
-from ._connect import CredentialsProvider as CredentialsProvider
-from ._dispatch import BlockedCallback, EventDispatcher
-from ._events import CloseCallback, ConnectionLifecycle, LoopHooks
-from ._opener import ChannelOpener
-from ._recovery_port import RecoveryPort
-from ._socket import ReadFlow, SocketIO
-from ._timers import Timers
+from ._events import CloseCallback, LoopHooks
+from ._parts import assemble, check_provider
 
 if TYPE_CHECKING:
     import ssl
     from collections.abc import Callable, Sequence
 
     from ..publishing.pipe import WritePath
+    from ._connect import CredentialsProvider as CredentialsProvider
+    from ._dispatch import BlockedCallback
     from ._lifecycle import ChannelHooks
+    from ._socket import ReadFlow
     from .channel import AsyncChannel
 
 __all__ = ["AsyncConnection"]
@@ -90,11 +85,7 @@ class AsyncConnection:
         recovery: RecoveryPolicy | None = DEFAULT_RECOVERY,
         credentials_provider: CredentialsProvider | None = None,
     ) -> None:
-        if credentials_provider is not None and not callable(credentials_provider):
-            raise ConfigurationError(
-                "credentials_provider: must be a callable returning (username, password), "
-                f"not {type(credentials_provider).__name__}"
-            )
+        check_provider(credentials_provider)
         options = {
             "heartbeat": heartbeat,
             "connection_timeout": connection_timeout,
@@ -118,17 +109,8 @@ class AsyncConnection:
         # The hooks of every open channel (and of the suspended ones), by channel number.
         self._channels: dict[int, ChannelHooks[AsyncChannel]] = {}
         # The collaborators (see the module docstring), wired to each other.
-        self._io = io = SocketIO(self._channels, self._await_recovery)
-        self._timers = timers = Timers(io)
-        self._dispatch = dispatch = EventDispatcher(io, timers, self._channels)
-        self._life = life = ConnectionLifecycle(self, io, timers, dispatch)
-        io.sink = timers.sink = dispatch
-        dispatch.ends = life
-        self._connector = Connector(candidates, credentials_provider, max_message_size, io, life)
-        self._opener = opener = ChannelOpener(self, io, dispatch)
-        life.port = RecoveryPort(self, io, dispatch, life, self._connector, opener)
-        # What channels and publishers use to write, and the transport's back-pressure.
-        self._writes: WritePath = io.writes
+        parts = assemble(self, self._channels, candidates, credentials_provider, max_message_size)
+        self._io, _, self._dispatch, self._life, self._connector, self._opener = parts
         self._pid = os.getpid()
         if _obs.active is not None:  # rabbitry.observability: state and recovery metrics
             _obs.active.connection_created(self)
@@ -182,9 +164,8 @@ class AsyncConnection:
         """
         if self._proto is not None:
             return self._proto.max_message_size
-        if self._max_message_size is None:
-            return RABBITMQ_3_MAX_MESSAGE_SIZE
-        return self._max_message_size
+        given = self._max_message_size
+        return RABBITMQ_3_MAX_MESSAGE_SIZE if given is None else given
 
     @property
     def heartbeat(self) -> int:
@@ -299,10 +280,6 @@ class AsyncConnection:
         except TimeoutError:
             raise Timeout(f"connection still open after {timeout} s") from None
 
-    def _loop_hooks(self) -> LoopHooks:
-        """What :func:`loop_hooks` hands the thread-safe API's IO thread."""
-        return LoopHooks(self._io.begin_batch, self._io.end_batch, self._life.abort)
-
     # ------------------------------------------------------------------ channels
 
     async def channel(
@@ -329,7 +306,7 @@ class AsyncConnection:
             Timeout: no open-ok (or no recovery) within ``timeout``.
         """
         if self._life.state is State.RECOVERING:
-            await self._await_recovery(timeout, "open a channel")
+            await self._life.await_recovery(timeout, "open a channel")
         return await self._opener.open(channel_id, timeout)
 
     async def update_secret(
@@ -349,17 +326,8 @@ class AsyncConnection:
             AMQPConnectionError: the connection ended meanwhile (a broker that refuses
                 the new secret closes the connection).
         """
-        proto = self._require_open()
-        proto.update_secret(new_secret, reason)
-        loop = self._io.loop
-        assert loop is not None
-        waiter = self._dispatch.update_secret_waiter = loop.create_future()
-        self._io.kick()
-        try:
-            async with asyncio.timeout(timeout):
-                await waiter
-        except TimeoutError:
-            raise Timeout(f"connection.update-secret got no answer within {timeout} s") from None
+        self._require_open().update_secret(new_secret, reason)
+        await self._dispatch.await_update_secret(timeout)
 
     def _require_open(self) -> ConnectionProtocol:
         return self._opener.require_open()
@@ -409,17 +377,6 @@ class AsyncConnection:
         """
         await self._life.wait_recovered(timeout)
 
-    async def _await_recovery(self, timeout: float | None, what: str) -> None:
-        """An operation met a recovering connection: wait or fail, by policy."""
-        if self._life.state is not State.RECOVERING:
-            return
-        assert self.recovery is not None
-        if self.recovery.during_recovery == "fail":
-            raise ConnectionRecovering(f"cannot {what}: the connection is recovering")
-        await self.wait_recovered(timeout)
-
-    # ------------------------------------------------------------------ for the library
-
     @cached_property
     def read_flow(self) -> ReadFlow:
         """The back-pressure on this connection's socket reads, for the library's
@@ -439,15 +396,12 @@ class AsyncConnection:
             queue: the queue the consumer consumed from.
         """
         recorded = self.topology_record.queue(queue)
-        if recorded is None or not recorded.auto_delete:
+        if recorded is None or not recorded.auto_delete or self._dispatch.consumes(queue):
             return
-        for hooks in self._channels.values():
-            if any(method.queue == queue for method in hooks.consumer_specs()):
-                return
         logger.debug("auto-delete queue %r lost its last consumer: forgotten", queue)
         self.topology_record.forget_queue(queue)
 
-    # The state of the collaborators under the names this class had for it.
+    # The state of the collaborators under the names it had before they were split off.
 
     @property
     def _proto(self) -> ConnectionProtocol | None:
@@ -486,7 +440,8 @@ def remove_callback(connection: AsyncConnection, callback: Callable[..., Any]) -
 
 def loop_hooks(connection: AsyncConnection) -> LoopHooks:
     """The hooks of ``connection`` for the thread-safe API's IO thread; not for applications."""
-    return connection._loop_hooks()
+    io = connection._io
+    return LoopHooks(io.begin_batch, io.end_batch, connection._life.abort)
 
 
 def open_connections(loop: asyncio.AbstractEventLoop) -> list[AsyncConnection]:
@@ -506,7 +461,7 @@ def loop_of(connection: AsyncConnection) -> asyncio.AbstractEventLoop | None:
 def writes_of(connection: AsyncConnection) -> WritePath:
     """The connection's write path, for the library's publishing code (the publishers,
     the thread-safe facade's write gate); not for applications."""
-    return connection._writes
+    return connection._io.writes
 
 
 def _after_fork() -> None:
@@ -531,7 +486,7 @@ def _after_fork() -> None:
         conn.close_exc = exc
         conn._life.closing = True
         conn._io.transport = None
-        conn._writes.paused = False
+        conn._io.writes.paused = False
 
 
 os.register_at_fork(after_in_child=_after_fork)
