@@ -13,8 +13,8 @@ from typing import Any, cast
 
 import pytest
 
+from rabbitry.aio._connection_state import ConnectionLifecycle
 from rabbitry.aio._dispatch import EventDispatcher
-from rabbitry.aio._events import ConnectionLifecycle
 from rabbitry.aio._socket import SocketIO
 from rabbitry.aio._timers import Timers
 from rabbitry.exceptions import ConnectionClosedByBroker, ConnectionClosedByClient, ConnectionLost

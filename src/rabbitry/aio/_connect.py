@@ -31,7 +31,7 @@ from ._socket import Transport
 
 if TYPE_CHECKING:
     from ..config import ConnectionParameters
-    from ._events import ConnectionLifecycle
+    from ._connection_state import ConnectionLifecycle
     from ._socket import SocketIO
 
 __all__ = ["Connector", "CredentialsProvider"]

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 from ..exceptions import ConfigurationError
 from ..publishing.pipe import WritePath
 from ._connect import Connector
+from ._connection_state import ConnectionLifecycle, Owner
 from ._dispatch import EventDispatcher
-from ._events import ConnectionLifecycle, Owner
 from ._opener import ChannelOpener, ChannelOwner
 from ._recovery_port import Endpoint, RecoveryPort
 from ._socket import SocketIO

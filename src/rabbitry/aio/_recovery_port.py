@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     from ..protocol.channel import ChannelProtocol
     from ..record import TopologyRecord
     from ._connect import Connector
+    from ._connection_state import ConnectionLifecycle
     from ._dispatch import EventDispatcher
-    from ._events import ConnectionLifecycle
     from ._lifecycle import ChannelHooks
     from ._opener import ChannelOpener
     from ._socket import SocketIO

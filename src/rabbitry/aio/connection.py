@@ -10,11 +10,15 @@ composes the objects that do that work, each in its own module:
 * :class:`~rabbitry.aio._dispatch.EventDispatcher`: the protocol's events to the
   channels, waiters and callbacks;
 * :class:`~rabbitry.aio._timers.Timers`: the heartbeat tick and the close-ok deadline;
-* :class:`~rabbitry.aio._events.ConnectionLifecycle`: the state, the endings, the start
+* :class:`~rabbitry.aio._connection_state.ConnectionLifecycle`: the state, the endings, the start
   of recovery;
 * :class:`~rabbitry.aio._connect.Connector`: the connection attempts over the addresses;
+* :class:`~rabbitry.aio._opener.ChannelOpener`: opening channels;
 * :class:`~rabbitry.aio._recovery_port.RecoveryPort`: the connection as its recovery
   drives it.
+
+:func:`~rabbitry.aio._parts.assemble` creates and wires them; the class keeps the public
+API and forwards to them.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from ..observability import _state as _obs
 from ..protocol.connection import ConnectionProtocol, ConnectionState
 from ..record import TopologyRecord
 from ..recovery import DEFAULT_RECOVERY, RecoveryPolicy, State
-from ._events import CloseCallback, LoopHooks
+from ._connection_state import CloseCallback, LoopHooks
 from ._parts import assemble, check_provider
 
 if TYPE_CHECKING:
