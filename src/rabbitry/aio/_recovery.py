@@ -2,7 +2,8 @@
 
 The connection starts a :class:`Recovery` when it dies for a reason worth retrying
 (:func:`rabbitry.recovery.is_recoverable`) and hands it a port to drive it through
-(:class:`~rabbitry.aio._events.RecoveryPort`); each channel is driven through its
+(:class:`~rabbitry.aio._recovery_port.RecoveryPort`, which implements :class:`Port`);
+each channel is driven through its
 :class:`~rabbitry.aio._lifecycle.ChannelHooks`. :meth:`Recovery.run` then
 
 1. reconnects across the configured addresses with the policy's backoff, giving up at
@@ -49,14 +50,14 @@ if TYPE_CHECKING:
     from ._lifecycle import ChannelHooks
     from .channel import AsyncChannel
 
-__all__ = ["Recovery", "redeclare_queue"]
+__all__ = ["Port", "Recovery", "redeclare_queue"]
 
 logger = logging.getLogger("rabbitry.connection")
 
 
-class _Port(Protocol):
-    """What recovery uses of its connection: the members of the
-    :class:`~rabbitry.aio._events.RecoveryPort` the connection hands it.
+class Port(Protocol):
+    """What recovery uses of its connection (the connection hands it a
+    :class:`~rabbitry.aio._recovery_port.RecoveryPort`).
 
     The connection creates its recovery and imports this module; recovery knows it only
     through these members.
@@ -113,7 +114,7 @@ class _Aborted(Exception):
 class Recovery:
     """The reconnect loop and the replay of one connection (one instance per outage)."""
 
-    def __init__(self, port: _Port, policy: RecoveryPolicy) -> None:
+    def __init__(self, port: Port, policy: RecoveryPolicy) -> None:
         self._port = port
         self._policy = policy
         #: What could not be restored in the last replay: ``(kind, name, cause)``.

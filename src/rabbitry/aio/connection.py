@@ -2,52 +2,58 @@
 
 The engine owns the socket, the timers and the futures; every protocol rule lives in
 ``rabbitry.protocol``. Bytes flow ``data_received → receive_data → data_to_send → write``
-and events flow ``events_received → futures and callbacks``. Two base classes hold
-parts of the engine: :mod:`rabbitry.aio._socket` the socket's events and the corked
-writes, :mod:`rabbitry.aio._events` the dispatch, the state changes and the endings.
+and events flow ``events_received → futures and callbacks``. :class:`AsyncConnection`
+composes the objects that do that work, each in its own module:
+
+* :class:`~rabbitry.aio._socket.SocketIO`: the socket of the current attempt, the corked
+  writes, and (its :class:`~rabbitry.aio._socket.ReadFlow`) the back-pressure on reads;
+* :class:`~rabbitry.aio._dispatch.EventDispatcher`: the protocol's events to the
+  channels, waiters and callbacks;
+* :class:`~rabbitry.aio._timers.Timers`: the heartbeat tick and the close-ok deadline;
+* :class:`~rabbitry.aio._connection_state.ConnectionLifecycle`: the state, the endings, the start
+  of recovery;
+* :class:`~rabbitry.aio._connect.Connector`: the connection attempts over the addresses;
+* :class:`~rabbitry.aio._opener.ChannelOpener`: opening channels;
+* :class:`~rabbitry.aio._recovery_port.RecoveryPort`: the connection as its recovery
+  drives it.
+
+:func:`~rabbitry.aio._parts.assemble` creates and wires them; the class keeps the public
+API and forwards to them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
-import ssl
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Self
 
 from ..broker import RABBITMQ_3_MAX_MESSAGE_SIZE, server_capabilities
 from ..config import ConnectionParameters, default_url, parse_urls
 from ..exceptions import (
     AMQPError,
-    AuthenticationError,
-    ConfigurationError,
-    ConnectError,
-    ConnectionClosedByClient,
-    ConnectionRecovering,
-    CredentialsError,
     InvalidStateError,
-    NotAnAMQPServer,
     Timeout,
-    TLSError,
-    VirtualHostAccessRefused,
-    VirtualHostNotFound,
 )
 from ..observability import _state as _obs
 from ..protocol.connection import ConnectionProtocol, ConnectionState
-from ..publishing.pipe import WritePath
 from ..record import TopologyRecord
 from ..recovery import DEFAULT_RECOVERY, RecoveryPolicy, State
-from ._connect_errors import refine, wait_opened
-from ._events import CLOSE_TIMEOUT, BlockedCallback, CloseCallback, ConnectionEvents, LoopHooks
-from ._socket import SocketIO, Transport
-from .channel import AsyncChannel, create_channel
+from ._connection_state import CloseCallback, LoopHooks
+from ._parts import assemble, check_provider
 
 if TYPE_CHECKING:
-    from ..protocol.events import Event
+    import ssl
+    from collections.abc import Callable, Sequence
+
+    from ..publishing.pipe import WritePath
+    from ._connect import CredentialsProvider as CredentialsProvider
+    from ._dispatch import BlockedCallback
     from ._lifecycle import ChannelHooks
+    from ._socket import ReadFlow
+    from .channel import AsyncChannel
 
 __all__ = ["AsyncConnection"]
 
@@ -56,11 +62,8 @@ logger = logging.getLogger("rabbitry.connection")
 # Every connection opened in this process, so that a forked child can disable them all.
 CONNECTIONS: weakref.WeakSet[AsyncConnection] = weakref.WeakSet()
 
-#: Returns ``(username, password)``; called before every connect and reconnect attempt.
-CredentialsProvider = Callable[[], "tuple[str, str] | Awaitable[tuple[str, str]]"]
 
-
-class AsyncConnection(ConnectionEvents, SocketIO):
+class AsyncConnection:
     """The asyncio engine of :class:`rabbitry.AsyncConnection`: the socket, the timers,
     the channels and recovery.
 
@@ -86,12 +89,7 @@ class AsyncConnection(ConnectionEvents, SocketIO):
         recovery: RecoveryPolicy | None = DEFAULT_RECOVERY,
         credentials_provider: CredentialsProvider | None = None,
     ) -> None:
-        if credentials_provider is not None and not callable(credentials_provider):
-            raise ConfigurationError(
-                "credentials_provider: must be a callable returning (username, password), "
-                f"not {type(credentials_provider).__name__}"
-            )
-        self._credentials_provider = credentials_provider
+        check_provider(credentials_provider)
         options = {
             "heartbeat": heartbeat,
             "connection_timeout": connection_timeout,
@@ -102,51 +100,21 @@ class AsyncConnection(ConnectionEvents, SocketIO):
             "ssl_context": ssl_context,
             "client_properties": client_properties,
         }
-        self._candidates = parse_urls(
+        candidates = parse_urls(
             url if url is not None else default_url(),
             **{k: v for k, v in options.items() if v is not None},
         )
         self._max_message_size = max_message_size
-        self.params: ConnectionParameters = self._candidates[0]
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._proto: ConnectionProtocol | None = None
-        self._transport: asyncio.Transport | None = None
-        self._channels: dict[int, ChannelHooks[AsyncChannel]] = {}
-        self._opened: asyncio.Future[None] | None = None
-        self._terminated: asyncio.Future[AMQPError] | None = None
-        self._lost: asyncio.Future[None] | None = None
-        self._flush_handle: asyncio.Handle | None = None
-        # Write coalescing (see _kick): frames were written in this loop pass, so more
-        # wait for the scheduled flush; and a batch of work is running (a chunk of the
-        # socket, or the sync API's hand-off queue) that flushes when it ends.
-        self._corked = False
-        self._in_batch = False
-        self._tick_handle: asyncio.TimerHandle | None = None
-        self._close_deadline: asyncio.TimerHandle | None = None
-        # What channels and publishers use to write, and the transport's back-pressure.
-        self._writes = WritePath(self._kick, self._flush, self._await_recovery)
-        # Read back-pressure: how many holders paused reading, and the events already
-        # read (the rest of a chunk) that wait until the last pause is released.
-        self._read_pauses = 0
-        self._reading_paused = False
-        self._held_events: list[Event] = []
-        self._update_secret_waiter: asyncio.Future[None] | None = None
-        # An ssl.SSLError that ended the socket before connection.open-ok (see connect).
-        self._handshake_tls_error: ssl.SSLError | None = None
-        self._blocked_callbacks: list[BlockedCallback] = []
-        self._close_callbacks: list[CloseCallback] = []
+        self.params: ConnectionParameters = candidates[0]
         self.close_exc: AMQPError | None = None
         # What apply() declared, in order; automatic recovery replays it.
         self.topology_record = TopologyRecord()
         self.recovery = recovery
-        self._state = State.CONNECTING
-        self._closing = False
-        self._recovered: asyncio.Event | None = None
-        self._recovery_task: asyncio.Task[None] | None = None
-        self._dropped_exc: AMQPError | None = None
-        self._state_callbacks: list[Callable[[State, AMQPError | None], Any]] = []
-        self._rename_callbacks: list[Callable[[str, str], Any]] = []
-        self._recovery_error_callbacks: list[Callable[[str, str, AMQPError], Any]] = []
+        # The hooks of every open channel (and of the suspended ones), by channel number.
+        self._channels: dict[int, ChannelHooks[AsyncChannel]] = {}
+        # The collaborators (see the module docstring), wired to each other.
+        parts = assemble(self, self._channels, candidates, credentials_provider, max_message_size)
+        self._io, _, self._dispatch, self._life, self._connector, self._opener = parts
         self._pid = os.getpid()
         if _obs.active is not None:  # rabbitry.observability: state and recovery metrics
             _obs.active.connection_created(self)
@@ -165,7 +133,7 @@ class AsyncConnection(ConnectionEvents, SocketIO):
     @property
     def is_closed(self) -> bool:
         """The connection was opened and is now closed (for any reason)."""
-        return self._terminated is not None and self._terminated.done()
+        return self._life.is_closed
 
     @property
     def is_blocked(self) -> bool:
@@ -200,9 +168,8 @@ class AsyncConnection(ConnectionEvents, SocketIO):
         """
         if self._proto is not None:
             return self._proto.max_message_size
-        if self._max_message_size is None:
-            return RABBITMQ_3_MAX_MESSAGE_SIZE
-        return self._max_message_size
+        given = self._max_message_size
+        return RABBITMQ_3_MAX_MESSAGE_SIZE if given is None else given
 
     @property
     def heartbeat(self) -> int:
@@ -227,7 +194,7 @@ class AsyncConnection(ConnectionEvents, SocketIO):
         Args:
             callback: called with the broker's reason, or ``None`` when unblocked.
         """
-        self._blocked_callbacks.append(callback)
+        self._dispatch.blocked_callbacks.append(callback)
 
     def add_close_callback(self, callback: CloseCallback) -> None:
         """Call ``callback(exc)`` once when the connection ends, with the reason.
@@ -237,7 +204,7 @@ class AsyncConnection(ConnectionEvents, SocketIO):
         Args:
             callback: called with why the connection ended.
         """
-        self._close_callbacks.append(callback)
+        self._life.close_callbacks.append(callback)
 
     # ------------------------------------------------------------------ open / close
 
@@ -261,132 +228,10 @@ class AsyncConnection(ConnectionEvents, SocketIO):
         """
         if self._proto is not None:
             raise InvalidStateError("connect() was already called on this connection")
-        self._loop = asyncio.get_running_loop()
+        self._io.loop = asyncio.get_running_loop()
         self._pid = os.getpid()
         CONNECTIONS.add(self)
-        errors: list[tuple[str, BaseException]] = []
-        try:
-            async with asyncio.timeout(timeout):
-                for params in self._candidates:
-                    try:
-                        await self._connect_one(params)
-                        self.params = params
-                        if not self.heartbeat:
-                            logger.warning(
-                                "heartbeats are off on the connection to %s: a dead peer "
-                                "behind a silent network is only noticed when TCP gives up "
-                                "(about 11 minutes on Linux), and recovery waits as long",
-                                params.address,
-                            )
-                        self._recovered = asyncio.Event()
-                        self._recovered.set()
-                        self._set_state(State.OPEN, None)
-                        return
-                    except (AuthenticationError, VirtualHostNotFound, VirtualHostAccessRefused):
-                        self._reset_attempt()
-                        raise
-                    except (AMQPError, OSError, TimeoutError) as exc:
-                        errors.append((params.address, exc))
-                        logger.debug("connect to %s failed: %r", params.address, exc)
-                        self._reset_attempt()
-        except TimeoutError:
-            self._reset_attempt()
-            raise Timeout(f"could not connect within {timeout} s") from None
-        summary = "; ".join(f"{address}: {exc!r}" for address, exc in errors)
-        failure = ConnectError(f"could not connect to any broker ({summary})", errors)
-        for kind in (TLSError, CredentialsError, NotAnAMQPServer):
-            same = [exc for _, exc in errors if isinstance(exc, kind)]
-            if errors and len(same) == len(errors):
-                # Every address failed the same local way (TLS configuration, or the
-                # credentials provider): shown as such, its __cause__ explaining it.
-                raise same[-1]
-        raise failure from (errors[-1][1] if errors else None)
-
-    async def _provided_credentials(self) -> tuple[str, str]:
-        provider = self._credentials_provider
-        assert provider is not None
-        try:
-            result = provider()
-            if inspect.isawaitable(result):
-                result = await result
-        except Exception as exc:  # the provider is user code: any failure is reported
-            raise CredentialsError(f"credentials_provider raised {type(exc).__name__}") from exc
-        if (
-            not isinstance(result, tuple)
-            or len(result) != 2
-            or not all(isinstance(part, str) for part in result)
-        ):
-            raise CredentialsError(
-                "credentials_provider: must return a (username, password) tuple of two "
-                f"strings, got {type(result).__name__}"
-            )
-        return result
-
-    async def _connect_one(self, params: ConnectionParameters) -> None:
-        loop = asyncio.get_running_loop()
-        self._handshake_tls_error = None
-        username, password = params.username, params.password
-        if self._credentials_provider is not None:
-            username, password = await self._provided_credentials()
-        self._proto = ConnectionProtocol(
-            username=username,
-            password=password,
-            virtual_host=params.virtual_host,
-            heartbeat=params.heartbeat,
-            channel_max=params.channel_max,
-            frame_max=params.frame_max,
-            auth_mechanism=params.auth_mechanism,
-            connection_name=params.connection_name,
-            locale=params.locale,
-            client_properties=params.client_properties,
-            max_message_size=self._max_message_size,
-        )
-        self._opened = loop.create_future()
-        if self._terminated is None or self._terminated.done():
-            self._terminated = loop.create_future()
-        self._lost = loop.create_future()
-        if self._state is not State.RECOVERING:
-            self.close_exc = None
-        context: ssl.SSLContext | None = None
-        if params.use_tls:
-            context = params.ssl_context or ssl.create_default_context()
-        try:
-            async with asyncio.timeout(params.connection_timeout):
-                proto = self._proto
-                await loop.create_connection(
-                    lambda: Transport(self, proto),
-                    params.host,
-                    params.port,
-                    ssl=context,
-                    server_hostname=params.server_hostname if context else None,
-                )
-                await wait_opened(self._opened, lambda: bool(proto.greeting), params)
-        except TimeoutError:
-            raise Timeout(
-                f"{params.address}: no open connection within {params.connection_timeout} s"
-            ) from None
-        except AMQPError as exc:
-            refined = refine(exc, params)
-            if refined is not exc:
-                raise refined from exc
-            alert = self._handshake_tls_error
-            if alert is not None and not isinstance(exc, AuthenticationError):
-                # TLS 1.3: the broker checks our certificate after our side of the
-                # handshake finished, so its refusal arrives as an alert on the first read.
-                reason = alert.reason or str(alert)
-                raise TLSError(
-                    f"{params.address}: the broker ended the TLS session during the AMQP "
-                    f"handshake: {reason} (is a valid client certificate configured?)"
-                ) from alert
-            raise  # already ours (AuthenticationError is also an OSError: keep it as it is)
-        except (ssl.SSLError, ssl.CertificateError) as exc:  # before OSError: its subclass
-            reason = getattr(exc, "verify_message", None) or exc.reason or str(exc)
-            host = params.server_hostname
-            raise TLSError(
-                f"{params.address}: TLS handshake with {host!r} failed: {reason}"
-            ) from exc
-        except OSError as exc:
-            raise ConnectError(f"{params.address}: {exc}") from exc
+        self._life.connected(await self._connector.connect_any(timeout))
 
     async def __aenter__(self) -> Self:
         await self.connect()
@@ -415,37 +260,7 @@ class AsyncConnection(ConnectionEvents, SocketIO):
         """
         if self._pid != os.getpid():
             return
-        self._closing = True
-        if self._state is State.RECOVERING:
-            await self._stop_recovery(ConnectionClosedByClient(reply_code, reply_text))
-            return
-        proto = self._proto
-        if proto is None or self._terminated is None:
-            return
-        if not self._terminated.done():
-            proto.close(reply_code, reply_text)
-            self._flush()
-            self._handle_events(proto.events_received())
-            if proto.close_exc is not None:
-                # Nothing the broker sends from now on but close-ok is read (0-9-1
-                # §4.2.2.1): what was pending fails now, not after the close-ok wait.
-                self._fail_all_pending(proto.close_exc)
-            try:
-                await asyncio.wait_for(
-                    asyncio.shield(self._terminated),
-                    timeout if timeout is not None else CLOSE_TIMEOUT,
-                )
-            except TimeoutError:
-                proto.abort(ConnectionClosedByClient(reply_code, reply_text))
-                self._handle_events(proto.events_received())
-        if self._transport is not None:
-            self._transport.close()
-        if self._lost is not None and not self._lost.done():
-            try:
-                await asyncio.wait_for(asyncio.shield(self._lost), 1.0)
-            except TimeoutError:
-                if self._transport is not None:
-                    self._transport.abort()
+        await self._life.close(reply_code, reply_text, timeout)
 
     async def wait_closed(self, timeout: float | None = None) -> AMQPError:
         """Wait until the connection ends.
@@ -460,34 +275,14 @@ class AsyncConnection(ConnectionEvents, SocketIO):
             InvalidStateError: the connection was never opened.
             Timeout: still open after ``timeout`` seconds.
         """
-        if self._terminated is None:
+        terminated = self._life.terminated
+        if terminated is None:
             raise InvalidStateError("the connection was never opened")
         try:
             async with asyncio.timeout(timeout):
-                return await asyncio.shield(self._terminated)
+                return await asyncio.shield(terminated)
         except TimeoutError:
             raise Timeout(f"connection still open after {timeout} s") from None
-
-    def _loop_hooks(self) -> LoopHooks:
-        """What :func:`loop_hooks` hands the thread-safe API's IO thread."""
-        return LoopHooks(self._begin_batch, self._end_batch, self._abort)
-
-    def _abort(self, exc: AMQPError) -> None:
-        """End the connection now, not waiting for the broker (``LoopHooks.abort``)."""
-        self._closing = True
-        task = self._recovery_task
-        if task is not None and not task.done():
-            task.cancel()
-        proto = self._proto
-        if proto is not None and proto.state is not ConnectionState.CLOSED:
-            proto.abort(exc)
-            self._handle_events(proto.events_received())
-        if not self.is_closed:
-            self._reset_attempt()
-            self._finish_closed(exc)
-        if self._transport is not None:
-            # Not close(): a broker that reads nothing (blocked) would keep it open.
-            self._transport.abort()
 
     # ------------------------------------------------------------------ channels
 
@@ -514,40 +309,9 @@ class AsyncConnection(ConnectionEvents, SocketIO):
                 says to fail.
             Timeout: no open-ok (or no recovery) within ``timeout``.
         """
-        if self._state is State.RECOVERING:
-            await self._await_recovery(timeout, "open a channel")
-        return await self._open_channel(channel_id, timeout)
-
-    async def _open_channel(
-        self,
-        channel_id: int | None,
-        timeout: float | None,
-        *,
-        record: bool = True,
-        internal: bool = False,
-    ) -> AsyncChannel:
-        """Open a channel now (recovery uses it while the connection is RECOVERING).
-
-        ``record=False``: what the channel declares is not recorded for recovery (the
-        channels of recovery itself and of the topology layer, which records on its own).
-        """
-        proto = self._require_open()
-        channel_proto = proto.open_channel(channel_id)
-        policy = self.recovery
-        records = record and policy is not None and policy.record_channel_topology
-        assert self._loop is not None
-        hooks = create_channel(
-            self,
-            channel_proto,
-            self._writes,
-            loop=self._loop,
-            records=records,
-            internal=internal,
-            forget=self._forget_channel,
-        )
-        self._channels[channel_proto.channel_id] = hooks
-        await hooks.wait_open(timeout)
-        return hooks.channel
+        if self._life.state is State.RECOVERING:
+            await self._life.await_recovery(timeout, "open a channel")
+        return await self._opener.open(channel_id, timeout)
 
     async def update_secret(
         self, new_secret: bytes | str, reason: str = "", *, timeout: float | None = None
@@ -566,35 +330,18 @@ class AsyncConnection(ConnectionEvents, SocketIO):
             AMQPConnectionError: the connection ended meanwhile (a broker that refuses
                 the new secret closes the connection).
         """
-        proto = self._require_open()
-        proto.update_secret(new_secret, reason)
-        assert self._loop is not None
-        waiter = self._update_secret_waiter = self._loop.create_future()
-        self._kick()
-        try:
-            async with asyncio.timeout(timeout):
-                await waiter
-        except TimeoutError:
-            raise Timeout(f"connection.update-secret got no answer within {timeout} s") from None
+        self._require_open().update_secret(new_secret, reason)
+        await self._dispatch.await_update_secret(timeout)
 
     def _require_open(self) -> ConnectionProtocol:
-        proto = self._proto
-        if proto is None or proto.state is not ConnectionState.OPEN:
-            if self.close_exc is not None:
-                raise InvalidStateError("the connection is closed") from self.close_exc
-            if proto is not None and proto.close_exc is not None:
-                raise InvalidStateError(
-                    f"the connection is closing ({proto.close_exc})"
-                ) from proto.close_exc
-            raise InvalidStateError("the connection is not open (call connect() first)")
-        return proto
+        return self._opener.require_open()
 
     # ------------------------------------------------------------------ recovery
 
     @property
     def state(self) -> State:
         """CONNECTING, OPEN, RECOVERING or CLOSED."""
-        return self._state
+        return self._life.state
 
     def on_state_change(self, callback: Callable[[State, AMQPError | None], Any]) -> None:
         """Call ``callback(state, cause)`` on every state change (on the event loop).
@@ -603,7 +350,7 @@ class AsyncConnection(ConnectionEvents, SocketIO):
             callback: called with the new :class:`State` and the error that caused the
                 change (``None`` when there is none).
         """
-        self._state_callbacks.append(callback)
+        self._life.state_callbacks.append(callback)
 
     def on_queue_renamed(self, callback: Callable[[str, str], Any]) -> None:
         """Call ``callback(old, new)`` when recovery gives a server-named queue a new name.
@@ -611,7 +358,7 @@ class AsyncConnection(ConnectionEvents, SocketIO):
         Args:
             callback: called with the queue's old and new names.
         """
-        self._rename_callbacks.append(callback)
+        self._life.rename_callbacks.append(callback)
 
     def on_recovery_error(self, callback: Callable[[str, str, AMQPError], Any]) -> None:
         """Call ``callback(kind, name, exc)`` when an entity fails to re-declare.
@@ -620,7 +367,7 @@ class AsyncConnection(ConnectionEvents, SocketIO):
             callback: called with the kind of entity (``"exchange"``, ``"queue"``,
                 ``"binding"``, ``"consumer"`` or ``"channel"``), its name and the error.
         """
-        self._recovery_error_callbacks.append(callback)
+        self._life.recovery_error_callbacks.append(callback)
 
     async def wait_recovered(self, timeout: float | None = None) -> None:
         """Return once the connection is OPEN (at once if it is).
@@ -632,26 +379,52 @@ class AsyncConnection(ConnectionEvents, SocketIO):
             InvalidStateError: the connection is closed (for good).
             Timeout: still recovering after ``timeout`` seconds.
         """
-        try:
-            async with asyncio.timeout(timeout):
-                # Loop: the connection may drop again between the recovery that woke
-                # this waiter and the waiter running; that is a new outage to wait out.
-                while self._state is State.RECOVERING:
-                    assert self._recovered is not None
-                    await self._recovered.wait()
-        except TimeoutError:
-            raise Timeout(f"still recovering after {timeout} s") from None
-        if self._state is not State.OPEN:
-            raise InvalidStateError(f"the connection is {self._state.value}") from self.close_exc
+        await self._life.wait_recovered(timeout)
 
-    async def _await_recovery(self, timeout: float | None, what: str) -> None:
-        """An operation met a recovering connection: wait or fail, by policy."""
-        if self._state is not State.RECOVERING:
+    @cached_property
+    def read_flow(self) -> ReadFlow:
+        """The back-pressure on this connection's socket reads, for the library's
+        consumers (see :class:`ReadFlow`); not for applications."""
+        return self._io.flow
+
+    def consumer_cancelled(self, queue: str) -> None:
+        """Tell the connection that a consumer of ``queue`` was cancelled, or forgotten
+        while the channel was closed or suspended (a channel calls it; not for
+        applications).
+
+        If it was the last consumer of ``queue`` on this connection and the topology
+        record holds ``queue`` as auto-delete, the broker has deleted the queue: the
+        record forgets it, so recovery does not declare it again.
+
+        Args:
+            queue: the queue the consumer consumed from.
+        """
+        recorded = self.topology_record.queue(queue)
+        if recorded is None or not recorded.auto_delete or self._dispatch.consumes(queue):
             return
-        assert self.recovery is not None
-        if self.recovery.during_recovery == "fail":
-            raise ConnectionRecovering(f"cannot {what}: the connection is recovering")
-        await self.wait_recovered(timeout)
+        logger.debug("auto-delete queue %r lost its last consumer: forgotten", queue)
+        self.topology_record.forget_queue(queue)
+
+    # The state of the collaborators under the names it had before they were split off.
+
+    @property
+    def _proto(self) -> ConnectionProtocol | None:
+        return self._io.proto
+
+    @property
+    def _transport(self) -> asyncio.Transport | None:
+        return self._io.transport
+
+    @property
+    def _read_pauses(self) -> int:
+        return self._io.flow.pauses
+
+    @property
+    def _state_callbacks(self) -> list[Callable[[State, AMQPError | None], Any]]:
+        return self._life.state_callbacks
+
+    def _flush(self) -> None:
+        self._io.flush()
 
 
 def remove_callback(connection: AsyncConnection, callback: Callable[..., Any]) -> None:
@@ -659,10 +432,11 @@ def remove_callback(connection: AsyncConnection, callback: Callable[..., Any]) -
     ``add_close_callback`` or ``on_state_change`` (if it is), for the library's objects
     that stop listening when they close (publishers, RPC clients); not for applications.
     """
+    life = connection._life
     for callbacks in (
-        connection._blocked_callbacks,
-        connection._close_callbacks,
-        connection._state_callbacks,
+        connection._dispatch.blocked_callbacks,
+        life.close_callbacks,
+        life.state_callbacks,
     ):
         if callback in callbacks:
             callbacks.remove(callback)
@@ -670,7 +444,8 @@ def remove_callback(connection: AsyncConnection, callback: Callable[..., Any]) -
 
 def loop_hooks(connection: AsyncConnection) -> LoopHooks:
     """The hooks of ``connection`` for the thread-safe API's IO thread; not for applications."""
-    return connection._loop_hooks()
+    io = connection._io
+    return LoopHooks(io.begin_batch, io.end_batch, connection._life.abort)
 
 
 def open_connections(loop: asyncio.AbstractEventLoop) -> list[AsyncConnection]:
@@ -684,13 +459,13 @@ def open_connections(loop: asyncio.AbstractEventLoop) -> list[AsyncConnection]:
 def loop_of(connection: AsyncConnection) -> asyncio.AbstractEventLoop | None:
     """The event loop the connection was opened on (``None`` before its first connect),
     for the library's objects that run on it (the publishers); not for applications."""
-    return connection._loop
+    return connection._io.loop
 
 
 def writes_of(connection: AsyncConnection) -> WritePath:
     """The connection's write path, for the library's publishing code (the publishers,
     the thread-safe facade's write gate); not for applications."""
-    return connection._writes
+    return connection._io.writes
 
 
 def _after_fork() -> None:
@@ -713,9 +488,9 @@ def _after_fork() -> None:
         proto.abort(exc)
         proto.events_received()  # dropped: nothing of the parent's loop runs here
         conn.close_exc = exc
-        conn._closing = True
-        conn._transport = None
-        conn._writes.paused = False
+        conn._life.closing = True
+        conn._io.transport = None
+        conn._io.writes.paused = False
 
 
 os.register_at_fork(after_in_child=_after_fork)
