@@ -14,25 +14,29 @@ import pytest
 
 import rabbitry
 
+# (sync method, the engine collaborator that keeps the callbacks, its list)
 REGISTRATIONS = [
-    ("on_state_change", "_state_callbacks", lambda state, cause: None),
-    ("on_queue_renamed", "_rename_callbacks", lambda old, new: None),
-    ("on_recovery_error", "_recovery_error_callbacks", lambda kind, name, exc: None),
-    ("add_blocked_callback", "_blocked_callbacks", lambda reason: None),
-    ("add_close_callback", "_close_callbacks", lambda exc: None),
+    ("on_state_change", "_life", "state_callbacks", lambda state, cause: None),
+    ("on_queue_renamed", "_life", "rename_callbacks", lambda old, new: None),
+    ("on_recovery_error", "_life", "recovery_error_callbacks", lambda kind, name, exc: None),
+    ("add_blocked_callback", "_dispatch", "blocked_callbacks", lambda reason: None),
+    ("add_close_callback", "_life", "close_callbacks", lambda exc: None),
 ]
 
 
 @pytest.mark.parametrize(
-    ("method", "engine_list", "callback"), REGISTRATIONS, ids=[r[0] for r in REGISTRATIONS]
+    ("method", "keeper", "engine_list", "callback"),
+    REGISTRATIONS,
+    ids=[r[0] for r in REGISTRATIONS],
 )
 def test_registering_before_connect_reaches_the_engine(
-    method: str, engine_list: str, callback: Any
+    method: str, keeper: str, engine_list: str, callback: Any
 ) -> None:
     conn = rabbitry.Connection("amqp://guest:guest@127.0.0.1:1/")
-    before = len(getattr(conn._async, engine_list))
+    callbacks = getattr(getattr(conn._async, keeper), engine_list)
+    before = len(callbacks)
     getattr(conn, method)(callback)  # no InvalidStateError
-    assert len(getattr(conn._async, engine_list)) == before + 1
+    assert len(callbacks) == before + 1
     assert conn._portal is None  # registering started no thread
 
 
@@ -41,6 +45,6 @@ def test_a_relayed_callback_runs_on_the_dispatcher_once_connected() -> None:
     conn = rabbitry.Connection("amqp://guest:guest@127.0.0.1:1/")
     seen: list[object] = []
     conn.add_close_callback(seen.append)
-    relay = conn._async._close_callbacks[-1]
+    relay = conn._async._life.close_callbacks[-1]
     relay(rabbitry.ConnectionLost("test"))  # what the engine would call
     assert seen == []
