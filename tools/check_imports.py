@@ -77,6 +77,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rabbitry.topology._sharding",
             "rabbitry.topology._base",
             "rabbitry.topology._session",
+            "rabbitry.topology._retry_policy",
             "rabbitry.topology._retry",
             "rabbitry.topology._diff",
             "rabbitry.topology._definitions",
