@@ -79,6 +79,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rabbitry.topology._session",
             "rabbitry.topology._retry_policy",
             "rabbitry.topology._retry",
+            "rabbitry.topology._retry_build",
             "rabbitry.topology._diff",
             "rabbitry.topology._definitions",
             "rabbitry.topology._apply",
@@ -102,7 +103,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # Topology.apply / verify / delete take either connection.
     (
         "topology",
-        ("rabbitry.topology", "rabbitry.topology._topology", "rabbitry.topology._super_stream"),
+        (
+            "rabbitry.topology",
+            "rabbitry.topology._on_broker",
+            "rabbitry.topology._topology",
+            "rabbitry.topology._super_stream",
+        ),
     ),
     # Objects with an asyncio and a thread-safe twin in one module, and rabbitry.run.
     (
