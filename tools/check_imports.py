@@ -82,6 +82,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rabbitry.topology._retry_build",
             "rabbitry.topology._diff",
             "rabbitry.topology._definitions",
+            "rabbitry.topology._conflicts",
             "rabbitry.topology._apply",
             "rabbitry.outbox",
             "rabbitry._outbox_rows",
