@@ -16,7 +16,7 @@ from ._model import Binding, Exchange, Queue
 from ._retry_policy import HELPER_DELIVERY_LIMIT, WORK_QUEUE_DELIVERY_LIMIT
 
 if TYPE_CHECKING:
-    from ._base import T
+    from ._base import T, TopologyData
     from ._retry_policy import RetryPolicy
 
 __all__ = ["build_retry"]
@@ -58,11 +58,17 @@ def _work_delivery_limit(
 
 
 def build_retry(
-    topology: T, queue: str, policy: RetryPolicy, *, delivery_limit: int | None = None
+    cls: type[T],
+    topology: TopologyData,
+    queue: str,
+    policy: RetryPolicy,
+    *,
+    delivery_limit: int | None = None,
 ) -> T:
     """The topology plus the retry machinery for its queue ``queue``.
 
     Args:
+        cls: the class of the topology to build.
         topology: the topology holding the work queue.
         queue: the work queue's name.
         policy: the retry policy (give the consumer the same one).
@@ -71,7 +77,7 @@ def build_retry(
             4.0+ only: 3.x dead-letters at the first return).
 
     Returns:
-        A new topology of the same class (``topology`` is unchanged).
+        A new ``cls`` (``topology`` is unchanged).
 
     Raises:
         TopologyValidationError: the queue is not in the topology, is a stream or
@@ -138,7 +144,7 @@ def build_retry(
         queues = [updated if q is work else q for q in queues]
     bindings = [Binding(names.dlx, queue, queue)]
     bindings += [Binding(names.dlx, q.name, q.name) for q in retry_queues + parking]
-    return type(topology)(
+    return cls(
         (*topology.exchanges, Exchange(names.dlx, "direct", durable=work.durable)),
         queues + retry_queues + parking,
         (*topology.bindings, *bindings),

@@ -257,7 +257,7 @@ class Topology(TopologyData):
         """
         from ._retry_build import build_retry
 
-        return build_retry(self, queue, policy, delivery_limit=delivery_limit)
+        return build_retry(Topology, self, queue, policy, delivery_limit=delivery_limit)
 
     def with_sharding(
         self,
