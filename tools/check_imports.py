@@ -77,9 +77,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rabbitry.topology._sharding",
             "rabbitry.topology._base",
             "rabbitry.topology._session",
+            "rabbitry.topology._retry_policy",
             "rabbitry.topology._retry",
+            "rabbitry.topology._retry_build",
             "rabbitry.topology._diff",
             "rabbitry.topology._definitions",
+            "rabbitry.topology._conflicts",
             "rabbitry.topology._apply",
             "rabbitry._outbox_file",
             "rabbitry.outbox",
@@ -110,7 +113,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # Topology.apply / verify / delete take either connection.
     (
         "topology",
-        ("rabbitry.topology", "rabbitry.topology._topology", "rabbitry.topology._super_stream"),
+        (
+            "rabbitry.topology",
+            "rabbitry.topology._on_broker",
+            "rabbitry.topology._topology",
+            "rabbitry.topology._super_stream",
+        ),
     ),
     # Objects with an asyncio and a thread-safe twin in one module, and rabbitry.run.
     (

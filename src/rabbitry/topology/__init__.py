@@ -36,7 +36,8 @@ Usage::
   (:func:`partition_for`).
 """
 
-from ._apply import ApplyResult, VerifyReport, parse_inequivalent
+from ._apply import ApplyResult, VerifyReport
+from ._conflicts import parse_inequivalent
 from ._diff import ARGUMENT_WINS, LOWER_WINS, PolicyOverlap
 from ._model import (
     BUILTIN_EXCHANGE_TYPES,

@@ -1,19 +1,18 @@
 """Topology: a validated set of exchanges, queues and bindings, and its operations.
 
 The operations live in their own modules (imported when used): ``_definitions`` (load
-and save), ``_diff``, ``_apply`` (apply/verify/delete on a connection) and ``_retry``.
+and save), ``_diff``, ``_on_broker`` (apply/verify/delete through either kind of
+connection, on top of the engine side in ``_apply``) and ``_retry_build`` (the
+entities ``with_retry`` adds).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..exceptions import TopologyError, TopologyValidationError
 from ._base import TopologyData
-from ._model import Binding, Exchange, Queue
-from ._retry import HELPER_DELIVERY_LIMIT, WORK_QUEUE_DELIVERY_LIMIT
+from ._model import Queue
 from ._sharding import sharded_exchanges, sharding_policy
 
 if TYPE_CHECKING:
@@ -22,7 +21,6 @@ if TYPE_CHECKING:
 
     from ..aio.connection import AsyncConnection
     from ..management import AsyncManagementClient, ManagementClient
-    from ..sync._portal import Portal
     from ..sync.connection import Connection
     from ._apply import ApplyResult, VerifyReport
     from ._diff import PolicyOverlap
@@ -257,8 +255,9 @@ class Topology(TopologyData):
                 already dead-letters somewhere else, or is a quorum queue with a
                 broker-driven policy.
         """
+        from ._retry_build import build_retry
 
-        return build_retry(self, queue, policy, delivery_limit=delivery_limit)
+        return build_retry(Topology, self, queue, policy, delivery_limit=delivery_limit)
 
     def with_sharding(
         self,
@@ -378,17 +377,14 @@ class Topology(TopologyData):
             ChannelClosedByBroker: another refusal (e.g. 404 binding to a missing
                 exchange, 403); a note names the entity.
         """
-        from ._apply import apply_topology
+        from ._on_broker import aapply
 
-        _require_async(connection, "aapply", "apply")
-        _require_management(self, management, "apply")
-        _check_for_broker(self, connection.server_version)
-        if management is not None:
-            _require_management_kind(management, "AsyncManagementClient", "aapply")
-            for policy in self.policies:
-                await management.put_policy(policy, connection.params.virtual_host)
-        return await apply_topology(
-            self, connection, timeout=timeout, missing_exchanges=missing_exchanges
+        return await aapply(
+            self,
+            connection,
+            timeout=timeout,
+            management=management,
+            missing_exchanges=missing_exchanges,
         )
 
     def apply(
@@ -418,20 +414,13 @@ class Topology(TopologyData):
             TopologyConflict: as :meth:`aapply`.
             ChannelClosedByBroker: as :meth:`aapply`.
         """
-        from ._apply import apply_topology
+        from ._on_broker import apply
 
-        portal, engine = _require_sync(connection, "apply", "aapply")
-        _require_management(self, management, "apply")
-        _check_for_broker(self, connection.server_version)
-        if management is not None:
-            _require_management_kind(management, "ManagementClient", "apply")
-            for policy in self.policies:
-                management.put_policy(policy, connection.params.virtual_host)
-        return portal.call(
-            apply_topology,
+        return apply(
             self,
-            engine,
+            connection,
             timeout=timeout,
+            management=management,
             missing_exchanges=missing_exchanges,
         )
 
@@ -465,17 +454,15 @@ class Topology(TopologyData):
         Returns:
             What exists and what is missing (:class:`VerifyReport`).
         """
-        from ._apply import check_policies, verify_topology
+        from ._on_broker import averify
 
-        _require_async(connection, "averify", "verify")
-        report = await verify_topology(
-            self, connection, timeout=timeout, missing_exchanges=missing_exchanges
+        return await averify(
+            self,
+            connection,
+            timeout=timeout,
+            management=management,
+            missing_exchanges=missing_exchanges,
         )
-        if management is None or not self.policies:
-            return report
-        _require_management_kind(management, "AsyncManagementClient", "averify")
-        found = await management.policies(connection.params.virtual_host)
-        return check_policies(self, report, found)
 
     def verify(
         self,
@@ -497,21 +484,15 @@ class Topology(TopologyData):
         Returns:
             What exists and what is missing (:class:`VerifyReport`).
         """
-        from ._apply import check_policies, verify_topology
+        from ._on_broker import verify
 
-        portal, engine = _require_sync(connection, "verify", "averify")
-        report = portal.call(
-            verify_topology,
+        return verify(
             self,
-            engine,
+            connection,
             timeout=timeout,
+            management=management,
             missing_exchanges=missing_exchanges,
         )
-        if management is None or not self.policies:
-            return report
-        _require_management_kind(management, "ManagementClient", "verify")
-        found = management.policies(connection.params.virtual_host)
-        return check_policies(self, report, found)
 
     async def adelete(
         self,
@@ -533,19 +514,9 @@ class Topology(TopologyData):
             management: an :class:`~rabbitry.management.AsyncManagementClient`; needed
                 when the topology has policies.
         """
-        from ..exceptions import ManagementNotFound
-        from ._apply import delete_topology
+        from ._on_broker import adelete
 
-        _require_async(connection, "adelete", "delete")
-        _require_management(self, management, "delete")
-        await delete_topology(self, connection, timeout=timeout)
-        if management is not None:
-            _require_management_kind(management, "AsyncManagementClient", "adelete")
-            for policy in self.policies:
-                try:
-                    await management.delete_policy(policy.name, connection.params.virtual_host)
-                except ManagementNotFound:
-                    pass
+        await adelete(self, connection, timeout=timeout, management=management)
 
     def delete(
         self,
@@ -562,198 +533,6 @@ class Topology(TopologyData):
             management: a :class:`~rabbitry.management.ManagementClient`; needed when the
                 topology has policies.
         """
-        from ..exceptions import ManagementNotFound
-        from ._apply import delete_topology
+        from ._on_broker import delete
 
-        portal, engine = _require_sync(connection, "delete", "adelete")
-        _require_management(self, management, "delete")
-        portal.call(delete_topology, self, engine, timeout=timeout)
-        if management is not None:
-            _require_management_kind(management, "ManagementClient", "delete")
-            for policy in self.policies:
-                try:
-                    management.delete_policy(policy.name, connection.params.virtual_host)
-                except ManagementNotFound:
-                    pass
-
-
-def _work_delivery_limit(
-    work: Queue, entity: str, policy: RetryPolicy, delivery_limit: int | None
-) -> int | None:
-    """The delivery limit the work queue gets (``None``: not a quorum queue)."""
-    if work.queue_type != "quorum":
-        if delivery_limit is not None:
-            raise TopologyValidationError(
-                entity,
-                "delivery_limit",
-                f"only quorum queues have a delivery limit (queue_type is {work.queue_type!r})",
-            )
-        return None
-    limit = work.delivery_limit
-    if limit is None:
-        limit = WORK_QUEUE_DELIVERY_LIMIT if delivery_limit is None else delivery_limit
-    elif delivery_limit is not None and delivery_limit != limit:
-        raise TopologyValidationError(
-            entity,
-            "delivery_limit",
-            f"the queue already has delivery_limit={limit}; with_retry was given {delivery_limit}",
-        )
-    if policy.broker_driven and limit >= 0:
-        raise TopologyValidationError(
-            entity,
-            "with_retry",
-            f"a quorum queue dead-letters a message returned more than {limit} times (its "
-            "delivery limit: Requeue, crashes, connection losses) with reason "
-            "'delivery_limit'; with one delay (broker-driven retry) that message would "
-            "enter the queue -> retry queue -> queue cycle, which RabbitMQ drops silently. "
-            "Use RetryPolicy(..., republish=True): the queue then dead-letters to the "
-            "parking lot",
-        )
-    return limit
-
-
-def build_retry(
-    topology: Topology, queue: str, policy: RetryPolicy, *, delivery_limit: int | None = None
-) -> Topology:
-    """The topology plus the retry machinery for its queue ``queue``.
-
-    Args:
-        topology: the topology holding the work queue.
-        queue: the work queue's name.
-        policy: the retry policy (give the consumer the same one).
-        delivery_limit: for a quorum work queue without one, its delivery limit
-            (default :data:`WORK_QUEUE_DELIVERY_LIMIT`); ``-1`` is unlimited (RabbitMQ
-            4.0+ only: 3.x dead-letters at the first return).
-
-    Raises:
-        TopologyValidationError: the queue is not in the topology, is a stream or
-            server-named, already dead-letters elsewhere, a derived name is too long, or
-            it is a quorum queue with a broker-driven policy (see the module docstring).
-    """
-    work = topology.queue(queue)
-    entity = f"queue {queue!r}"
-    if work is None:
-        raise TopologyValidationError(
-            entity, "with_retry", "the queue is not in this topology; add Queue(...) first"
-        )
-    if work.queue_type == "stream":
-        raise TopologyValidationError(
-            entity, "with_retry", "stream queues cannot dead-letter, so they cannot retry"
-        )
-    if policy.queue not in (None, queue):
-        raise TopologyValidationError(
-            entity, "with_retry", f"the policy is for queue {policy.queue!r}"
-        )
-    work_limit = _work_delivery_limit(work, entity, policy, delivery_limit)
-    names = policy.names(queue)
-    kind = work.queue_type
-    helpers: dict[str, Any] = {"durable": work.durable, "queue_type": kind}
-    if kind not in ("quorum", "stream"):
-        helpers["exclusive"] = work.exclusive
-    if kind == "quorum":
-        helpers["delivery_limit"] = HELPER_DELIVERY_LIMIT
-    retry_queues = [
-        Queue(
-            name,
-            message_ttl=ms,
-            dead_letter_exchange=names.dlx,
-            dead_letter_routing_key=queue,
-            **helpers,
-        )
-        for ms, name in zip(policy.tiers, names.retry_queues, strict=True)
-    ]
-    parking = [Queue(names.parking_lot, **helpers)] if names.parking_lot else []
-    if policy.broker_driven:
-        dead_letter_key: str | None = names.retry_queues[0]
-    else:
-        dead_letter_key = names.parking_lot
-    if work_limit is not None and work.delivery_limit is None:
-        work = replace(work, delivery_limit=work_limit)
-    queues = [work if q.name == queue else q for q in topology.queues]
-    if dead_letter_key is not None:
-        for existing, wanted in (
-            (work.dead_letter_exchange, names.dlx),
-            (work.dead_letter_routing_key, dead_letter_key),
-        ):
-            if existing not in (None, wanted):
-                raise TopologyValidationError(
-                    entity,
-                    "dead_letter_exchange",
-                    f"already dead-letters to {work.dead_letter_exchange!r} / "
-                    f"{work.dead_letter_routing_key!r}; with_retry needs {names.dlx!r} / "
-                    f"{dead_letter_key!r}",
-                )
-        updated = replace(
-            work, dead_letter_exchange=names.dlx, dead_letter_routing_key=dead_letter_key
-        )
-        queues = [updated if q is work else q for q in queues]
-    bindings = [Binding(names.dlx, queue, queue)]
-    bindings += [Binding(names.dlx, q.name, q.name) for q in retry_queues + parking]
-    return Topology(
-        (*topology.exchanges, Exchange(names.dlx, "direct", durable=work.durable)),
-        queues + retry_queues + parking,
-        (*topology.bindings, *bindings),
-        topology.policies,
-    )
-
-
-def _check_for_broker(topology: Topology, version: tuple[int, ...]) -> None:
-    """Refuse what means something else on this broker's version (before sending)."""
-    if not version or version >= (4,):
-        return
-    shown = ".".join(map(str, version))
-    rule = (
-        f"-1 means unlimited only on RabbitMQ 4.0+; RabbitMQ {shown} dead-letters (or "
-        "drops) a message at its first return with a negative limit. Leave it unset: 3.x "
-        "quorum queues have no limit by default"
-    )
-    for queue in topology.queues:
-        if queue.delivery_limit is not None and queue.delivery_limit < 0:
-            raise TopologyValidationError(queue.label, "delivery_limit (x-delivery-limit)", rule)
-    for policy in topology.policies:
-        value = (policy.definition or {}).get("delivery-limit")
-        if isinstance(value, int) and value < 0:
-            raise TopologyValidationError(policy.label, "definition['delivery-limit']", rule)
-
-
-def _require_management(topology: Topology, management: object, what: str) -> None:
-    if topology.policies and management is None:
-        names = ", ".join(repr(p.name) for p in topology.policies)
-        raise TopologyError(
-            f"this topology has {len(topology.policies)} policies ({names}), which only the "
-            f"management HTTP API can {what} (AMQP cannot): pass "
-            "management=ManagementClient(...) (or AsyncManagementClient for the async API)"
-        )
-
-
-def _require_management_kind(management: object, kind: str, name: str) -> None:
-    from .. import management as api
-
-    if not isinstance(management, getattr(api, kind)):
-        raise TypeError(
-            f"Topology.{name}(management=...) takes a rabbitry.management.{kind}, "
-            f"got {type(management).__name__}"
-        )
-
-
-def _require_async(connection: object, name: str, twin: str) -> None:
-    from ..sync._connection import Connection as SyncConnection
-
-    if isinstance(connection, SyncConnection):
-        raise TypeError(
-            f"Topology.{name}() takes an AsyncConnection; use topology.{twin}(connection) "
-            "with a rabbitry.Connection"
-        )
-
-
-def _require_sync(connection: object, name: str, twin: str) -> tuple[Portal, AsyncConnection]:
-    """The portal and the engine of a thread-safe connection (else ``TypeError``)."""
-    from ..sync._connection import Connection as SyncConnection
-    from ..sync._connection import engine_of, portal_of
-
-    if not isinstance(connection, SyncConnection):
-        raise TypeError(
-            f"Topology.{name}() takes a rabbitry.Connection; use await topology.{twin}"
-            "(connection) with an AsyncConnection"
-        )
-    return portal_of(connection), engine_of(connection)
+        delete(self, connection, timeout=timeout, management=management)
