@@ -84,6 +84,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rabbitry.outbox",
             "rabbitry._outbox_rows",
             "rabbitry._publisher_core",
+            "rabbitry._publisher_port",
             "rabbitry.publisher",
             "rabbitry.outbox_publisher",
             "rabbitry.pool",

@@ -25,11 +25,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from .._publisher_core import Batch
 from ..exceptions import AMQPError, InvalidStateError, PublishTimeout
 from ..observability import _state as _obs
 from ..protocol.spec import BasicProperties
 from ..publisher import as_properties, port_of
+from ..publishing.records import Batch
 from ._connection import portal_of
 from ._portal import ConfirmFuture
 from .channel import caller_timeout
