@@ -29,6 +29,7 @@ from .protocol.channel import ChannelState
 from .protocol.publish import retarget
 from .publishing.records import Pending, Slot
 from .publishing.unobserved import UnobservedLedger
+from .publishing.window import SendWindow
 from .recovery import State
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ class PublisherCore:
     """Sends a publisher's encoded messages on its channel, within its window.
 
     Its state is read (never written, but for the window's fast path) by the
-    publisher's own methods: ``reserved`` of ``window`` slots are taken, ``outstanding``
+    publisher's own methods: ``slots`` is the window, ``outstanding``
     records are sent and unsettled, ``backlog`` waits for a channel, ``closing`` says
     nothing may be handed over any more.
     """
@@ -88,7 +89,6 @@ class PublisherCore:
         self.loop = loop
         self.encoder = encoder
         self.confirm = confirm
-        self.window = window
         self.republish = republish
         self.nack_retry = nack_retry
         # Nack retry: re-sends waiting for their delay, and attempts per future.
@@ -103,10 +103,8 @@ class PublisherCore:
         self.opening: asyncio.Task[AsyncChannel] | None = None
         # The channel number the frames are encoded for (retargeted when it differs).
         self.cid_bytes = b"\x00\x00"
-        # Window: slots reserved by the async API, and the FIFO of those waiting (a slot
-        # handed to a waiter cancelled meanwhile and taken by nobody else is freed).
-        self.reserved = 0
-        self.room_waiters: Waiters[None] = Waiters(lambda _slot: self.release_slot())
+        # The window of the async API (the sync twin brings its own).
+        self.slots = SendWindow(window)
         # Records sent and unsettled (both APIs), and frames waiting for a channel.
         self.outstanding = 0
         self.backlog: deque[Queued] = deque()
@@ -129,7 +127,7 @@ class PublisherCore:
         # close() has given up waiting (or opening failed): nothing will use or close a
         # channel that finishes opening from now on, so it is closed on arrival.
         self.detached = False
-        self.release_slot_cb = self.release_slot
+        self.release_slot_cb = self.slots.release
         connection.add_blocked_callback(self._on_blocked)
         connection.add_close_callback(self._on_connection_closed)
 
@@ -154,12 +152,13 @@ class PublisherCore:
                     if self.closing:
                         raise self.closed_state()
                 if self.confirm:
-                    if self.reserved < self.window and not self.room_waiters:
-                        self.reserved += 1
+                    slots = self.slots
+                    if slots.reserved < slots.size and not slots.waiters:
+                        slots.reserved += 1
                         reserved = True
                     else:
                         # A slot handed over as we are cancelled goes to the next waiter.
-                        await self.room_waiters.wait()
+                        await slots.waiters.wait()
                         reserved = True
                 if self.writes.paused:
                     await self.writes.wait_writable()
@@ -168,12 +167,12 @@ class PublisherCore:
                     raise self.closed_state()
         except BaseException as exc:
             if reserved:
-                self.release_slot()
+                self.slots.release()
             if isinstance(exc, TimeoutError) and scope.expired():
                 what = (
                     f"connection blocked by the broker: {self.blocked_reason}"
                     if self.blocked_reason is not None
-                    else f"no room in the window of {self.window}"
+                    else f"no room in the window of {self.slots.size}"
                 )
                 raise PublishTimeout(f"could not publish within {timeout} s: {what}") from None
             raise
@@ -182,33 +181,22 @@ class PublisherCore:
         """Reserve a window slot if a message can be sent at once (loop thread).
 
         True when the channel is open, nothing blocks publishing and the window has
-        room; False reserves nothing (wait with :meth:`_acquire` instead).
+        room; False reserves nothing (wait with :meth:`acquire` instead).
         """
         pipe = self.pipe
+        slots = self.slots
         if (
             self.blocked_reason is None
             and not self.writes.paused
             and not self.closing
             and pipe is not None
             and pipe.protocol.state is _OPEN
-            and self.reserved < self.window
-            and not self.room_waiters
+            and slots.reserved < slots.size
+            and not slots.waiters
         ):
-            self.reserved += 1
+            slots.reserved += 1
             return True
         return False
-
-    def reserve_more(self) -> bool:
-        """Reserve one more window slot if there is room and nobody waits for one."""
-        if self.reserved < self.window and not self.room_waiters:
-            self.reserved += 1
-            return True
-        return False
-
-    def release_slot(self) -> None:
-        """A confirm freed a window slot: hand it to the oldest waiter, or free it."""
-        if not (self.room_waiters and self.room_waiters.hand(None)):
-            self.reserved -= 1
 
     async def ensure_channel(self) -> None:
         pipe = self.pipe
@@ -571,7 +559,7 @@ class PublisherCore:
         self.closed_by = exc
         error = InvalidStateError("the connection is closed")
         error.__cause__ = exc
-        self.room_waiters.fail_all(error)
+        self.slots.waiters.fail_all(error)
         self._run_close_hooks()
 
     def detach(self) -> None:
@@ -581,7 +569,7 @@ class PublisherCore:
         remove_callback(self.connection, self._on_blocked)
         remove_callback(self.connection, self._on_connection_closed)
         self.unblocked.set()
-        self.room_waiters.fail_all(InvalidStateError("the publisher is closed"))
+        self.slots.waiters.fail_all(InvalidStateError("the publisher is closed"))
         self._fail_backlog(InvalidStateError("the publisher is closed"), closing=True)
         self._run_close_hooks()
 

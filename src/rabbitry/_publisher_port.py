@@ -82,8 +82,8 @@ class PublisherPort:
         self.send_reserved = core.send_reserved
         self.acquire = core.acquire
         self.reserve_now = core.reserve_now
-        self.reserve_more = core.reserve_more
-        self.release_slot = core.release_slot
+        self.reserve_more = core.slots.reserve_more
+        self.release_slot = core.slots.release
         self.closed_state = core.closed_state
         #: ``kick()``: write what ``send_reserved`` queued (the connection's write path).
         self.kick = core.writes.kick

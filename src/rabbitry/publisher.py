@@ -6,7 +6,7 @@ Theory of operation
 -------------------
 ``publish()`` encodes the message first (so invalid input raises
 :class:`LocalProtocolError` before anything waits or is sent), then waits for the right
-to send (:meth:`AsyncPublisher._acquire`): the connection must not be blocked by a broker
+to send (``PublisherCore.acquire``): the connection must not be blocked by a broker
 resource alarm, the window of ``max_in_flight`` unconfirmed messages must have room,
 the socket's write buffer must be below its high-water mark, and the channel must be
 open (a channel closed by the broker is replaced here, transparently). Then the frames
@@ -29,11 +29,12 @@ recovery can send them again (:meth:`AsyncPublisher.unconfirmed`). The window bo
 it: at most ``max_in_flight`` records exist per publisher.
 
 The publisher is composed of collaborators: its :class:`MessageEncoder` (message ids,
-properties, frames; any thread), its :class:`PublisherCore` (the window, the channel,
-sending and the events; loop thread) and the :class:`PublisherPort` through which the
-library's own objects drive those two. The sync twin (:class:`rabbitry.Publisher`)
-encodes in the calling thread with the same encoder and hands the frames to the core's
-``send`` on the IO thread, bringing its own window (a semaphore) and release hook.
+properties, frames; any thread), its :class:`PublisherCore` (the channel, sending
+within a :class:`SendWindow`, and the events; loop thread) and the
+:class:`PublisherPort` through which the library's own objects drive those two. The
+sync twin (:class:`rabbitry.Publisher`) encodes in the calling thread with the same
+encoder and hands the frames to the core's ``send`` on the IO thread, bringing its own
+window (a semaphore) and release hook.
 """
 
 from __future__ import annotations
@@ -172,7 +173,7 @@ class AsyncPublisher:
         channel = self._core.channel.channel_id if self._core.channel is not None else None
         return (
             f"<AsyncPublisher channel={channel} confirm={self._core.confirm} "
-            f"in_flight={self.in_flight}/{self._core.window}>"
+            f"in_flight={self.in_flight}/{self._core.slots.size}>"
         )
 
     async def __aenter__(self) -> AsyncPublisher:
@@ -194,7 +195,7 @@ class AsyncPublisher:
     @property
     def max_in_flight(self) -> int:
         """The window: unconfirmed messages allowed before ``publish`` waits."""
-        return self._core.window
+        return self._core.slots.size
 
     @property
     def mandatory(self) -> bool:
@@ -372,6 +373,7 @@ class AsyncPublisher:
         deadline = None if timeout is None else self._loop.time() + timeout
         core = self._core
         confirm = core.confirm
+        slots = core.slots
         pipe = core.pipe
         if (
             core.blocked_reason is None
@@ -379,10 +381,10 @@ class AsyncPublisher:
             and not core.closing
             and pipe is not None
             and pipe.protocol.state is _OPEN
-            and (not confirm or (core.reserved < core.window and not core.room_waiters))
+            and (not confirm or (slots.reserved < slots.size and not slots.waiters))
         ):
             if confirm:
-                core.reserved += 1
+                slots.reserved += 1
         else:
             await core.acquire(deadline, timeout)
         future: asyncio.Future[None] = self._loop.create_future()
@@ -471,8 +473,9 @@ class AsyncPublisher:
                 break
             count = total - start
             if confirm:
-                extra = 0 if core.room_waiters else min(count - 1, core.window - core.reserved)
-                core.reserved += extra
+                slots = core.slots
+                extra = 0 if slots.waiters else min(count - 1, slots.size - slots.reserved)
+                slots.reserved += extra
                 count = 1 + extra
             core.send_batch(encoded[start : start + count], batch, start, deadline, release)
             start += count

@@ -323,7 +323,7 @@ async def test_a_slot_handed_to_a_publish_cancelled_in_the_same_pass_goes_to_the
 ) -> None:
     pub = await conn.publisher(max_in_flight=1)
     waiting: list[asyncio.Task[asyncio.Future[None]]] = []
-    release = pub._core.release_slot
+    release = pub._core.slots.release
 
     def release_then_cancel() -> None:
         release()  # hands the slot to the oldest waiting publish...
@@ -333,7 +333,7 @@ async def test_a_slot_handed_to_a_publish_cancelled_in_the_same_pass_goes_to_the
     first = await pub.send(b"1", routing_key="q")
     for body in (b"2", b"3"):
         waiting.append(asyncio.create_task(pub.send(body, routing_key="q")))
-    await wait_until(lambda: len(pub._core.room_waiters) == 2)
+    await wait_until(lambda: len(pub._core.slots.waiters) == 2)
     broker.ack(1)
     assert await settle(first) is None
     with pytest.raises(asyncio.CancelledError):
@@ -343,7 +343,7 @@ async def test_a_slot_handed_to_a_publish_cancelled_in_the_same_pass_goes_to_the
     assert [p.body for p in got] == [b"1", b"3"]
     broker.ack(2)
     assert await settle(third) is None
-    assert pub.in_flight == 0 and pub._core.reserved == 0
+    assert pub.in_flight == 0 and pub._core.slots.reserved == 0
 
 
 async def test_confirm_deadline_fails_the_future_but_keeps_the_message_in_flight(
