@@ -3,8 +3,9 @@
 Waiting for the right to send (the window, a blocked connection, the channel), sending
 encoded messages on the publisher's channel (or keeping them until one is open), and
 following the channel's and the connection's events. The records the channel's confirm
-table settles are in :mod:`rabbitry.publishing.records`; they report back here
-(:class:`PublisherCore` is their :class:`~rabbitry.publishing.records.RecordOwner`).
+table settles are in :mod:`rabbitry.publishing.records`; they report to the core's
+:class:`~rabbitry.publishing.confirms.ConfirmBook`, and the window of the async API is
+a :class:`~rabbitry.publishing.window.SendWindow`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._waiters import Waiters
 from .aio.channel import pipe_of
 from .aio.connection import remove_callback, writes_of
 from .exceptions import (
@@ -23,12 +23,11 @@ from .exceptions import (
     InvalidStateError,
     PublishOutcomeUnknown,
     PublishTimeout,
-    Unroutable,
 )
 from .protocol.channel import ChannelState
 from .protocol.publish import retarget
+from .publishing.confirms import ConfirmBook
 from .publishing.records import Pending, Slot
-from .publishing.unobserved import UnobservedLedger
 from .publishing.window import SendWindow
 from .recovery import State
 
@@ -37,10 +36,10 @@ if TYPE_CHECKING:
 
     from .aio.channel import AsyncChannel, Settleable
     from .aio.connection import AsyncConnection
-    from .protocol.message import Message
     from .publishing.encoding import Encoded, MessageEncoder
-    from .publishing.pipe import PublishPipe
+    from .publishing.pipe import PublishPipe, WritePath
     from .publishing.records import Batch
+    from .publishing.unobserved import UnobservedLedger
     from .recovery import NackRetry
 
 logger = logging.getLogger("rabbitry.publisher")
@@ -69,7 +68,7 @@ class PublisherCore:
     """Sends a publisher's encoded messages on its channel, within its window.
 
     Its state is read (never written, but for the window's fast path) by the
-    publisher's own methods: ``slots`` is the window, ``outstanding``
+    publisher's own methods: ``slots`` is the window, ``book.outstanding``
     records are sent and unsettled, ``backlog`` waits for a channel, ``closing`` says
     nothing may be handed over any more.
     """
@@ -89,27 +88,19 @@ class PublisherCore:
         self.loop = loop
         self.encoder = encoder
         self.confirm = confirm
-        self.republish = republish
-        self.nack_retry = nack_retry
-        # Nack retry: re-sends waiting for their delay, and attempts per future.
-        self.retrying = 0
-        self.nack_attempts: dict[Any, int] = {}
-        #: How many nacked messages were sent again (``nack_retry``).
-        self.nack_resends = 0
+        # The records sent and unsettled, and what becomes of them.
+        self.book = ConfirmBook(loop, self, republish=republish, nack_retry=nack_retry)
         self.channel: AsyncChannel | None = None
         # What the publisher uses of its channel (set with it), and of its connection.
         self.pipe: PublishPipe | None = None
-        self.writes = writes_of(connection)
+        self.writes: WritePath = writes_of(connection)
         self.opening: asyncio.Task[AsyncChannel] | None = None
         # The channel number the frames are encoded for (retargeted when it differs).
         self.cid_bytes = b"\x00\x00"
         # The window of the async API (the sync twin brings its own).
-        self.slots = SendWindow(window)
+        self.slots: SendWindow = SendWindow(window)
         # Records sent and unsettled (both APIs), and frames waiting for a channel.
-        self.outstanding = 0
         self.backlog: deque[Queued] = deque()
-        self.idle_waiters: Waiters[None] = Waiters()  # told when nothing is in flight
-        self.returnable: dict[str, list[Pending]] = {}
         self.blocked_reason = connection.blocked_reason
         self.unblocked = asyncio.Event()
         if self.blocked_reason is None:
@@ -117,11 +108,11 @@ class PublisherCore:
         self._block_hooks: list[Callable[[str | None], None]] = []
         # Told (loop thread) when the publisher closes or its connection ends.
         self._close_hooks: list[Callable[[], None]] = []
-        self.closing = False
+        self.closing: bool = False
         # Mirrors ``closing`` (the port of the publisher, set once it is built).
         self.closing_flag: ClosingFlag | None = None
-        # Failed futures nobody looked at, reported when the publisher ends.
-        self.ledger = UnobservedLedger("AsyncPublisher")
+        # Failed futures nobody looked at (the book's), reported when the publisher ends.
+        self.ledger: UnobservedLedger = self.book.ledger
         # The connection's end, when that is what closed the publisher.
         self.closed_by: AMQPError | None = None
         # close() has given up waiting (or opening failed): nothing will use or close a
@@ -229,7 +220,7 @@ class PublisherCore:
             channel = await self.connection.channel()
             if self.confirm:
                 await channel.confirm_select()
-            channel.add_return_callback(self._on_return)
+            channel.add_return_callback(self.book.on_return)
         except BaseException as exc:
             self.opening = None
             self._fail_backlog(exc)
@@ -351,7 +342,7 @@ class PublisherCore:
         record: Pending | None = None
         if proto.confirm_mode:
             assert future is not None
-            record = Pending(self, future, frames, message_id, release)
+            record = Pending(self.book, future, frames, message_id, release)
         try:
             # In confirm mode the channel's confirm table now holds the record: it
             # settles it, or fails it if the channel ends first.
@@ -370,12 +361,13 @@ class PublisherCore:
             return
         assert record is not None
         record.seq = seq
-        self.outstanding += 1
+        book = self.book
+        book.outstanding += 1
         if mandatory and message_id is not None:
             record.returnable = True
-            same = self.returnable.get(message_id)
+            same = book.returnable.get(message_id)
             if same is None:
-                self.returnable[message_id] = [record]
+                book.returnable[message_id] = [record]
             else:
                 same.append(record)
         if deadline is not None:
@@ -405,106 +397,9 @@ class PublisherCore:
                 self.ledger.fail(future, error)
             if release is not None:
                 release()
-        self.check_idle()
+        self.book.check_idle()
 
     # ------------------------------------------------------------------ events (loop)
-
-    def finished(self, record: Pending) -> None:
-        """A record was settled by the broker or by the channel's end."""
-        self.outstanding -= 1
-        if self.nack_attempts:
-            self.nack_attempts.pop(record.future, None)
-        if record.timer is not None:
-            record.timer.cancel()
-            record.timer = None
-        if record.returnable:
-            self._forget_returnable(record)
-        release = record.release
-        if release is not None:
-            release()
-        if not self.outstanding and self.idle_waiters:
-            self.check_idle()
-
-    def _forget_returnable(self, record: Pending) -> None:
-        record.returnable = False
-        key = record.message_id
-        assert key is not None
-        same = self.returnable.get(key)
-        if same is not None:
-            if record in same:
-                same.remove(record)
-            if not same:
-                del self.returnable[key]
-
-    def retry_nacked(self, record: Pending) -> bool:
-        """A nack for ``record``: schedule it again if the policy allows (loop thread)."""
-        policy = self.nack_retry
-        assert policy is not None
-        if self.closing:
-            return False
-        attempt = self.nack_attempts.get(record.future, 0)
-        if attempt >= policy.max_attempts:
-            self.nack_attempts.pop(record.future, None)
-            return False
-        self.nack_attempts[record.future] = attempt + 1
-        record.settled = True  # this send is over; the next attempt gets a new record
-        self.outstanding -= 1
-        deadline: float | None = None
-        if record.timer is not None:
-            deadline = record.timer.when()
-            record.timer.cancel()
-            record.timer = None
-        mandatory = record.returnable
-        if mandatory:
-            self._forget_returnable(record)
-        self.retrying += 1
-        self.nack_resends += 1
-        delay = policy.delay(attempt)
-        logger.info(
-            "publish #%d (message_id %s) nacked; sending again in %.3f s (attempt %d of %d)",
-            record.seq,
-            record.message_id,
-            delay,
-            attempt + 1,
-            policy.max_attempts,
-        )
-        self.loop.call_later(delay, self._resend_nacked, record, mandatory, deadline)
-        return True
-
-    def _resend_nacked(self, record: Pending, mandatory: bool, deadline: float | None) -> None:
-        self.retrying -= 1
-        future = record.future
-        if future.done():  # e.g. its deadline passed while waiting
-            self.nack_attempts.pop(future, None)
-            if record.release is not None:
-                record.release()
-            self.check_idle()
-            return
-        self.send(record.frames, future, record.message_id, mandatory, deadline, record.release)
-
-    def check_idle(self) -> None:
-        if self.outstanding or self.backlog or self.retrying:
-            return
-        self.idle_waiters.wake_all(None)
-
-    def _on_return(self, message: Message) -> None:
-        message_id = message.properties.message_id
-        same = self.returnable.get(message_id) if message_id is not None else None
-        if not same:
-            logger.warning(
-                "returned message matches no mandatory publish in flight (%s %s, "
-                "exchange=%r routing_key=%r message_id=%r)",
-                message.reply_code,
-                message.reply_text,
-                message.exchange,
-                message.routing_key,
-                message_id,
-            )
-            return
-        record = same[0]  # duplicates: oldest first
-        self._forget_returnable(record)
-        if not record.future.done():
-            self.ledger.fail(record.future, Unroutable(message))
 
     def _on_blocked(self, reason: str | None) -> None:
         self.blocked_reason = reason

@@ -210,17 +210,17 @@ class AsyncPublisher:
     @property
     def republish_unconfirmed(self) -> bool:
         """Recovery re-sends unconfirmed messages (see the class docstring)."""
-        return self._core.republish
+        return self._core.book.republish
 
     @property
     def nack_resends(self) -> int:
         """How many nacked messages were sent again (``nack_retry``)."""
-        return self._core.nack_resends
+        return self._core.book.nack_resends
 
     @property
     def in_flight(self) -> int:
         """Messages sent (or waiting for a channel) and not settled yet."""
-        return self._core.outstanding + len(self._core.backlog)
+        return self._core.book.outstanding + len(self._core.backlog)
 
     @property
     def is_blocked(self) -> bool:
@@ -505,7 +505,7 @@ class AsyncPublisher:
             return
         try:
             async with asyncio.timeout(timeout):
-                await self._core.idle_waiters.wait()
+                await self._core.book.idle_waiters.wait()
         except TimeoutError:
             raise PublishTimeout(
                 f"{self.in_flight} messages still unconfirmed after {timeout} s"

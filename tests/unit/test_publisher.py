@@ -241,7 +241,7 @@ async def test_return_then_ack_fails_with_unroutable_and_the_ack_does_not_hide_i
     assert error.message.properties.message_id == got[1].properties.message_id
     # The ack freed the window slot of the returned message too.
     assert pub.in_flight == 0
-    assert pub._core.returnable == {}
+    assert pub._core.book.returnable == {}
 
 
 async def test_duplicate_message_ids_match_returns_oldest_first(
