@@ -88,6 +88,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rabbitry.outbox",
             "rabbitry._outbox_rows",
             "rabbitry._publisher_core",
+            "rabbitry._publisher_port",
             "rabbitry.publisher",
             "rabbitry._outbox_room",
             "rabbitry._outbox_commits",

@@ -6,7 +6,7 @@ Theory of operation
 -------------------
 ``publish()`` encodes the message first (so invalid input raises
 :class:`LocalProtocolError` before anything waits or is sent), then waits for the right
-to send (:meth:`AsyncPublisher._acquire`): the connection must not be blocked by a broker
+to send (``PublisherCore.acquire``): the connection must not be blocked by a broker
 resource alarm, the window of ``max_in_flight`` unconfirmed messages must have room,
 the socket's write buffer must be below its high-water mark, and the channel must be
 open (a channel closed by the broker is replaced here, transparently). Then the frames
@@ -28,36 +28,30 @@ The outbox: until a message is settled its encoded frames stay in its record, so
 recovery can send them again (:meth:`AsyncPublisher.unconfirmed`). The window bounds
 it: at most ``max_in_flight`` records exist per publisher.
 
-The sync twin (:class:`rabbitry.Publisher`) encodes in the calling thread with the same
-:meth:`AsyncPublisher._encode` and hands the frames to :meth:`AsyncPublisher._send` on
-the IO thread, bringing its own window (a semaphore) and release hook.
+The publisher is composed of collaborators: its :class:`MessageEncoder` (message ids,
+properties, frames; any thread), its :class:`PublisherCore` (the channel, sending
+within a :class:`SendWindow`, and the events; loop thread) and the
+:class:`PublisherPort` through which the library's own objects drive those two. The
+sync twin (:class:`rabbitry.Publisher`) encodes in the calling thread with the same
+encoder and hands the frames to the core's ``send`` on the IO thread, bringing its own
+window (a semaphore) and release hook.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import itertools
 import logging
-import secrets
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from ._publisher_core import Batch, Encoded, Pending, PublisherCore, PublisherPort
-from ._waiters import Waiters
-from .aio.connection import loop_of, writes_of
-from .exceptions import (
-    AMQPError,
-    ConfigurationError,
-    InvalidStateError,
-    LocalProtocolError,
-    MessageTooLarge,
-    PublishTimeout,
-)
+from ._publisher_core import PublisherCore
+from ._publisher_port import PublisherPort
+from .aio.connection import loop_of
+from .exceptions import AMQPError, ConfigurationError, InvalidStateError, PublishTimeout
 from .observability import _state as _obs
 from .protocol.channel import ChannelState
-from .protocol.publish import PublishEncoder, as_body, properties_prefix
 from .protocol.spec import BasicProperties
+from .publishing.encoding import MessageEncoder
 from .publishing.messages import (
     Body,
     OutgoingMessage,
@@ -65,17 +59,15 @@ from .publishing.messages import (
     as_properties,
     expiration_ms,
 )
-from .publishing.unobserved import UnobservedLedger
+from .publishing.records import Batch, Pending
 from .recovery import NackRetry, State
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Iterable, Mapping
     from datetime import timedelta
 
-    from .aio.channel import AsyncChannel, Settleable
     from .aio.connection import AsyncConnection
     from .protocol import spec
-    from .publishing.pipe import PublishPipe
 
 __all__ = [
     "AsyncPublisher",
@@ -89,14 +81,9 @@ __all__ = [
 logger = logging.getLogger("rabbitry.publisher")
 
 _OPEN = ChannelState.OPEN
-_CACHE_LIMIT = 512
-_PLAIN_TEMPLATE = properties_prefix(None, None)
 
 
-# --------------------------------------------------------------------------- publisher
-
-
-class AsyncPublisher(PublisherCore):
+class AsyncPublisher:
     """Publishes on its own channel, with confirms, a bounded window and deadlines.
 
     Get one with ``await connection.publisher(...)``; usable as ``async with`` (closes
@@ -151,81 +138,31 @@ class AsyncPublisher(PublisherCore):
         loop = loop_of(connection)
         if loop is None:
             raise InvalidStateError("the connection is not open (call connect() first)")
-        self._conn = connection
-        self._loop = loop
-        self._confirm = confirm
-        self._max = max_in_flight
         self._mandatory = mandatory
         self._timeout = timeout
-        self._republish = republish_unconfirmed
-        self._nack_retry = nack_retry
-        # Nack retry: re-sends waiting for their delay, and attempts per future.
-        self._retrying = 0
-        self._nack_attempts: dict[Any, int] = {}
-        #: How many nacked messages were sent again (``nack_retry``).
-        self.nack_resends = 0
-        self._channel: AsyncChannel | None = None
-        # What the publisher uses of its channel (set with it), and of its connection.
-        self._pipe: PublishPipe | None = None
-        self._writes = writes_of(connection)
-        self._opening: asyncio.Task[AsyncChannel] | None = None
-        # The encoder of the current channel, swapped as one object so that a thread
-        # never mixes two channels (until a channel is open: number 0, no frame_max).
-        self._encoder = PublishEncoder(0)
-        self._cid_bytes = b"\x00\x00"
-        self._max_size = connection.max_message_size
-        self._templates: dict[tuple[Any, Any], bytes] = {}
-        self._id_prefix = secrets.token_hex(8) + "-"
-        self._ids = itertools.count(1)
-        # Window: slots reserved by the async API, and the FIFO of those waiting (a slot
-        # handed to a waiter cancelled meanwhile and taken by nobody else is freed).
-        self._in_flight = 0
-        self._room_waiters: Waiters[None] = Waiters(lambda _slot: self._release_slot())
-        # Records sent and unsettled (both APIs), and frames waiting for a channel.
-        self._outstanding = 0
-        self._backlog: deque[
-            tuple[
-                list[bytes],
-                Settleable | None,
-                str | None,
-                bool,
-                float | None,
-                Callable[[], None] | None,
-            ]
-        ] = deque()
-        self._idle_waiters: Waiters[None] = Waiters()  # told when nothing is in flight
-        self._returnable: dict[str, list[Pending]] = {}
-        self._blocked_reason = connection.blocked_reason
-        self._unblocked = asyncio.Event()
-        if self._blocked_reason is None:
-            self._unblocked.set()
-        self._block_hooks: list[Callable[[str | None], None]] = []
-        # Told (loop thread) when the publisher closes or its connection ends.
-        self._close_hooks: list[Callable[[], None]] = []
-        self._closing = False
-        # Failed futures nobody looked at, reported when the publisher ends.
-        self._ledger = UnobservedLedger("AsyncPublisher")
-        # The members the sync twin and the outbox drive (closing mirrors _closing).
-        self._port = PublisherPort(
-            self, self._encode, self._encode_batch, self._new_message_id, self._shutdown
+        self._loop = loop
+        # The collaborators: the encoder (any thread), the send machinery (loop thread)
+        # and the port the library's own objects drive them through.
+        self._encoder = MessageEncoder(mandatory, connection.max_message_size)
+        self._core = core = PublisherCore(
+            connection,
+            loop,
+            self._encoder,
+            confirm=confirm,
+            window=max_in_flight,
+            republish=republish_unconfirmed,
+            nack_retry=nack_retry,
         )
-        # The connection's end, when that is what closed the publisher.
-        self._closed_by: AMQPError | None = None
-        # close() has given up waiting (or opening failed): nothing will use or close a
-        # channel that finishes opening from now on, so it is closed on arrival.
-        self._detached = False
-        self._release_slot_cb = self._release_slot
-        connection.add_blocked_callback(self._on_blocked)
-        connection.add_close_callback(self._on_connection_closed)
+        self._port = core.closing_flag = PublisherPort(core, self._encoder, self._shutdown)
 
     async def _open(self, open_timeout: float | None) -> None:
         """Open the channel, within ``open_timeout`` seconds; on failure detach and raise."""
         scope = asyncio.timeout(open_timeout)
         try:
             async with scope:
-                await self._ensure_channel()
+                await self._core.ensure_channel()
         except BaseException as exc:
-            self._detach()
+            self._core.detach()
             if isinstance(exc, TimeoutError) and scope.expired():
                 raise PublishTimeout(
                     f"the publisher's channel did not open within {open_timeout} s"
@@ -233,10 +170,10 @@ class AsyncPublisher(PublisherCore):
             raise
 
     def __repr__(self) -> str:
-        channel = self._channel.channel_id if self._channel is not None else None
+        channel = self._core.channel.channel_id if self._core.channel is not None else None
         return (
-            f"<AsyncPublisher channel={channel} confirm={self._confirm} "
-            f"in_flight={self.in_flight}/{self._max}>"
+            f"<AsyncPublisher channel={channel} confirm={self._core.confirm} "
+            f"in_flight={self.in_flight}/{self._core.slots.size}>"
         )
 
     async def __aenter__(self) -> AsyncPublisher:
@@ -246,19 +183,19 @@ class AsyncPublisher(PublisherCore):
         await self._shutdown(None)
         await asyncio.sleep(0)  # done-callbacks already scheduled run first
         # A block that raised keeps its exception; the failures are logged then.
-        self._ledger.report(raise_error=exc_type is None)
+        self._core.ledger.report(raise_error=exc_type is None)
 
     # ------------------------------------------------------------------ state
 
     @property
     def confirm(self) -> bool:
         """Publisher confirms are on."""
-        return self._confirm
+        return self._core.confirm
 
     @property
     def max_in_flight(self) -> int:
         """The window: unconfirmed messages allowed before ``publish`` waits."""
-        return self._max
+        return self._core.slots.size
 
     @property
     def mandatory(self) -> bool:
@@ -273,32 +210,37 @@ class AsyncPublisher(PublisherCore):
     @property
     def republish_unconfirmed(self) -> bool:
         """Recovery re-sends unconfirmed messages (see the class docstring)."""
-        return self._republish
+        return self._core.book.republish
+
+    @property
+    def nack_resends(self) -> int:
+        """How many nacked messages were sent again (``nack_retry``)."""
+        return self._core.book.nack_resends
 
     @property
     def in_flight(self) -> int:
         """Messages sent (or waiting for a channel) and not settled yet."""
-        return self._outstanding + len(self._backlog)
+        return self._core.book.outstanding + len(self._core.backlog)
 
     @property
     def is_blocked(self) -> bool:
         """The broker blocked the connection (resource alarm); publishes wait."""
-        return self._blocked_reason is not None
+        return self._core.blocked_reason is not None
 
     @property
     def blocked_reason(self) -> str | None:
         """The broker's reason for the current block, or ``None``."""
-        return self._blocked_reason
+        return self._core.blocked_reason
 
     @property
     def is_closed(self) -> bool:
         """``close()`` was called."""
-        return self._closing
+        return self._core.closing
 
     @property
     def channel_id(self) -> int | None:
         """The number of the channel in use (it changes when a channel is replaced)."""
-        return self._channel.channel_id if self._channel is not None else None
+        return self._core.channel.channel_id if self._core.channel is not None else None
 
     # ------------------------------------------------------------------ publishing
 
@@ -423,34 +365,36 @@ class AsyncPublisher(PublisherCore):
         finish = None
         if traced is not None:  # rabbitry.observability: a span, its context in headers
             properties, finish = traced.publish(self, exchange, routing_key, properties)
-        frames, message_id = self._encode(
+        frames, message_id = self._encoder.encode(
             body, exchange, routing_key, properties, mandatory, persistent, expiration
         )
         if timeout is None:
             timeout = self._timeout
         deadline = None if timeout is None else self._loop.time() + timeout
-        confirm = self._confirm
-        pipe = self._pipe
+        core = self._core
+        confirm = core.confirm
+        slots = core.slots
+        pipe = core.pipe
         if (
-            self._blocked_reason is None
-            and not self._writes.paused
-            and not self._closing
+            core.blocked_reason is None
+            and not core.writes.paused
+            and not core.closing
             and pipe is not None
             and pipe.protocol.state is _OPEN
-            and (not confirm or (self._in_flight < self._max and not self._room_waiters))
+            and (not confirm or (slots.reserved < slots.size and not slots.waiters))
         ):
             if confirm:
-                self._in_flight += 1
+                slots.reserved += 1
         else:
-            await self._acquire(deadline, timeout)
+            await core.acquire(deadline, timeout)
         future: asyncio.Future[None] = self._loop.create_future()
-        release = self._release_slot_cb if confirm else None
-        pipe = self._pipe
-        if pipe is not None and pipe.protocol.state is _OPEN and not self._backlog:
-            self._send_now(pipe, frames, future, message_id, mandatory, deadline, release)
+        release = core.release_slot_cb if confirm else None
+        pipe = core.pipe
+        if pipe is not None and pipe.protocol.state is _OPEN and not core.backlog:
+            core.send_now(pipe, frames, future, message_id, mandatory, deadline, release)
             pipe.kick()
         else:
-            self._send(frames, future, message_id, mandatory, deadline, release)
+            core.send(frames, future, message_id, mandatory, deadline, release)
         if finish is not None:
             finish(future)
         return future
@@ -503,7 +447,7 @@ class AsyncPublisher(PublisherCore):
             messages, finish = traced.publish_batch(
                 self, messages, exchange, routing_key, properties
             )
-        encoded = self._encode_batch(
+        encoded = self._encoder.encode_batch(
             messages, exchange, routing_key, properties, mandatory, persistent, expiration
         )
         if not encoded:
@@ -515,11 +459,12 @@ class AsyncPublisher(PublisherCore):
         batch = Batch(len(encoded), done)
         total = len(encoded)
         start = 0
-        confirm = self._confirm
-        release = self._release_slot_cb if confirm else None
+        core = self._core
+        confirm = core.confirm
+        release = core.release_slot_cb if confirm else None
         while start < total:
             try:
-                await self._acquire(deadline, timeout)
+                await core.acquire(deadline, timeout)
             except AMQPError as exc:
                 if not start and not isinstance(exc, PublishTimeout):
                     raise  # nothing was sent: report it as the call's error
@@ -528,10 +473,11 @@ class AsyncPublisher(PublisherCore):
                 break
             count = total - start
             if confirm:
-                extra = 0 if self._room_waiters else min(count - 1, self._max - self._in_flight)
-                self._in_flight += extra
+                slots = core.slots
+                extra = 0 if slots.waiters else min(count - 1, slots.size - slots.reserved)
+                slots.reserved += extra
                 count = 1 + extra
-            self._send_batch(encoded[start : start + count], batch, start, deadline, release)
+            core.send_batch(encoded[start : start + count], batch, start, deadline, release)
             start += count
         if finish is not None:
             finish(done)
@@ -551,15 +497,15 @@ class AsyncPublisher(PublisherCore):
         Raises:
             PublishTimeout: messages were still unconfirmed after ``timeout`` seconds.
         """
-        if not self._confirm:
-            self._writes.kick()
-            await self._writes.wait_writable()
+        if not self._core.confirm:
+            self._core.writes.kick()
+            await self._core.writes.wait_writable()
             return
         if not self.in_flight:
             return
         try:
             async with asyncio.timeout(timeout):
-                await self._idle_waiters.wait()
+                await self._core.book.idle_waiters.wait()
         except TimeoutError:
             raise PublishTimeout(
                 f"{self.in_flight} messages still unconfirmed after {timeout} s"
@@ -572,13 +518,13 @@ class AsyncPublisher(PublisherCore):
         Messages still waiting for a channel have ``seq`` 0.
         """
         out: list[UnconfirmedMessage] = []
-        if self._pipe is not None:
+        if self._core.pipe is not None:
             # Those kept for the resend while the connection recovers come first, with
             # their sequence number on the channel before the outage.
-            for record in self._pipe.unsettled():
+            for record in self._core.pipe.unsettled():
                 if isinstance(record, Pending) and not record.settled:
                     out.append(UnconfirmedMessage(record.seq, record.message_id, record.frames))
-        for frames, _future, message_id, *_rest in self._backlog:
+        for frames, _future, message_id, *_rest in self._core.backlog:
             out.append(UnconfirmedMessage(0, message_id, frames))
         return out
 
@@ -601,139 +547,30 @@ class AsyncPublisher(PublisherCore):
         # Done-callbacks scheduled by the last settles run first (a batching
         # publisher's records are failed in one of them).
         await asyncio.sleep(0)
-        self._ledger.report()
+        self._core.ledger.report()
 
     async def _shutdown(self, timeout: float | None) -> None:
         """:meth:`close` without the report of the failures nobody looked at."""
-        if self._closing:
+        if self._core.closing:
             return
-        self._closing = self._port.closing = True
+        self._core.mark_closing()
+        connection = self._core.connection
         try:
             # While the connection recovers, the unconfirmed messages kept for the resend
             # are still ours: wait for them too instead of abandoning them.
-            if self._confirm and (self._conn.is_open or self._conn.state is State.RECOVERING):
+            if self._core.confirm and (connection.is_open or connection.state is State.RECOVERING):
                 try:
                     await self.wait_for_confirms(timeout=timeout)
                 except PublishTimeout:
                     logger.warning("publisher closed with %d unconfirmed messages", self.in_flight)
         finally:
-            self._detach()
-            channel = self._channel
-            if channel is not None and not channel.is_closed and self._conn.is_open:
+            self._core.detach()
+            channel = self._core.channel
+            if channel is not None and not channel.is_closed and connection.is_open:
                 try:
                     await channel.close(timeout=timeout)
                 except AMQPError:
                     pass
-
-    # ------------------------------------------------------------------ encoding
-
-    def _new_message_id(self) -> str:
-        """A message_id as :meth:`_encode` generates them (unique to this publisher)."""
-        return f"{self._id_prefix}{next(self._ids)}"
-
-    def _encode(
-        self,
-        body: Body,
-        exchange: str,
-        routing_key: str,
-        properties: spec.BasicProperties | Mapping[str, Any] | None,
-        mandatory: bool,
-        persistent: bool | None,
-        expiration: int | timedelta | None,
-    ) -> tuple[list[bytes], str | None]:
-        """Encode one message for the current channel; safe from any thread.
-
-        Returns the frames (laid out as :mod:`rabbitry.protocol.publish` describes) and the
-        message_id.
-        """
-        encoder = self._encoder
-        if type(body) is not bytes:
-            body = as_body(body)
-        max_size = self._max_size
-        if max_size and len(body) > max_size:
-            raise MessageTooLarge(len(body), max_size)
-        message_id: str | None
-        if properties is None:
-            template = _PLAIN_TEMPLATE
-            if persistent is not None or expiration is not None:
-                cached = self._templates.get((persistent, expiration))
-                if cached is None or (expiration is not None and type(expiration) is not int):
-                    cached = self._template(persistent, expiration)
-                template = cached
-            message_id = f"{self._id_prefix}{next(self._ids)}"
-            frames = encoder.frames(
-                exchange, routing_key, mandatory, template, body, message_id.encode()
-            )
-        else:
-            if type(properties) is not BasicProperties:
-                properties = as_properties(properties)
-            props, message_id = self._properties(properties, persistent, expiration)
-            frames = encoder.frames(exchange, routing_key, mandatory, props, body)
-        return frames, message_id
-
-    def _encode_batch(
-        self,
-        messages: Iterable[OutgoingMessage | Body],
-        exchange: str,
-        routing_key: str,
-        properties: spec.BasicProperties | Mapping[str, Any] | None,
-        mandatory: bool | None,
-        persistent: bool | None,
-        expiration: int | timedelta | None,
-    ) -> list[Encoded]:
-        if isinstance(messages, bytes | bytearray | memoryview | str | OutgoingMessage):
-            raise LocalProtocolError(
-                "publish_batch.messages: must be an iterable of messages, got one message"
-            )
-        default_mandatory = self._mandatory if mandatory is None else mandatory
-        encode = self._encode
-        out: list[Encoded] = []
-        for message in messages:
-            if isinstance(message, OutgoingMessage):
-                flag = default_mandatory if message.mandatory is None else message.mandatory
-                frames, message_id = encode(
-                    message.body,
-                    exchange if message.exchange is None else message.exchange,
-                    routing_key if message.routing_key is None else message.routing_key,
-                    properties if message.properties is None else message.properties,
-                    flag,
-                    persistent if message.persistent is None else message.persistent,
-                    expiration if message.expiration is None else message.expiration,
-                )
-            else:
-                flag = default_mandatory
-                frames, message_id = encode(
-                    message, exchange, routing_key, properties, flag, persistent, expiration
-                )
-            out.append((frames, message_id, flag))
-        return out
-
-    def _template(self, persistent: bool | None, expiration: int | timedelta | None) -> bytes:
-        """Encoded properties up to (not including) the message_id value."""
-        text = None if expiration is None else expiration_ms(expiration)
-        template = properties_prefix(persistent, text)
-        if expiration is None or type(expiration) is int:
-            if len(self._templates) >= _CACHE_LIMIT:
-                self._templates.clear()
-            self._templates[(persistent, expiration)] = template
-        return template
-
-    def _properties(
-        self,
-        properties: spec.BasicProperties,
-        persistent: bool | None,
-        expiration: int | timedelta | None,
-    ) -> tuple[bytes, str | None]:
-        message_id = properties.message_id
-        if message_id is None or persistent is not None or expiration is not None:
-            properties = copy.copy(properties)
-            if message_id is None:
-                message_id = properties.message_id = f"{self._id_prefix}{next(self._ids)}"
-            if persistent is not None:
-                properties.delivery_mode = 2 if persistent else 1
-            if expiration is not None:
-                properties.expiration = expiration_ms(expiration)
-        return properties.encode(), message_id
 
 
 def port_of(publisher: AsyncPublisher) -> PublisherPort:

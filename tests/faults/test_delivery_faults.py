@@ -104,7 +104,7 @@ async def test_p1_lost_confirm_is_retransmitted(broker_node: BrokerNode) -> None
             proxy.drop("downstream", False)
             proxy.reset()
             await asyncio.wait_for(first, WAIT)
-            assert publisher._channel is not None and publisher._channel.republished == 1
+            assert publisher._core.channel is not None and publisher._core.channel.republished == 1
             second = await publisher.send(
                 b"two", routing_key=queue, properties=Properties(message_id="two")
             )

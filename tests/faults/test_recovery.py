@@ -375,7 +375,7 @@ async def test_headline_10k_confirmed_connection_killed_twice_all_delivered(
     lost = confirmed - delivered.keys()
     unexpected = delivered.keys() - set(attempted)
     duplicates = sum(count - 1 for count in delivered.values())
-    republished = publisher._channel.republished if publisher._channel else 0
+    republished = publisher._core.channel.republished if publisher._core.channel else 0
     print(
         f"checker: attempted={total} confirmed={len(confirmed)} failed={len(failed)} "
         f"delivered={len(delivered)} lost={len(lost)} unexpected={len(unexpected)} "

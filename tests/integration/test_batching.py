@@ -502,7 +502,7 @@ with TcpProxy("127.0.0.1", port) as proxy, rabbitry.Connection(proxy.url()) as c
         if frame is None or frame.f_code.co_filename != threading.__file__:
             return False
         while frame is not None:
-            if frame.f_code.co_qualname == "_Window.acquire":
+            if frame.f_code.co_qualname == "Window.acquire":
                 return True
             frame = frame.f_back
         return False

@@ -241,7 +241,7 @@ async def test_return_then_ack_fails_with_unroutable_and_the_ack_does_not_hide_i
     assert error.message.properties.message_id == got[1].properties.message_id
     # The ack freed the window slot of the returned message too.
     assert pub.in_flight == 0
-    assert pub._returnable == {}
+    assert pub._core.book.returnable == {}
 
 
 async def test_duplicate_message_ids_match_returns_oldest_first(
@@ -323,17 +323,17 @@ async def test_a_slot_handed_to_a_publish_cancelled_in_the_same_pass_goes_to_the
 ) -> None:
     pub = await conn.publisher(max_in_flight=1)
     waiting: list[asyncio.Task[asyncio.Future[None]]] = []
-    release = pub._release_slot
+    release = pub._core.slots.release
 
     def release_then_cancel() -> None:
         release()  # hands the slot to the oldest waiting publish...
         waiting[0].cancel()  # ...which is cancelled before it resumes
 
-    pub._release_slot_cb = release_then_cancel
+    pub._core.release_slot_cb = release_then_cancel
     first = await pub.send(b"1", routing_key="q")
     for body in (b"2", b"3"):
         waiting.append(asyncio.create_task(pub.send(body, routing_key="q")))
-    await wait_until(lambda: len(pub._room_waiters) == 2)
+    await wait_until(lambda: len(pub._core.slots.waiters) == 2)
     broker.ack(1)
     assert await settle(first) is None
     with pytest.raises(asyncio.CancelledError):
@@ -343,7 +343,7 @@ async def test_a_slot_handed_to_a_publish_cancelled_in_the_same_pass_goes_to_the
     assert [p.body for p in got] == [b"1", b"3"]
     broker.ack(2)
     assert await settle(third) is None
-    assert pub.in_flight == 0 and pub._in_flight == 0
+    assert pub.in_flight == 0 and pub._core.slots.reserved == 0
 
 
 async def test_confirm_deadline_fails_the_future_but_keeps_the_message_in_flight(
@@ -471,7 +471,7 @@ async def test_a_publish_as_recovery_reopens_the_channel_is_still_confirmed(
     await conn.connect()
     try:
         pub = await conn.publisher()
-        channel = pub._channel
+        channel = pub._core.channel
         assert channel is not None
         broker.drop()
         # Look every loop iteration: the first look at the re-opened channel comes
@@ -781,7 +781,7 @@ def test_sync_close_sends_a_message_accepted_while_the_channel_reopens(
     got = broker.wait_published(1)
     assert first.result(WAIT) is None
     broker.close_channel(got[0].channel)
-    channel = pub._async._channel
+    channel = pub._async._core.channel
     deadline = time.monotonic() + WAIT
     while channel is not None and channel.is_open:
         assert time.monotonic() < deadline, "the channel close never arrived"
@@ -800,7 +800,7 @@ async def test_close_while_the_channel_reopens_closes_the_new_channel(
     first = pub.channel_id
     assert first is not None
     broker.close_channel(first)
-    await wait_until(lambda: pub._channel is not None and not pub._channel.is_open)
+    await wait_until(lambda: pub._core.channel is not None and not pub._core.channel.is_open)
     broker.hold_confirm_select = True
     sending = asyncio.create_task(pub.send(b"x", routing_key="q"))
     # The replacement channel is open; its confirm.select has no answer yet.

@@ -4,9 +4,9 @@ Same methods and parameters as the async twin (a test checks it). Publishing doe
 wait for the IO thread: the message is encoded (and validated) in the calling thread by
 the async publisher's encoder and handed over with ``portal.submit``, so a burst of
 publishes from a thread costs one wake-up of the IO thread, not one round trip each.
-The window is a :class:`threading.Semaphore` of ``max_in_flight`` slots taken here and
-given back on the IO thread when a confirm settles the message; the broker's
-connection.blocked state is mirrored in a :class:`threading.Event`.
+The window is a counting semaphore (``sync._window.Window``) of ``max_in_flight``
+slots taken here and given back on the IO thread when a confirm settles the message;
+the broker's connection.blocked state is mirrored in a :class:`threading.Event`.
 
 Threads: any thread may publish. Futures are ``concurrent.futures.Future`` objects,
 settled on the IO thread; callbacks added with ``add_done_callback`` run on the
@@ -25,17 +25,17 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from .._publisher_core import Batch
 from ..exceptions import AMQPError, InvalidStateError, PublishTimeout
 from ..observability import _state as _obs
 from ..protocol.spec import BasicProperties
 from ..publisher import as_properties, port_of
+from ..publishing.records import Batch
 from ._connection import portal_of
 from ._portal import ConfirmFuture
+from ._window import Releaser, Window
 from .channel import caller_timeout
 
 if TYPE_CHECKING:
-    import asyncio
     from collections.abc import Callable, Iterable, Mapping
     from datetime import timedelta
 
@@ -64,8 +64,8 @@ class Publisher:
         self._confirm = publisher.confirm
         self._portal = portal_of(connection)
         port.ledger.what = "Publisher"
-        self._slots = _Window(publisher.max_in_flight)
-        self._release = _Releaser(self._portal.loop, self._slots)
+        self._slots = Window(publisher.max_in_flight)
+        self._release = Releaser(self._portal.loop, self._slots)
         self._unblocked = threading.Event()
         if not publisher.is_blocked:
             self._unblocked.set()
@@ -521,88 +521,6 @@ def closed_state_of(publisher: Publisher) -> Callable[[], InvalidStateError]:
     connection's end when that closed it (for the library's objects that send through
     it: a batching publisher raises the same)."""
     return publisher._port.closed_state
-
-
-class _Window:
-    """The window of unconfirmed messages: a counting semaphore on a plain lock.
-
-    ``threading.Semaphore`` takes a ``Condition`` (Python-level enter and exit) for every
-    slot; here the common case, a free slot, is one C-level lock round, and a batch
-    takes all the free slots it needs in one round (:meth:`take`).
-    """
-
-    __slots__ = ("_closed", "_cond", "_free", "_lock")
-
-    def __init__(self, size: int) -> None:
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._free = size
-        self._closed = False
-
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-        """Take one slot, waiting up to ``timeout`` (forever if ``None``) when blocking.
-
-        Returns False at once, and to every waiter, once the window is closed.
-        """
-        with self._lock:
-            if self._free > 0 and not self._closed:
-                self._free -= 1
-                return True
-            if not blocking or not self._cond.wait_for(self._has_room, timeout):
-                return False
-            if self._closed:
-                return False
-            self._free -= 1
-            return True
-
-    def close(self) -> None:
-        """The publisher closed: wake every waiter; no slot is handed out any more."""
-        with self._lock:
-            self._closed = True
-            self._cond.notify_all()
-
-    def take(self, most: int) -> int:
-        """Take up to ``most`` free slots without waiting; returns how many."""
-        if most <= 0 or self._closed:
-            return 0
-        with self._lock:
-            got = min(most, self._free)
-            self._free -= got
-            return got
-
-    def release(self, n: int = 1) -> None:
-        with self._lock:
-            self._free += n
-            self._cond.notify(n)
-
-    def _has_room(self) -> bool:
-        return self._free > 0 or self._closed
-
-
-class _Releaser:
-    """Gives window slots back, once per loop iteration (IO thread).
-
-    A multiple-ack settles many messages at once; releasing the semaphore once for all
-    of them costs one lock round instead of one per message.
-    """
-
-    __slots__ = ("_count", "_handle", "_loop", "_semaphore")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, semaphore: _Window) -> None:
-        self._loop = loop
-        self._semaphore = semaphore
-        self._count = 0
-        self._handle: asyncio.Handle | None = None
-
-    def __call__(self) -> None:
-        self._count += 1
-        if self._handle is None:
-            self._handle = self._loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        count, self._count, self._handle = self._count, 0, None
-        if count:
-            self._semaphore.release(count)
 
 
 #: What ``publish`` returns without confirms: a future that is already done.

@@ -1,14 +1,14 @@
-"""_Window: the sync Publisher's window of unconfirmed messages."""
+"""Window: the sync Publisher's window of unconfirmed messages."""
 
 from __future__ import annotations
 
 import threading
 
-from rabbitry.sync.publisher import _Window
+from rabbitry.sync._window import Window
 
 
 def test_acquire_until_full_then_timeout_or_nonblocking_refusal() -> None:
-    w = _Window(2)
+    w = Window(2)
     assert w.acquire() and w.acquire(True, 0)
     assert not w.acquire(False)
     assert not w.acquire(True, 0.01)
@@ -17,7 +17,7 @@ def test_acquire_until_full_then_timeout_or_nonblocking_refusal() -> None:
 
 
 def test_take_grabs_what_is_free_without_waiting() -> None:
-    w = _Window(5)
+    w = Window(5)
     assert w.take(0) == 0
     assert w.take(3) == 3
     assert w.take(10) == 2
@@ -27,7 +27,7 @@ def test_take_grabs_what_is_free_without_waiting() -> None:
 
 
 def test_release_wakes_as_many_waiters_as_slots() -> None:
-    w = _Window(0)
+    w = Window(0)
     got: list[bool] = []
     lock = threading.Lock()
 
