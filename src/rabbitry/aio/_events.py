@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from ..protocol.channel import ChannelProtocol
     from ..publishing.pipe import WritePath
     from ..record import TopologyRecord
-    from ._lifecycle import ChannelHooks
+    from ._lifecycle import ChannelEvents
     from .channel import AsyncChannel
 
 __all__ = ["ConnectionEvents", "LoopHooks", "ReadFlow", "RecoveryPort"]
@@ -126,7 +126,7 @@ class ConnectionEvents:
     _transport: asyncio.Transport | None
     _writes: WritePath
     # The hooks of every open channel (and of the suspended ones), by channel number.
-    _channels: dict[int, ChannelHooks[AsyncChannel]]
+    _channels: dict[int, ChannelEvents[AsyncChannel]]
     _opened: asyncio.Future[None] | None
     _terminated: asyncio.Future[AMQPError] | None
     _flush_handle: asyncio.Handle | None
@@ -622,7 +622,7 @@ class RecoveryPort:
             conn._handle_events(proto.events_received())
         conn._reset_attempt()
 
-    def channels(self) -> list[ChannelHooks[AsyncChannel]]:
+    def channels(self) -> list[ChannelEvents[AsyncChannel]]:
         """The hooks of the connection's channels (open or suspended), by channel number."""
         channels = self._conn._channels
         return [channels[number] for number in sorted(channels)]
@@ -634,7 +634,7 @@ class RecoveryPort:
             channel_id: the number the channel had.
 
         Returns:
-            The channel's new protocol object (for ``ChannelHooks.resume``).
+            The channel's new protocol object (for ``ChannelEvents.resume``).
         """
         proto = self._conn._proto
         assert proto is not None

@@ -3,7 +3,7 @@
 The connection starts a :class:`Recovery` when it dies for a reason worth retrying
 (:func:`rabbitry.recovery.is_recoverable`) and hands it a port to drive it through
 (:class:`~rabbitry.aio._events.RecoveryPort`); each channel is driven through its
-:class:`~rabbitry.aio._lifecycle.ChannelHooks`. :meth:`Recovery.run` then
+:class:`~rabbitry.aio._lifecycle.ChannelEvents`. :meth:`Recovery.run` then
 
 1. reconnects across the configured addresses with the policy's backoff, giving up at
    once on an error that no retry can heal (:func:`rabbitry.recovery.is_permanent`) or
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from ..protocol import spec
     from ..protocol.channel import ChannelProtocol
     from ..record import RecordedBinding, RecordedQueue, TopologyRecord
-    from ._lifecycle import ChannelHooks
+    from ._lifecycle import ChannelEvents
     from .channel import AsyncChannel
 
 __all__ = ["Recovery", "redeclare_queue"]
@@ -83,7 +83,7 @@ class _Port(Protocol):
 
     def end_attempt(self, reason: AMQPError | None = None) -> None: ...
 
-    def channels(self) -> list[ChannelHooks[AsyncChannel]]: ...
+    def channels(self) -> list[ChannelEvents[AsyncChannel]]: ...
 
     def reopen(self, channel_id: int) -> ChannelProtocol: ...
 
@@ -239,7 +239,7 @@ class Recovery:
                 hooks.republish()
 
     async def _resubscribe(
-        self, hooks: ChannelHooks[AsyncChannel], renamed: dict[str, str]
+        self, hooks: ChannelEvents[AsyncChannel], renamed: dict[str, str]
     ) -> None:
         """Subscribe a channel's consumers again; report each that cannot be.
 

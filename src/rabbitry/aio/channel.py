@@ -11,28 +11,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from .._waiters import Waiters
 from ..exceptions import AMQPError, ChannelClosedByClient, ConsumerCancelled, Timeout
 from ..protocol import spec
 from ..protocol.batching import RecordLedger, iter_delivery
 from ..protocol.channel import ChannelProtocol, ChannelState
-from ..protocol.frames import Method
 from ..protocol.message import Message
-from ..protocol.publish import ConfirmTracker
-from ..protocol.tags import DeliveryTags
-from ..publishing.pipe import PublishPipe, WritePath
+from ._confirm_book import ConfirmBook
+from ._confirm_book import Settleable as Settleable
 from ._consumers import CONSUMER_QUEUE_BYTES as CONSUMER_QUEUE_BYTES
 from ._consumers import CONSUMER_QUEUE_MESSAGES as CONSUMER_QUEUE_MESSAGES
-from ._consumers import CancelCallback, Connection, Consumer, ConsumerMethods
+from ._consumers import CancelCallback, Connection, ConsumerRegistry
 from ._consumers import ConsumerCallback as ConsumerCallback
 from ._consumers import Subscription as Subscription
 from ._declare import DeclareMethods
-from ._lifecycle import ChannelHooks, ChannelLifecycle, settle
-from ._lifecycle import Settleable as Settleable
+from ._lifecycle import ChannelDriver, ChannelEvents
+from ._link import ChannelLink
+from ._requests import Requests
+
+if TYPE_CHECKING:
+    from ..protocol.publish import ConfirmTracker
+    from ..publishing.pipe import PublishPipe, WritePath
+    from ._consumers import Consumer
 
 __all__ = ["AsyncChannel", "ConsumerCallback", "Subscription"]
 
@@ -40,14 +42,8 @@ logger = logging.getLogger("rabbitry.channel")
 
 ReturnCallback = Callable[[Message], Any]
 
-M = TypeVar("M", bound=Method)
 
-
-#: How often (in publishes) the table of publish heads drops confirmed entries.
-_HEADS_PRUNE = 1024
-
-
-class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
+class AsyncChannel(DeclareMethods):
     """An open AMQP channel. Get one with ``await connection.channel()``.
 
     Usable as ``async with`` (closes on exit). Callbacks run on the event loop; their
@@ -84,74 +80,44 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         forget: Callable[[int], object],
     ) -> None:
         self._conn = connection
-        self._read_flow = connection.read_flow
-        self._proto = protocol
         self.channel_id = protocol.channel_id
         self._loop = loop
-        # One future per request sent, answered in order; the hook runs when the reply
-        # is handled (before later deliveries), e.g. to register a consumer.
-        self._rpcs: deque[tuple[asyncio.Future[Any], Callable[[Any], None] | None]] = deque()
-        self._consumers: dict[str, Consumer] = {}
-        # Confirm mode: the publishes awaiting their ack or nack, settled by settle.
-        self._confirms: ConfirmTracker[Settleable] = ConfirmTracker(settle)
-        protocol.use_confirms(self._confirms)
-        # The method frame and content header of confirm-mode publishes whose waiter
-        # does not keep its frames: what tells which publish a refusal names (see
-        # _fail_pending). Pruned every _HEADS_PRUNE publishes, not per confirm.
-        self._heads: dict[int, tuple[bytes, bytes]] = {}
-        # Told when the confirm table becomes empty (the pipe's wait_settled waits here).
-        self._settled_waiters: Waiters[None] = Waiters()
-        self._return_callbacks: list[ReturnCallback] = []
-        self._closed: asyncio.Future[AMQPError] = loop.create_future()
         self.close_exc: AMQPError | None = None
-        # Recovery: the connection died under the channel and will bring it back with a
-        # new protocol object. Delivery tags keep growing across recoveries (see
-        # rabbitry.protocol.tags): settling a tag of a dead connection is dropped.
-        self._tags = DeliveryTags()
-        self._suspended = False
-        # Set by recovery when it could not restore this channel; calls name it.
-        self._lost_reason: AMQPError | None = None
-        self._records = records
-        self._internal = internal
-        self._forget = forget
-        #: Unconfirmed publishes to send again after recovery, and how many were. The
-        #: pipe shares the list: it is changed in place.
-        self._resend: list[Settleable] = []
+        #: Unconfirmed publishes sent again after recoveries.
         self.republished = 0
-        # What publishing code uses of this channel (see pipe_of).
-        self._pipe = PublishPipe(
-            protocol,
-            self._confirms,
+        # The collaborators: the state they share, the requests awaiting replies, the
+        # confirm-mode bookkeeping, the consumers, and what drives them all through
+        # the connection's events (the connection keeps the driver).
+        link = self._link = ChannelLink(protocol, loop.create_future())
+        self._book = ConfirmBook(self.channel_id)
+        protocol.use_confirms(self._book.tracker)
+        requests = Requests(
+            link,
+            self,
+            loop=loop,
+            read_flow=connection.read_flow,
+            kick=writes.kick,
+            await_recovery=writes.await_recovery,
+        )
+        DeclareMethods.__init__(self, requests, connection.topology_record if records else None)
+        self._consumer_registry = ConsumerRegistry(
+            link, self, connection, self._requests, loop=loop
+        )
+        self._driver: ChannelDriver[AsyncChannel] = ChannelDriver(
+            self,
+            link,
+            self._requests,
+            self._book,
+            self._consumer_registry,
             writes,
-            self._resend,
-            self._keep_head,
-            self._settled_waiters,
-            self._fail_pending,
+            internal=internal,
+            forget=forget,
         )
-        self._qos: tuple[int, int, bool] | None = None
-        self._register_rpc(None)  # channel.open, already queued by the protocol
-        self._hooks: ChannelHooks[AsyncChannel] = ChannelHooks(
-            channel=self,
-            on_delivery=self._on_delivery,
-            on_confirm=self._on_confirm,
-            on_rpc_reply=self._on_rpc_reply,
-            on_return=self._on_return,
-            on_consumer_cancelled=self._on_consumer_cancelled,
-            on_flow=self._on_flow,
-            suspend=self._suspend,
-            on_closed=self._on_closed,
-            wait_open=lambda timeout: self._await_rpc(spec.ChannelOpen.NAME, timeout),
-            resume=self._resume,
-            consumer_specs=self._consumer_specs,
-            resubscribe_one=self._resubscribe_one,
-            lose_consumer=self._lose_consumer,
-            mark_lost=self._mark_lost,
-            republish=self._republish,
-            awaits_reply=self._awaits_reply,
-        )
+        self._pipe = self._driver.pipe
+        self._requests.register(None)  # channel.open, already queued by the protocol
 
     def __repr__(self) -> str:
-        return f"<AsyncChannel {self.channel_id} {self._proto.state.value}>"
+        return f"<AsyncChannel {self.channel_id} {self._link.protocol.state.value}>"
 
     async def __aenter__(self) -> AsyncChannel:
         return self
@@ -164,33 +130,33 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
     @property
     def is_open(self) -> bool:
         """The channel is open (or opening) and usable."""
-        return self._proto.state is ChannelState.OPEN
+        return self._link.protocol.state is ChannelState.OPEN
 
     @property
     def is_closed(self) -> bool:
         """The channel is closed, by us or by the broker (see :attr:`close_exc`)."""
-        return self._closed.done()
+        return self._link.closed.done()
 
     @property
     def confirm_mode(self) -> bool:
         """confirm.select was requested on this channel."""
-        return self._proto.confirm_mode
+        return self._link.protocol.confirm_mode
 
     @property
     def flow_active(self) -> bool:
         """The broker's channel.flow allows publishing."""
-        return self._proto.flow_active
+        return self._link.protocol.flow_active
 
     @property
     def epoch(self) -> int:
         """The channel's recovery epoch: 0, then one more each time the connection
         recovers (a :class:`Message` of an older epoch can no longer be settled)."""
-        return self._tags.epoch
+        return self._link.tags.epoch
 
     @property
     def stale_settlements(self) -> int:
         """Acks, nacks and rejects dropped because their delivery tag was stale."""
-        return self._tags.stale
+        return self._link.tags.stale
 
     @property
     def connection(self) -> Connection:
@@ -203,7 +169,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         Args:
             callback: called on the event loop with each returned :class:`Message`.
         """
-        self._return_callbacks.append(callback)
+        self._driver.return_callbacks.append(callback)
 
     async def wait_closed(self, timeout: float | None = None) -> AMQPError:
         """Wait until the channel closes.
@@ -219,51 +185,36 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         """
         try:
             async with asyncio.timeout(timeout):
-                return await asyncio.shield(self._closed)
+                return await asyncio.shield(self._link.closed)
         except TimeoutError:
             raise Timeout(f"channel still open after {timeout} s") from None
 
     # ------------------------------------------------------------------ requests
 
-    def _register_rpc(self, hook: Callable[[Any], None] | None) -> asyncio.Future[Any]:
-        future: asyncio.Future[Any] = self._loop.create_future()
-        self._rpcs.append((future, hook))
-        self._read_flow.recheck()  # a full consumer queue must not hold the reply back
-        return future
+    # Kept for tests and debugging: the collaborators' state under the old names.
 
-    def _awaits_reply(self) -> bool:
-        return bool(self._rpcs) or bool(self._confirms)
+    @property
+    def _proto(self) -> ChannelProtocol:
+        return self._link.protocol
 
-    async def _await_rpc(
-        self, name: str, timeout: float | None, future: asyncio.Future[Any] | None = None
-    ) -> Any:
-        """Wait for the reply to ``future`` (by default the last request registered)."""
-        if future is None:
-            future = self._rpcs[-1][0]
-        self._pipe.kick()
-        if timeout is None:
-            return await future
-        try:
-            async with asyncio.timeout(timeout):
-                return await future
-        except TimeoutError:
-            raise Timeout(f"{name} got no answer within {timeout} s") from None
+    @property
+    def _suspended(self) -> bool:
+        return self._link.suspended
 
-    async def _rpc(
-        self,
-        method: Method,
-        timeout: float | None,
-        hook: Callable[[Any], None] | None = None,
-    ) -> Any:
-        if self._suspended:
-            await self._pipe.await_recovery(timeout, method.NAME)
-        self._proto.send_method(method)
-        self._register_rpc(hook)
-        return await self._await_rpc(method.NAME, timeout)
+    @property
+    def _qos(self) -> tuple[int, int, bool] | None:
+        return self._link.qos
 
-    def _send(self, method: Method) -> None:
-        self._proto.send_method(method)
-        self._pipe.kick()
+    @property
+    def _consumers(self) -> dict[str, Consumer]:
+        return self._consumer_registry.consumers
+
+    @property
+    def _confirms(self) -> ConfirmTracker[Settleable]:
+        return self._book.tracker
+
+    def _consumer_specs(self) -> list[spec.BasicConsume]:
+        return self._consumer_registry.specs()
 
     # -- basic
 
@@ -292,8 +243,8 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         method = spec.BasicQos(
             prefetch_size=prefetch_size, prefetch_count=prefetch_count, global_=global_
         )
-        result: spec.BasicQosOk = await self._rpc(method, timeout)
-        self._qos = (prefetch_count, prefetch_size, global_)  # replayed by recovery
+        result: spec.BasicQosOk = await self._requests.call(method, timeout)
+        self._link.qos = (prefetch_count, prefetch_size, global_)  # replayed by recovery
         return result
 
     async def basic_publish(
@@ -331,11 +282,12 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
                 says to fail.
         """
         pipe = self._pipe
-        if self._suspended:
+        link = self._link
+        if link.suspended:
             await pipe.await_recovery(None, "basic.publish")
         if pipe.writes.paused:
             await pipe.writes.wait_writable()
-        proto = self._proto
+        proto = link.protocol
         frames = proto.encode_publish(exchange, routing_key, body, properties, mandatory)  # type: ignore[arg-type]
         future: asyncio.Future[None] | None = (
             self._loop.create_future() if proto.confirm_mode else None
@@ -344,15 +296,8 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         pipe.kick()
         if not seq:
             return None
-        self._keep_head(seq, frames)
+        self._book.keep_head(seq, frames)
         return future
-
-    def _keep_head(self, seq: int, frames: list[bytes]) -> None:
-        heads = self._heads
-        heads[seq] = (frames[0], frames[2])
-        if not seq % _HEADS_PRUNE:
-            unconfirmed = self._confirms.tags()
-            self._heads = {s: h for s, h in heads.items() if s in unconfirmed}
 
     async def basic_consume(
         self,
@@ -426,16 +371,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         Returns:
             The broker's cancel-ok.
         """
-
-        def unregister(reply: spec.BasicCancelOk) -> None:
-            consumer = self._drop_consumer(reply.consumer_tag)
-            if consumer is not None and consumer.spec is not None:
-                self._conn.consumer_cancelled(consumer.spec.queue)
-
-        result: spec.BasicCancelOk = await self._rpc(
-            spec.BasicCancel(consumer_tag=consumer_tag), timeout, unregister
-        )
-        return result
+        return await self._consumer_registry.cancel(consumer_tag, timeout)
 
     async def consume(
         self,
@@ -521,6 +457,41 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
                 if isinstance(left, Message):
                     self.basic_nack(left.delivery_tag, requeue=True)
 
+    async def start_consumer(
+        self, subscription: Subscription, *, timeout: float | None = None
+    ) -> str:
+        """Start the consumer that ``subscription`` describes; returns its consumer tag.
+
+        What ``basic_consume`` and ``consume`` do, for the library's own consumers too
+        (:class:`rabbitry.AsyncConsumer`, the RPC client, the thread-safe
+        ``Channel.consume``), which also hear when the channel ends under the consumer
+        (``on_close``); not for applications, which use ``basic_consume`` or ``consume``.
+
+        Args:
+            subscription: the queue, the basic.consume options and the callbacks.
+            timeout: seconds to wait for consume-ok (``None``: no limit).
+
+        Returns:
+            The consumer tag (the broker's choice when ``consumer_tag`` is empty).
+        """
+        return await self._consumer_registry.start(subscription, timeout)
+
+    async def abandon_consumer(self, consumer_tag: str, *, timeout: float = 10.0) -> None:
+        """End a consumer whose owner is gone (an iterator ended, timed out or was
+        dropped; a consumer object stopped), for the library's own consumers; not for
+        applications, which use ``basic_cancel``.
+
+        It is cancelled now if the channel is open; otherwise (the channel closed, or the
+        connection recovering) it is forgotten at once, so that recovery never subscribes
+        it again into an inbox nobody reads. A channel that ends while the cancel waits
+        for its answer does the same, without an error. An unknown tag is ignored.
+
+        Args:
+            consumer_tag: the consumer's tag.
+            timeout: seconds to wait for cancel-ok.
+        """
+        await self._consumer_registry.abandon(consumer_tag, timeout)
+
     async def basic_get(
         self, queue: str, *, no_ack: bool = False, timeout: float | None = None
     ) -> Message | None:
@@ -538,7 +509,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         Raises:
             NotFound: there is no such queue (the channel closes).
         """
-        reply = await self._rpc(spec.BasicGet(queue=queue, no_ack=no_ack), timeout)
+        reply = await self._requests.call(spec.BasicGet(queue=queue, no_ack=no_ack), timeout)
         return reply if isinstance(reply, Message) else None
 
     def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
@@ -559,11 +530,12 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
             InvalidStateError: the channel is closed.
             LocalProtocolError: the tag is not an unsigned 64-bit integer.
         """
-        wire = self._tags.wire_tag(delivery_tag, connected=not self._suspended)
+        link = self._link
+        wire = link.tags.wire_tag(delivery_tag, connected=not link.suspended)
         if wire is None:
             self._drop_stale("basic.ack", delivery_tag)
             return
-        self._proto.send_ack(wire, multiple)
+        link.protocol.send_ack(wire, multiple)
         self._pipe.kick()
 
     def basic_nack(
@@ -582,11 +554,12 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
             InvalidStateError: the channel is closed.
             LocalProtocolError: the tag is not an unsigned 64-bit integer.
         """
-        wire = self._tags.wire_tag(delivery_tag, connected=not self._suspended)
+        link = self._link
+        wire = link.tags.wire_tag(delivery_tag, connected=not link.suspended)
         if wire is None:
             self._drop_stale("basic.nack", delivery_tag)
             return
-        self._proto.send_nack(wire, multiple, requeue)
+        link.protocol.send_nack(wire, multiple, requeue)
         self._pipe.kick()
 
     def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
@@ -600,11 +573,12 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
             InvalidStateError: the channel is closed.
             LocalProtocolError: the tag is not an unsigned 64-bit integer.
         """
-        wire = self._tags.wire_tag(delivery_tag, connected=not self._suspended)
+        link = self._link
+        wire = link.tags.wire_tag(delivery_tag, connected=not link.suspended)
         if wire is None:
             self._drop_stale("basic.reject", delivery_tag)
             return
-        self._proto.send_reject(wire, requeue)
+        link.protocol.send_reject(wire, requeue)
         self._pipe.kick()
 
     def _drop_stale(self, what: str, delivery_tag: int) -> None:
@@ -630,7 +604,9 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         Returns:
             The broker's recover-ok.
         """
-        result: spec.BasicRecoverOk = await self._rpc(spec.BasicRecover(requeue=requeue), timeout)
+        result: spec.BasicRecoverOk = await self._requests.call(
+            spec.BasicRecover(requeue=requeue), timeout
+        )
         return result
 
     # -- confirm, tx, flow
@@ -645,7 +621,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         Returns:
             The broker's select-ok.
         """
-        result: spec.ConfirmSelectOk = await self._rpc(spec.ConfirmSelect(), timeout)
+        result: spec.ConfirmSelectOk = await self._requests.call(spec.ConfirmSelect(), timeout)
         return result
 
     async def tx_select(self, *, timeout: float | None = None) -> spec.TxSelectOk:
@@ -658,7 +634,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         Returns:
             The broker's select-ok.
         """
-        result: spec.TxSelectOk = await self._rpc(spec.TxSelect(), timeout)
+        result: spec.TxSelectOk = await self._requests.call(spec.TxSelect(), timeout)
         return result
 
     async def tx_commit(self, *, timeout: float | None = None) -> spec.TxCommitOk:
@@ -674,7 +650,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         Raises:
             PreconditionFailed: the channel is not transactional (the channel closes).
         """
-        result: spec.TxCommitOk = await self._rpc(spec.TxCommit(), timeout)
+        result: spec.TxCommitOk = await self._requests.call(spec.TxCommit(), timeout)
         return result
 
     async def tx_rollback(self, *, timeout: float | None = None) -> spec.TxRollbackOk:
@@ -690,7 +666,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         Raises:
             PreconditionFailed: the channel is not transactional (the channel closes).
         """
-        result: spec.TxRollbackOk = await self._rpc(spec.TxRollback(), timeout)
+        result: spec.TxRollbackOk = await self._requests.call(spec.TxRollback(), timeout)
         return result
 
     async def flow(self, active: bool, *, timeout: float | None = None) -> bool:
@@ -704,7 +680,9 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         Returns:
             The state the broker answered (``True``: active).
         """
-        reply: spec.ChannelFlowOk = await self._rpc(spec.ChannelFlow(active=active), timeout)
+        reply: spec.ChannelFlowOk = await self._requests.call(
+            spec.ChannelFlow(active=active), timeout
+        )
         return reply.active
 
     async def close(
@@ -727,16 +705,17 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         Raises:
             Timeout: no close-ok within ``timeout`` seconds.
         """
-        if self._closed.done():
+        link = self._link
+        if link.closed.done():
             return
-        if self._suspended:
-            self._on_closed(ChannelClosedByClient(reply_code, reply_text))
+        if link.suspended:
+            self._driver.on_closed(ChannelClosedByClient(reply_code, reply_text))
             return
-        self._proto.close(reply_code, reply_text)
+        link.protocol.close(reply_code, reply_text)
         self._pipe.kick()
         try:
             async with asyncio.timeout(timeout):
-                await asyncio.shield(self._closed)
+                await asyncio.shield(link.closed)
         except TimeoutError:
             raise Timeout(f"channel.close got no answer within {timeout} s") from None
 
@@ -750,14 +729,14 @@ def create_channel(
     records: bool,
     internal: bool,
     forget: Callable[[int], object],
-) -> ChannelHooks[AsyncChannel]:
+) -> ChannelEvents[AsyncChannel]:
     """Create the :class:`AsyncChannel` of a channel its connection just opened.
 
     For the connection only (the arguments are :class:`AsyncChannel`'s).
 
     Returns:
-        The channel's hooks, which the connection keeps while the channel is open
-        (``hooks.channel`` is the channel).
+        What drives the channel, which the connection keeps while the channel is
+        open (``events.channel`` is the channel).
     """
     channel = AsyncChannel(
         connection,
@@ -768,7 +747,7 @@ def create_channel(
         internal=internal,
         forget=forget,
     )
-    return channel._hooks
+    return channel._driver
 
 
 def pipe_of(channel: AsyncChannel) -> PublishPipe:

@@ -47,7 +47,7 @@ from .channel import AsyncChannel, create_channel
 
 if TYPE_CHECKING:
     from ..protocol.events import Event
-    from ._lifecycle import ChannelHooks
+    from ._lifecycle import ChannelEvents
 
 __all__ = ["AsyncConnection"]
 
@@ -111,7 +111,7 @@ class AsyncConnection(ConnectionEvents, SocketIO):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._proto: ConnectionProtocol | None = None
         self._transport: asyncio.Transport | None = None
-        self._channels: dict[int, ChannelHooks[AsyncChannel]] = {}
+        self._channels: dict[int, ChannelEvents[AsyncChannel]] = {}
         self._opened: asyncio.Future[None] | None = None
         self._terminated: asyncio.Future[AMQPError] | None = None
         self._lost: asyncio.Future[None] | None = None
