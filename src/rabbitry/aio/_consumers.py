@@ -33,6 +33,7 @@ __all__ = [
     "Connection",
     "Consumer",
     "ConsumerCallback",
+    "ConsumerMethods",
     "ConsumerRegistry",
     "Subscription",
 ]
@@ -423,3 +424,50 @@ class ConsumerRegistry:
                 logger.exception("cancel callback %r failed", consumer.on_cancel)
         elif consumer.on_close is not None:
             consumer.on_close(exc)
+
+
+class ConsumerMethods:
+    """The consumer entry points of :class:`~rabbitry.aio.channel.AsyncChannel` that
+    the library's own consumers use, over the channel's consumer registry.
+
+    Args:
+        consumers: the channel's consumer registry.
+    """
+
+    def __init__(self, consumers: ConsumerRegistry) -> None:
+        self._consumer_registry = consumers
+
+    async def start_consumer(
+        self, subscription: Subscription, *, timeout: float | None = None
+    ) -> str:
+        """Start the consumer that ``subscription`` describes; returns its consumer tag.
+
+        What ``basic_consume`` and ``consume`` do, for the library's own consumers too
+        (:class:`rabbitry.AsyncConsumer`, the RPC client, the thread-safe
+        ``Channel.consume``), which also hear when the channel ends under the consumer
+        (``on_close``); not for applications, which use ``basic_consume`` or ``consume``.
+
+        Args:
+            subscription: the queue, the basic.consume options and the callbacks.
+            timeout: seconds to wait for consume-ok (``None``: no limit).
+
+        Returns:
+            The consumer tag (the broker's choice when ``consumer_tag`` is empty).
+        """
+        return await self._consumer_registry.start(subscription, timeout)
+
+    async def abandon_consumer(self, consumer_tag: str, *, timeout: float = 10.0) -> None:
+        """End a consumer whose owner is gone (an iterator ended, timed out or was
+        dropped; a consumer object stopped), for the library's own consumers; not for
+        applications, which use ``basic_cancel``.
+
+        It is cancelled now if the channel is open; otherwise (the channel closed, or the
+        connection recovering) it is forgotten at once, so that recovery never subscribes
+        it again into an inbox nobody reads. A channel that ends while the cancel waits
+        for its answer does the same, without an error. An unknown tag is ignored.
+
+        Args:
+            consumer_tag: the consumer's tag.
+            timeout: seconds to wait for cancel-ok.
+        """
+        await self._consumer_registry.abandon(consumer_tag, timeout)

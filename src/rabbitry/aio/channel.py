@@ -10,7 +10,6 @@ methods: they only queue a frame.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -23,10 +22,11 @@ from ._confirm_book import ConfirmBook
 from ._confirm_book import Settleable as Settleable
 from ._consumers import CONSUMER_QUEUE_BYTES as CONSUMER_QUEUE_BYTES
 from ._consumers import CONSUMER_QUEUE_MESSAGES as CONSUMER_QUEUE_MESSAGES
-from ._consumers import CancelCallback, Connection, ConsumerRegistry
+from ._consumers import CancelCallback, Connection, ConsumerMethods, ConsumerRegistry
 from ._consumers import ConsumerCallback as ConsumerCallback
 from ._consumers import Subscription as Subscription
 from ._declare import DeclareMethods
+from ._frames import FrameMethods
 from ._lifecycle import ChannelDriver, ChannelEvents
 from ._link import ChannelLink
 from ._requests import Requests
@@ -38,12 +38,10 @@ if TYPE_CHECKING:
 
 __all__ = ["AsyncChannel", "ConsumerCallback", "Subscription"]
 
-logger = logging.getLogger("rabbitry.channel")
-
 ReturnCallback = Callable[[Message], Any]
 
 
-class AsyncChannel(DeclareMethods):
+class AsyncChannel(DeclareMethods, ConsumerMethods, FrameMethods):
     """An open AMQP channel. Get one with ``await connection.channel()``.
 
     Usable as ``async with`` (closes on exit). Callbacks run on the event loop; their
@@ -81,16 +79,15 @@ class AsyncChannel(DeclareMethods):
     ) -> None:
         self._conn = connection
         self.channel_id = protocol.channel_id
-        self._loop = loop
         self.close_exc: AMQPError | None = None
         #: Unconfirmed publishes sent again after recoveries.
         self.republished = 0
         # The collaborators: the state they share, the requests awaiting replies, the
         # confirm-mode bookkeeping, the consumers, and what drives them all through
         # the connection's events (the connection keeps the driver).
-        link = self._link = ChannelLink(protocol, loop.create_future())
-        self._book = ConfirmBook(self.channel_id)
-        protocol.use_confirms(self._book.tracker)
+        link = ChannelLink(protocol, loop.create_future())
+        book = ConfirmBook(self.channel_id)
+        protocol.use_confirms(book.tracker)
         requests = Requests(
             link,
             self,
@@ -99,22 +96,21 @@ class AsyncChannel(DeclareMethods):
             kick=writes.kick,
             await_recovery=writes.await_recovery,
         )
-        DeclareMethods.__init__(self, requests, connection.topology_record if records else None)
-        self._consumer_registry = ConsumerRegistry(
-            link, self, connection, self._requests, loop=loop
-        )
+        consumers = ConsumerRegistry(link, self, connection, requests, loop=loop)
         self._driver: ChannelDriver[AsyncChannel] = ChannelDriver(
             self,
             link,
-            self._requests,
-            self._book,
-            self._consumer_registry,
+            requests,
+            book,
+            consumers,
             writes,
             internal=internal,
             forget=forget,
         )
-        self._pipe = self._driver.pipe
-        self._requests.register(None)  # channel.open, already queued by the protocol
+        DeclareMethods.__init__(self, requests, connection.topology_record if records else None)
+        ConsumerMethods.__init__(self, consumers)
+        FrameMethods.__init__(self, link, self._driver.pipe, book, loop)
+        requests.register(None)  # channel.open, already queued by the protocol
 
     def __repr__(self) -> str:
         return f"<AsyncChannel {self.channel_id} {self._link.protocol.state.value}>"
@@ -189,8 +185,6 @@ class AsyncChannel(DeclareMethods):
         except TimeoutError:
             raise Timeout(f"channel still open after {timeout} s") from None
 
-    # ------------------------------------------------------------------ requests
-
     # Kept for tests and debugging: the collaborators' state under the old names.
 
     @property
@@ -246,58 +240,6 @@ class AsyncChannel(DeclareMethods):
         result: spec.BasicQosOk = await self._requests.call(method, timeout)
         self._link.qos = (prefetch_count, prefetch_size, global_)  # replayed by recovery
         return result
-
-    async def basic_publish(
-        self,
-        exchange: str,
-        routing_key: str,
-        body: bytes | bytearray | memoryview | str,
-        *,
-        properties: spec.BasicProperties | None = None,
-        mandatory: bool = False,
-    ) -> asyncio.Future[None] | None:
-        """Publish a message.
-
-        Waits only while the socket's write buffer is full, and while the connection
-        recovers. Returned (unroutable mandatory) messages go to the return callbacks.
-
-        Args:
-            exchange: the exchange (``""``: the default exchange, routing by queue name).
-            routing_key: the routing key.
-            body: the body; a ``str`` is sent as UTF-8.
-            properties: the message's properties.
-            mandatory: an unroutable message comes back to the return callbacks.
-
-        Returns:
-            In confirm mode a future that resolves when the broker acks the message and
-            fails with :class:`Nacked`, :class:`PublishRefused` (the broker closed the
-            channel because of this message) or :class:`PublishOutcomeUnknown`;
-            otherwise ``None``.
-
-        Raises:
-            LocalProtocolError: a field, a property or the body is invalid; nothing sent.
-            InvalidStateError: the channel is closed, or the connection closed while
-                recovering.
-            ConnectionRecovering: the connection is recovering and the recovery policy
-                says to fail.
-        """
-        pipe = self._pipe
-        link = self._link
-        if link.suspended:
-            await pipe.await_recovery(None, "basic.publish")
-        if pipe.writes.paused:
-            await pipe.writes.wait_writable()
-        proto = link.protocol
-        frames = proto.encode_publish(exchange, routing_key, body, properties, mandatory)  # type: ignore[arg-type]
-        future: asyncio.Future[None] | None = (
-            self._loop.create_future() if proto.confirm_mode else None
-        )
-        seq = proto.send_publish(frames, future)  # registers the future in confirm mode
-        pipe.kick()
-        if not seq:
-            return None
-        self._book.keep_head(seq, frames)
-        return future
 
     async def basic_consume(
         self,
@@ -457,41 +399,6 @@ class AsyncChannel(DeclareMethods):
                 if isinstance(left, Message):
                     self.basic_nack(left.delivery_tag, requeue=True)
 
-    async def start_consumer(
-        self, subscription: Subscription, *, timeout: float | None = None
-    ) -> str:
-        """Start the consumer that ``subscription`` describes; returns its consumer tag.
-
-        What ``basic_consume`` and ``consume`` do, for the library's own consumers too
-        (:class:`rabbitry.AsyncConsumer`, the RPC client, the thread-safe
-        ``Channel.consume``), which also hear when the channel ends under the consumer
-        (``on_close``); not for applications, which use ``basic_consume`` or ``consume``.
-
-        Args:
-            subscription: the queue, the basic.consume options and the callbacks.
-            timeout: seconds to wait for consume-ok (``None``: no limit).
-
-        Returns:
-            The consumer tag (the broker's choice when ``consumer_tag`` is empty).
-        """
-        return await self._consumer_registry.start(subscription, timeout)
-
-    async def abandon_consumer(self, consumer_tag: str, *, timeout: float = 10.0) -> None:
-        """End a consumer whose owner is gone (an iterator ended, timed out or was
-        dropped; a consumer object stopped), for the library's own consumers; not for
-        applications, which use ``basic_cancel``.
-
-        It is cancelled now if the channel is open; otherwise (the channel closed, or the
-        connection recovering) it is forgotten at once, so that recovery never subscribes
-        it again into an inbox nobody reads. A channel that ends while the cancel waits
-        for its answer does the same, without an error. An unknown tag is ignored.
-
-        Args:
-            consumer_tag: the consumer's tag.
-            timeout: seconds to wait for cancel-ok.
-        """
-        await self._consumer_registry.abandon(consumer_tag, timeout)
-
     async def basic_get(
         self, queue: str, *, no_ack: bool = False, timeout: float | None = None
     ) -> Message | None:
@@ -511,85 +418,6 @@ class AsyncChannel(DeclareMethods):
         """
         reply = await self._requests.call(spec.BasicGet(queue=queue, no_ack=no_ack), timeout)
         return reply if isinstance(reply, Message) else None
-
-    def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
-        """Acknowledge a delivery (``multiple``: and every earlier one).
-
-        Contiguous acks made before the next write leave as one ``multiple`` ack: the
-        acks consumer callbacks make while one read of deliveries is handled, or the
-        acks after the first in one loop iteration. The broker settles the same
-        deliveries either way. A tag
-        handed out before the connection recovered is dropped with a warning (the
-        broker redelivers that message); ``multiple`` never reaches across a recovery.
-
-        Args:
-            delivery_tag: the delivery's tag (0 with ``multiple``: every delivery so far).
-            multiple: and every earlier unacknowledged delivery of this channel.
-
-        Raises:
-            InvalidStateError: the channel is closed.
-            LocalProtocolError: the tag is not an unsigned 64-bit integer.
-        """
-        link = self._link
-        wire = link.tags.wire_tag(delivery_tag, connected=not link.suspended)
-        if wire is None:
-            self._drop_stale("basic.ack", delivery_tag)
-            return
-        link.protocol.send_ack(wire, multiple)
-        self._pipe.kick()
-
-    def basic_nack(
-        self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
-    ) -> None:
-        """Reject one or (``multiple``) many deliveries; requeue or dead-letter them.
-
-        A stale tag (from before a recovery) is dropped like in :meth:`basic_ack`.
-
-        Args:
-            delivery_tag: the delivery's tag (0 with ``multiple``: every delivery so far).
-            multiple: and every earlier unacknowledged delivery of this channel.
-            requeue: put them back in the queue; ``False`` dead-letters or drops them.
-
-        Raises:
-            InvalidStateError: the channel is closed.
-            LocalProtocolError: the tag is not an unsigned 64-bit integer.
-        """
-        link = self._link
-        wire = link.tags.wire_tag(delivery_tag, connected=not link.suspended)
-        if wire is None:
-            self._drop_stale("basic.nack", delivery_tag)
-            return
-        link.protocol.send_nack(wire, multiple, requeue)
-        self._pipe.kick()
-
-    def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
-        """Reject one delivery; requeue or dead-letter it (a stale tag is dropped).
-
-        Args:
-            delivery_tag: the delivery's tag.
-            requeue: put it back in the queue; ``False`` dead-letters or drops it.
-
-        Raises:
-            InvalidStateError: the channel is closed.
-            LocalProtocolError: the tag is not an unsigned 64-bit integer.
-        """
-        link = self._link
-        wire = link.tags.wire_tag(delivery_tag, connected=not link.suspended)
-        if wire is None:
-            self._drop_stale("basic.reject", delivery_tag)
-            return
-        link.protocol.send_reject(wire, requeue)
-        self._pipe.kick()
-
-    def _drop_stale(self, what: str, delivery_tag: int) -> None:
-        """Log a settlement of a delivery of a connection that died (not sent)."""
-        logger.warning(
-            "channel %s: not sending %s for delivery %s: it arrived before the connection "
-            "recovered, and the broker redelivers it",
-            self.channel_id,
-            what,
-            delivery_tag,
-        )
 
     async def basic_recover(
         self, requeue: bool = True, *, timeout: float | None = None
@@ -754,4 +582,4 @@ def pipe_of(channel: AsyncChannel) -> PublishPipe:
     """What publishing code uses of ``channel`` (its protocol object, confirm table and
     write path), for the library's publishers, pool and thread-safe channel; not for
     applications."""
-    return channel._pipe
+    return channel._driver.pipe
