@@ -1,9 +1,9 @@
-"""AsyncChannel's consumers: their records, delivery dispatch and recovery hooks.
+"""AsyncChannel's consumers: their records, delivery dispatch and recovery.
 
-:class:`ConsumerMethods` is a base of :class:`~rabbitry.aio.channel.AsyncChannel`;
-the public consume methods stay on the channel and call into it. A consumer starts from
-a :class:`Subscription` (:meth:`ConsumerMethods.start_consumer`), which the library's
-own consumers use too.
+:class:`ConsumerRegistry` is held by :class:`~rabbitry.aio.channel.AsyncChannel`; the
+public consume methods stay on the channel and call into it. A consumer starts from a
+:class:`Subscription` (``AsyncChannel.start_consumer``), which the library's own
+consumers use too.
 """
 
 from __future__ import annotations
@@ -18,16 +18,25 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .._failure_log import RateLimitedLog
 from ..exceptions import AMQPError
 from ..protocol import spec
+from ..protocol.channel import ChannelState
 from ..protocol.message import Message
 from ..protocol.streams import check_consume
 
 if TYPE_CHECKING:
-    from ..protocol.channel import ChannelProtocol
-    from ..protocol.frames import Method
-    from ..protocol.tags import DeliveryTags
+    from ..protocol.message import AckTarget
     from ..record import TopologyRecord
+    from ._link import ChannelLink
+    from ._requests import ReadFlow, Requests
 
-__all__ = ["CancelCallback", "ConsumerCallback", "ConsumerMethods", "Subscription"]
+__all__ = [
+    "CancelCallback",
+    "Connection",
+    "Consumer",
+    "ConsumerCallback",
+    "ConsumerMethods",
+    "ConsumerRegistry",
+    "Subscription",
+]
 
 logger = logging.getLogger("rabbitry.channel")
 
@@ -44,7 +53,7 @@ CONSUMER_QUEUE_BYTES = 16 * 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class Subscription:
-    """A consumer to start with :meth:`ConsumerMethods.start_consumer`: the basic.consume
+    """A consumer to start with ``AsyncChannel.start_consumer``: the basic.consume
     it sends and where its deliveries and its end go.
 
     Args:
@@ -133,16 +142,6 @@ class Consumer:
         errors.log("raised", "consumer callback %r failed", self.callback, exc_info=exc)
 
 
-class _ReadFlow(Protocol):
-    """The connection's back-pressure on its socket reads (``aio._events.ReadFlow``)."""
-
-    def pause(self) -> None: ...
-
-    def resume(self) -> None: ...
-
-    def recheck(self) -> None: ...
-
-
 class Connection(Protocol):
     """What a channel uses of its :class:`~rabbitry.aio.connection.AsyncConnection`.
 
@@ -153,72 +152,58 @@ class Connection(Protocol):
     topology_record: TopologyRecord
 
     @property
-    def read_flow(self) -> _ReadFlow: ...
+    def read_flow(self) -> ReadFlow: ...
 
     def consumer_cancelled(self, queue: str) -> None: ...
 
 
-class ConsumerMethods:
-    """The consumer half of :class:`~rabbitry.aio.channel.AsyncChannel`."""
+class ConsumerRegistry:
+    """A channel's consumers by tag: starts and ends them, hands each delivery to its
+    consumer, and subscribes them again after recovery.
 
-    channel_id: int
-    _conn: Connection
-    _proto: ChannelProtocol
-    _loop: asyncio.AbstractEventLoop
-    _consumers: dict[str, Consumer]
-    _closed: asyncio.Future[AMQPError]
-    _qos: tuple[int, int, bool] | None
-    _suspended: bool
-    _tags: DeliveryTags
+    Args:
+        link: the channel's shared state.
+        owner: the channel (deliveries settle through it; an unknown consumer's
+            delivery is rejected on it).
+        connection: the channel's connection.
+        requests: the channel's requests (consume, cancel).
+        loop: the connection's event loop.
+    """
 
-    if TYPE_CHECKING:
+    __slots__ = ("_conn", "_link", "_loop", "_owner", "_requests", "consumers")
 
-        @property
-        def is_open(self) -> bool: ...
+    def __init__(
+        self,
+        link: ChannelLink,
+        owner: AckTarget,
+        connection: Connection,
+        requests: Requests,
+        *,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self._link = link
+        self._owner = owner
+        self._conn = connection
+        self._requests = requests
+        self._loop = loop
+        #: The live consumers by consumer tag, in subscription order.
+        self.consumers: dict[str, Consumer] = {}
 
-        async def _rpc(
-            self,
-            method: Method,
-            timeout: float | None,
-            hook: Callable[[Any], None] | None = None,
-        ) -> Any: ...
-
-        async def _replay_rpc(self, method: Method) -> Any: ...
-
-        async def basic_cancel(
-            self, consumer_tag: str, *, timeout: float | None = None
-        ) -> spec.BasicCancelOk: ...
-
-        def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None: ...
-
-        def basic_nack(
-            self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
-        ) -> None: ...
-
-        def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None: ...
-
-    async def start_consumer(
-        self, subscription: Subscription, *, timeout: float | None = None
-    ) -> str:
-        """Start the consumer that ``subscription`` describes; returns its consumer tag.
-
-        What ``basic_consume`` and ``consume`` do, for the library's own consumers too
-        (:class:`rabbitry.AsyncConsumer`, the RPC client, the thread-safe
-        ``Channel.consume``), which also hear when the channel ends under the consumer
-        (``on_close``); not for applications, which use ``basic_consume`` or ``consume``.
+    async def start(self, subscription: Subscription, timeout: float | None) -> str:
+        """Start the consumer that ``subscription`` describes.
 
         Args:
             subscription: the queue, the basic.consume options and the callbacks.
             timeout: seconds to wait for consume-ok (``None``: no limit).
 
         Returns:
-            The consumer tag (the broker's choice when ``consumer_tag`` is empty).
+            The consumer tag.
         """
         check_consume(
             subscription.queue,
             subscription.arguments,
             no_ack=subscription.no_ack,
-            qos=self._qos,
+            qos=self._link.qos,
             record=self._conn.topology_record,
         )
         consumer = Consumer(subscription.callback, subscription.on_cancel)
@@ -229,54 +214,79 @@ class ConsumerMethods:
         def register(reply: spec.BasicConsumeOk) -> None:
             assert consumer.spec is not None
             consumer.spec.consumer_tag = reply.consumer_tag
-            self._consumers[reply.consumer_tag] = consumer
+            self.consumers[reply.consumer_tag] = consumer
             if consumer.is_async:
                 consumer.queue = asyncio.Queue()
                 consumer.task = self._loop.create_task(self._run_async_consumer(consumer))
 
-        reply: spec.BasicConsumeOk = await self._rpc(subscription.method(), timeout, register)
+        reply: spec.BasicConsumeOk = await self._requests.call(
+            subscription.method(), timeout, register
+        )
         return reply.consumer_tag
 
-    async def abandon_consumer(self, consumer_tag: str, *, timeout: float = 10.0) -> None:
-        """End a consumer whose owner is gone (an iterator ended, timed out or was
-        dropped; a consumer object stopped), for the library's own consumers; not for
-        applications, which use ``basic_cancel``.
+    async def cancel(self, consumer_tag: str, timeout: float | None) -> spec.BasicCancelOk:
+        """Send basic.cancel; the consumer is forgotten when cancel-ok is handled.
 
-        It is cancelled now if the channel is open; otherwise (the channel closed, or the
-        connection recovering) it is forgotten at once, so that recovery never subscribes
-        it again into an inbox nobody reads. A channel that ends while the cancel waits
-        for its answer does the same, without an error. An unknown tag is ignored.
+        Args:
+            consumer_tag: the consumer's tag.
+            timeout: seconds to wait for cancel-ok (``None``: no limit).
+
+        Returns:
+            The broker's cancel-ok.
+        """
+        result: spec.BasicCancelOk = await self._requests.call(
+            spec.BasicCancel(consumer_tag=consumer_tag), timeout, self._unregister
+        )
+        return result
+
+    def _unregister(self, reply: spec.BasicCancelOk) -> None:
+        self.forget(reply.consumer_tag)
+
+    def forget(self, consumer_tag: str) -> None:
+        """Drop a consumer ended by us and tell the connection its queue lost it.
+
+        Args:
+            consumer_tag: the consumer's tag (an unknown one is ignored).
+        """
+        consumer = self.drop(consumer_tag)
+        if consumer is not None and consumer.spec is not None:
+            self._conn.consumer_cancelled(consumer.spec.queue)
+
+    async def abandon(self, consumer_tag: str, timeout: float) -> None:
+        """End a consumer whose owner is gone (see ``AsyncChannel.abandon_consumer``).
 
         Args:
             consumer_tag: the consumer's tag.
             timeout: seconds to wait for cancel-ok.
         """
-        if consumer_tag not in self._consumers:
+        if consumer_tag not in self.consumers:
             return
-        if self._suspended or not self.is_open:
-            consumer = self._drop_consumer(consumer_tag)
-            if consumer is not None and consumer.spec is not None:
-                self._conn.consumer_cancelled(consumer.spec.queue)
+        link = self._link
+        if link.suspended or link.protocol.state is not ChannelState.OPEN:
+            self.forget(consumer_tag)
             return
         try:
-            await self.basic_cancel(consumer_tag, timeout=timeout)
+            await self.cancel(consumer_tag, timeout)
         except AMQPError:
             # The channel ended or recovery began while cancelling: the broker's
             # consumer is gone with it, and ours must not come back.
-            consumer = self._drop_consumer(consumer_tag)
-            if consumer is not None and consumer.spec is not None:
-                self._conn.consumer_cancelled(consumer.spec.queue)
+            self.forget(consumer_tag)
 
-    def _on_delivery(self, message: Message) -> None:
-        self._tags.stamp(message, self)
-        consumer = self._consumers.get(message.consumer_tag)
+    def on_delivery(self, message: Message) -> None:
+        """A delivery for one of the channel's consumers.
+
+        Args:
+            message: the delivery, as the protocol made it.
+        """
+        self._link.tags.stamp(message, self._owner)
+        consumer = self.consumers.get(message.consumer_tag)
         if consumer is None:
             logger.warning(
                 "channel %s: delivery for unknown consumer %r; requeueing it",
-                self.channel_id,
+                self._link.channel_id,
                 message.consumer_tag,
             )
-            self.basic_reject(message.delivery_tag, requeue=True)
+            self._owner.basic_reject(message.delivery_tag, requeue=True)
             return
         if consumer.is_async:
             queue = consumer.queue
@@ -300,11 +310,12 @@ class ConsumerMethods:
     async def _run_async_consumer(self, consumer: Consumer) -> None:
         queue = consumer.queue
         assert queue is not None
+        closed = self._link.closed
         while True:
             item = await queue.get()
-            if item is _END or self._closed.done():
+            if item is _END or closed.done():
                 # Closed: what is still queued is dropped (the broker requeues it).
-                self._release_consumer_pause(consumer)
+                self._release_pause(consumer)
                 return
             assert isinstance(item, Message)
             consumer.queued_bytes -= len(item.body)
@@ -313,7 +324,7 @@ class ConsumerMethods:
                 and queue.qsize() <= CONSUMER_QUEUE_MESSAGES // 2
                 and consumer.queued_bytes <= CONSUMER_QUEUE_BYTES // 2
             ):
-                self._release_consumer_pause(consumer)
+                self._release_pause(consumer)
             try:
                 result = consumer.callback(item)
                 if result is not None:
@@ -321,52 +332,89 @@ class ConsumerMethods:
             except Exception as exc:
                 consumer.failed(exc)
 
-    def _release_consumer_pause(self, consumer: Consumer) -> None:
+    def _release_pause(self, consumer: Consumer) -> None:
         if consumer.paused:
             consumer.paused = False
             self._conn.read_flow.resume()
 
-    def _drop_consumer(self, tag: str) -> Consumer | None:
-        consumer = self._consumers.pop(tag, None)
+    def drop(self, tag: str) -> Consumer | None:
+        """Forget a consumer and stop its worker.
+
+        Args:
+            tag: the consumer's tag.
+
+        Returns:
+            The consumer, or ``None`` for an unknown tag.
+        """
+        consumer = self.consumers.pop(tag, None)
         if consumer is not None and consumer.errors is not None:
             consumer.errors.close()  # the summary of the failures only counted
         if consumer is not None and consumer.is_async and consumer.queue is not None:
             consumer.queue.put_nowait(_END)
-            if self._closed.done():
-                self._release_consumer_pause(consumer)
+            if self._link.closed.done():
+                self._release_pause(consumer)
         return consumer
 
-    def _on_consumer_cancelled(self, tag: str) -> None:
-        consumer = self._drop_consumer(tag)
-        logger.warning("channel %s: the broker cancelled consumer %r", self.channel_id, tag)
+    def on_cancelled(self, tag: str) -> None:
+        """basic.cancel from the broker.
+
+        Args:
+            tag: the consumer's tag.
+        """
+        consumer = self.drop(tag)
+        logger.warning("channel %s: the broker cancelled consumer %r", self._link.channel_id, tag)
         if consumer is not None and consumer.on_cancel is not None:
             try:
                 consumer.on_cancel(tag)
             except Exception:
                 logger.exception("cancel callback %r failed", consumer.on_cancel)
 
-    def _consumer_specs(self) -> list[spec.BasicConsume]:
-        """Recovery: the basic.consume of every live consumer, in subscription order."""
-        return [c.spec for c in self._consumers.values() if c.spec is not None]
+    def close_all(self, exc: AMQPError) -> None:
+        """The channel ended: drop every consumer and tell those that listen.
 
-    async def _resubscribe_one(self, method: spec.BasicConsume, renamed: Mapping[str, str]) -> None:
+        Args:
+            exc: why the channel ended.
+        """
+        for tag in list(self.consumers):
+            consumer = self.drop(tag)
+            if consumer is not None and consumer.on_close is not None:
+                consumer.on_close(exc)
+
+    def specs(self) -> list[spec.BasicConsume]:
+        """Recovery: the basic.consume of every live consumer, in subscription order.
+
+        Returns:
+            The methods, whose tags are the consumers' tags.
+        """
+        return [c.spec for c in self.consumers.values() if c.spec is not None]
+
+    async def resubscribe_one(self, method: spec.BasicConsume, renamed: Mapping[str, str]) -> None:
         """Recovery: subscribe one consumer again, same tag, following a renamed queue.
+
+        Args:
+            method: the consumer's basic.consume (see :meth:`specs`).
+            renamed: queues recovery declared under a new name, ``old: new``.
 
         Raises:
             ChannelClosedByBroker: the broker refused (the channel is closed).
         """
         tag = method.consumer_tag
-        if tag not in self._consumers:
+        if tag not in self.consumers:
             return  # its owner ended it while recovery ran
         method.queue = renamed.get(method.queue, method.queue)
-        await self._replay_rpc(method)
-        if tag not in self._consumers and self.is_open:
+        await self._requests.replay(method)
+        if tag not in self.consumers and self._link.protocol.state is ChannelState.OPEN:
             # Abandoned while the consume was on its way: cancel what the broker made.
-            await self._replay_rpc(spec.BasicCancel(consumer_tag=tag))
+            await self._requests.replay(spec.BasicCancel(consumer_tag=tag))
 
-    def _lose_consumer(self, tag: str, exc: AMQPError) -> None:
-        """Recovery could not restore this consumer: end it through its cancel path."""
-        consumer = self._drop_consumer(tag)
+    def lose(self, tag: str, exc: AMQPError) -> None:
+        """Recovery could not restore this consumer: end it through its cancel path.
+
+        Args:
+            tag: the consumer's tag.
+            exc: why.
+        """
+        consumer = self.drop(tag)
         if consumer is None:
             return
         if consumer.on_cancel is not None:
@@ -376,3 +424,50 @@ class ConsumerMethods:
                 logger.exception("cancel callback %r failed", consumer.on_cancel)
         elif consumer.on_close is not None:
             consumer.on_close(exc)
+
+
+class ConsumerMethods:
+    """The consumer entry points of :class:`~rabbitry.aio.channel.AsyncChannel` that
+    the library's own consumers use, over the channel's consumer registry.
+
+    Args:
+        consumers: the channel's consumer registry.
+    """
+
+    def __init__(self, consumers: ConsumerRegistry) -> None:
+        self._consumer_registry = consumers
+
+    async def start_consumer(
+        self, subscription: Subscription, *, timeout: float | None = None
+    ) -> str:
+        """Start the consumer that ``subscription`` describes; returns its consumer tag.
+
+        What ``basic_consume`` and ``consume`` do, for the library's own consumers too
+        (:class:`rabbitry.AsyncConsumer`, the RPC client, the thread-safe
+        ``Channel.consume``), which also hear when the channel ends under the consumer
+        (``on_close``); not for applications, which use ``basic_consume`` or ``consume``.
+
+        Args:
+            subscription: the queue, the basic.consume options and the callbacks.
+            timeout: seconds to wait for consume-ok (``None``: no limit).
+
+        Returns:
+            The consumer tag (the broker's choice when ``consumer_tag`` is empty).
+        """
+        return await self._consumer_registry.start(subscription, timeout)
+
+    async def abandon_consumer(self, consumer_tag: str, *, timeout: float = 10.0) -> None:
+        """End a consumer whose owner is gone (an iterator ended, timed out or was
+        dropped; a consumer object stopped), for the library's own consumers; not for
+        applications, which use ``basic_cancel``.
+
+        It is cancelled now if the channel is open; otherwise (the channel closed, or the
+        connection recovering) it is forgotten at once, so that recovery never subscribes
+        it again into an inbox nobody reads. A channel that ends while the cancel waits
+        for its answer does the same, without an error. An unknown tag is ignored.
+
+        Args:
+            consumer_tag: the consumer's tag.
+            timeout: seconds to wait for cancel-ok.
+        """
+        await self._consumer_registry.abandon(consumer_tag, timeout)

@@ -1,7 +1,8 @@
 """AsyncChannel's exchange and queue methods: declare, bind, unbind, purge, delete.
 
-:class:`DeclareMethods` is a base of :class:`~rabbitry.aio.channel.AsyncChannel`. Each
-method sends its request and waits for the broker's reply; when the channel records
+:class:`DeclareMethods` is a base of :class:`~rabbitry.aio.channel.AsyncChannel` with
+its own state (the channel's requests, the record). Each method sends its request and
+waits for the broker's reply; when the channel records
 (the recovery policy's ``record_channel_topology``), what it declared, bound or deleted
 then goes into the connection's topology record, which recovery declares again.
 """
@@ -14,10 +15,10 @@ from ..protocol import spec
 from ..record import RecordedBinding, RecordedExchange, RecordedQueue
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Mapping
 
-    from ..protocol.frames import Method
-    from ._consumers import Connection
+    from ..record import TopologyRecord
+    from ._requests import Requests
 
 __all__ = [
     "DeclareMethods",
@@ -28,19 +29,18 @@ __all__ = [
 
 
 class DeclareMethods:
-    """The exchange and queue half of :class:`~rabbitry.aio.channel.AsyncChannel`."""
+    """The exchange and queue methods of :class:`~rabbitry.aio.channel.AsyncChannel`:
+    each sends one request and records what it changed.
 
-    _conn: Connection
-    _records: bool
+    Args:
+        requests: the channel's requests.
+        record: where what the channel declares, binds and deletes goes (``None``:
+            not recorded).
+    """
 
-    if TYPE_CHECKING:
-
-        async def _rpc(
-            self,
-            method: Method,
-            timeout: float | None,
-            hook: Callable[[Any], None] | None = None,
-        ) -> Any: ...
+    def __init__(self, requests: Requests, record: TopologyRecord | None) -> None:
+        self._requests = requests
+        self._record = record
 
     # -- exchange
 
@@ -87,9 +87,9 @@ class DeclareMethods:
             internal=internal,
             arguments=arguments,
         )
-        result: spec.ExchangeDeclareOk = await self._rpc(method, timeout)
-        if self._records and not passive:
-            self._conn.topology_record.add_exchange(
+        result: spec.ExchangeDeclareOk = await self._requests.call(method, timeout)
+        if self._record is not None and not passive:
+            self._record.add_exchange(
                 RecordedExchange(
                     exchange, type, durable, auto_delete, internal, dict(arguments or {})
                 )
@@ -114,9 +114,9 @@ class DeclareMethods:
             PreconditionFailed: ``if_unused``, and it has bindings (the channel closes).
         """
         method = spec.ExchangeDelete(exchange=exchange, if_unused=if_unused)
-        result: spec.ExchangeDeleteOk = await self._rpc(method, timeout)
-        if self._records:
-            self._conn.topology_record.forget_exchange(exchange)
+        result: spec.ExchangeDeleteOk = await self._requests.call(method, timeout)
+        if self._record is not None:
+            self._record.forget_exchange(exchange)
         return result
 
     async def exchange_bind(
@@ -147,9 +147,9 @@ class DeclareMethods:
         method = spec.ExchangeBind(
             destination=destination, source=source, routing_key=routing_key, arguments=arguments
         )
-        result: spec.ExchangeBindOk = await self._rpc(method, timeout)
-        if self._records:
-            self._conn.topology_record.add_binding(
+        result: spec.ExchangeBindOk = await self._requests.call(method, timeout)
+        if self._record is not None:
+            self._record.add_binding(
                 RecordedBinding(source, destination, routing_key, dict(arguments or {}), "exchange")
             )
         return result
@@ -179,9 +179,9 @@ class DeclareMethods:
         method = spec.ExchangeUnbind(
             destination=destination, source=source, routing_key=routing_key, arguments=arguments
         )
-        result: spec.ExchangeUnbindOk = await self._rpc(method, timeout)
-        if self._records:
-            self._conn.topology_record.forget_binding(
+        result: spec.ExchangeUnbindOk = await self._requests.call(method, timeout)
+        if self._record is not None:
+            self._record.forget_binding(
                 RecordedBinding(source, destination, routing_key, dict(arguments or {}), "exchange")
             )
         return result
@@ -227,9 +227,9 @@ class DeclareMethods:
             auto_delete=auto_delete,
             arguments=arguments,
         )
-        result: spec.QueueDeclareOk = await self._rpc(method, timeout)
-        if self._records and not passive:
-            self._conn.topology_record.add_queue(
+        result: spec.QueueDeclareOk = await self._requests.call(method, timeout)
+        if self._record is not None and not passive:
+            self._record.add_queue(
                 RecordedQueue(
                     result.queue,
                     durable,
@@ -269,9 +269,9 @@ class DeclareMethods:
         method = spec.QueueBind(
             queue=queue, exchange=exchange, routing_key=routing_key, arguments=arguments
         )
-        result: spec.QueueBindOk = await self._rpc(method, timeout)
-        if self._records:
-            self._conn.topology_record.add_binding(
+        result: spec.QueueBindOk = await self._requests.call(method, timeout)
+        if self._record is not None:
+            self._record.add_binding(
                 RecordedBinding(exchange, queue, routing_key, dict(arguments or {}))
             )
         return result
@@ -301,9 +301,9 @@ class DeclareMethods:
         method = spec.QueueUnbind(
             queue=queue, exchange=exchange, routing_key=routing_key, arguments=arguments
         )
-        result: spec.QueueUnbindOk = await self._rpc(method, timeout)
-        if self._records:
-            self._conn.topology_record.forget_binding(
+        result: spec.QueueUnbindOk = await self._requests.call(method, timeout)
+        if self._record is not None:
+            self._record.forget_binding(
                 RecordedBinding(exchange, queue, routing_key, dict(arguments or {}))
             )
         return result
@@ -322,7 +322,7 @@ class DeclareMethods:
         Raises:
             NotFound: there is no such queue (the channel closes).
         """
-        result: spec.QueuePurgeOk = await self._rpc(spec.QueuePurge(queue=queue), timeout)
+        result: spec.QueuePurgeOk = await self._requests.call(spec.QueuePurge(queue=queue), timeout)
         return result
 
     async def queue_delete(
@@ -350,9 +350,9 @@ class DeclareMethods:
                 it has messages (the channel closes).
         """
         method = spec.QueueDelete(queue=queue, if_unused=if_unused, if_empty=if_empty)
-        result: spec.QueueDeleteOk = await self._rpc(method, timeout)
-        if self._records:
-            self._conn.topology_record.forget_queue(queue)
+        result: spec.QueueDeleteOk = await self._requests.call(method, timeout)
+        if self._record is not None:
+            self._record.forget_queue(queue)
         return result
 
 

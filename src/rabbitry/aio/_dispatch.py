@@ -33,7 +33,7 @@ from .channel import pipe_of
 
 if TYPE_CHECKING:
     from ..exceptions import AMQPError
-    from ._lifecycle import ChannelHooks
+    from ._lifecycle import ChannelEvents
     from ._socket import SocketIO
     from ._timers import Timers
     from .channel import AsyncChannel
@@ -77,7 +77,7 @@ class EventDispatcher:
         self,
         io: SocketIO,
         timers: Timers,
-        channels: dict[int, ChannelHooks[AsyncChannel]],
+        channels: dict[int, ChannelEvents[AsyncChannel]],
     ) -> None:
         self._io = io
         self._timers = timers

@@ -17,7 +17,7 @@ from ._timers import Timers
 if TYPE_CHECKING:
     from ..config import ConnectionParameters
     from ._connect import CredentialsProvider
-    from ._lifecycle import ChannelHooks
+    from ._lifecycle import ChannelEvents
     from .channel import AsyncChannel
 
 __all__ = ["Connection", "Parts", "assemble", "check_provider"]
@@ -53,7 +53,7 @@ def check_provider(credentials_provider: CredentialsProvider | None) -> None:
 
 def assemble(
     connection: Connection,
-    channels: dict[int, ChannelHooks[AsyncChannel]],
+    channels: dict[int, ChannelEvents[AsyncChannel]],
     candidates: list[ConnectionParameters],
     credentials_provider: CredentialsProvider | None,
     max_message_size: int | None,

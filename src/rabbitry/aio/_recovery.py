@@ -4,7 +4,7 @@ The connection starts a :class:`Recovery` when it dies for a reason worth retryi
 (:func:`rabbitry.recovery.is_recoverable`) and hands it a port to drive it through
 (:class:`~rabbitry.aio._recovery_port.RecoveryPort`, which implements :class:`Port`);
 each channel is driven through its
-:class:`~rabbitry.aio._lifecycle.ChannelHooks`. :meth:`Recovery.run` then
+:class:`~rabbitry.aio._lifecycle.ChannelEvents`. :meth:`Recovery.run` then
 
 1. reconnects across the configured addresses with the policy's backoff, giving up at
    once on an error that no retry can heal (:func:`rabbitry.recovery.is_permanent`) or
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from ..protocol import spec
     from ..protocol.channel import ChannelProtocol
     from ..record import RecordedBinding, RecordedQueue, TopologyRecord
-    from ._lifecycle import ChannelHooks
+    from ._lifecycle import ChannelEvents
     from .channel import AsyncChannel
 
 __all__ = ["Port", "Recovery", "redeclare_queue"]
@@ -84,7 +84,7 @@ class Port(Protocol):
 
     def end_attempt(self, reason: AMQPError | None = None) -> None: ...
 
-    def channels(self) -> list[ChannelHooks[AsyncChannel]]: ...
+    def channels(self) -> list[ChannelEvents[AsyncChannel]]: ...
 
     def reopen(self, channel_id: int) -> ChannelProtocol: ...
 
@@ -240,7 +240,7 @@ class Recovery:
                 hooks.republish()
 
     async def _resubscribe(
-        self, hooks: ChannelHooks[AsyncChannel], renamed: dict[str, str]
+        self, hooks: ChannelEvents[AsyncChannel], renamed: dict[str, str]
     ) -> None:
         """Subscribe a channel's consumers again; report each that cannot be.
 

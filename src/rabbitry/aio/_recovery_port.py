@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from ._connect import Connector
     from ._connection_state import ConnectionLifecycle
     from ._dispatch import EventDispatcher
-    from ._lifecycle import ChannelHooks
+    from ._lifecycle import ChannelEvents
     from ._opener import ChannelOpener
     from ._socket import SocketIO
     from .channel import AsyncChannel
@@ -128,7 +128,7 @@ class RecoveryPort:
             self._dispatch.handle(proto.events_received())
         self._lifecycle.reset_attempt()
 
-    def channels(self) -> list[ChannelHooks[AsyncChannel]]:
+    def channels(self) -> list[ChannelEvents[AsyncChannel]]:
         """The hooks of the connection's channels (open or suspended), by channel number."""
         channels = self._dispatch.channels
         return [channels[number] for number in sorted(channels)]
@@ -140,7 +140,7 @@ class RecoveryPort:
             channel_id: the number the channel had.
 
         Returns:
-            The channel's new protocol object (for ``ChannelHooks.resume``).
+            The channel's new protocol object (for ``ChannelEvents.resume``).
         """
         proto = self._io.proto
         assert proto is not None

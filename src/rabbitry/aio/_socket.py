@@ -26,7 +26,7 @@ from ..protocol.connection import ConnectionProtocol, ConnectionState
 if TYPE_CHECKING:
     from ..protocol.events import Event
     from ..publishing.pipe import WritePath
-    from ._lifecycle import ChannelHooks
+    from ._lifecycle import ChannelEvents
     from .channel import AsyncChannel
 
 __all__ = ["EventSink", "ReadFlow", "SocketIO", "Transport"]
@@ -106,7 +106,7 @@ class ReadFlow:
     Get it from the connection's ``read_flow``.
     """
 
-    def __init__(self, io: SocketIO, channels: dict[int, ChannelHooks[AsyncChannel]]) -> None:
+    def __init__(self, io: SocketIO, channels: dict[int, ChannelEvents[AsyncChannel]]) -> None:
         self._io = io
         # The hooks of the connection's channels: one awaiting a reply keeps reading on.
         self._channels = channels
@@ -177,7 +177,7 @@ class SocketIO:
         channels: the hooks of the connection's channels, by number (for :class:`ReadFlow`).
     """
 
-    def __init__(self, channels: dict[int, ChannelHooks[AsyncChannel]]) -> None:
+    def __init__(self, channels: dict[int, ChannelEvents[AsyncChannel]]) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
         #: The protocol object of the current attempt (``None`` between attempts).
         self.proto: ConnectionProtocol | None = None

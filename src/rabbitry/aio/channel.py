@@ -10,44 +10,38 @@ methods: they only queue a frame.
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from .._waiters import Waiters
 from ..exceptions import AMQPError, ChannelClosedByClient, ConsumerCancelled, Timeout
 from ..protocol import spec
 from ..protocol.batching import RecordLedger, iter_delivery
 from ..protocol.channel import ChannelProtocol, ChannelState
-from ..protocol.frames import Method
 from ..protocol.message import Message
-from ..protocol.publish import ConfirmTracker
-from ..protocol.tags import DeliveryTags
-from ..publishing.pipe import PublishPipe, WritePath
+from ._confirm_book import ConfirmBook
+from ._confirm_book import Settleable as Settleable
 from ._consumers import CONSUMER_QUEUE_BYTES as CONSUMER_QUEUE_BYTES
 from ._consumers import CONSUMER_QUEUE_MESSAGES as CONSUMER_QUEUE_MESSAGES
-from ._consumers import CancelCallback, Connection, Consumer, ConsumerMethods
+from ._consumers import CancelCallback, Connection, ConsumerMethods, ConsumerRegistry
 from ._consumers import ConsumerCallback as ConsumerCallback
 from ._consumers import Subscription as Subscription
 from ._declare import DeclareMethods
-from ._lifecycle import ChannelHooks, ChannelLifecycle, settle
-from ._lifecycle import Settleable as Settleable
+from ._frames import FrameMethods
+from ._lifecycle import ChannelDriver, ChannelEvents
+from ._link import ChannelLink
+from ._requests import Requests
+
+if TYPE_CHECKING:
+    from ..protocol.publish import ConfirmTracker
+    from ..publishing.pipe import PublishPipe, WritePath
+    from ._consumers import Consumer
 
 __all__ = ["AsyncChannel", "ConsumerCallback", "Subscription"]
 
-logger = logging.getLogger("rabbitry.channel")
-
 ReturnCallback = Callable[[Message], Any]
 
-M = TypeVar("M", bound=Method)
 
-
-#: How often (in publishes) the table of publish heads drops confirmed entries.
-_HEADS_PRUNE = 1024
-
-
-class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
+class AsyncChannel(DeclareMethods, ConsumerMethods, FrameMethods):
     """An open AMQP channel. Get one with ``await connection.channel()``.
 
     Usable as ``async with`` (closes on exit). Callbacks run on the event loop; their
@@ -84,74 +78,42 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         forget: Callable[[int], object],
     ) -> None:
         self._conn = connection
-        self._read_flow = connection.read_flow
-        self._proto = protocol
         self.channel_id = protocol.channel_id
-        self._loop = loop
-        # One future per request sent, answered in order; the hook runs when the reply
-        # is handled (before later deliveries), e.g. to register a consumer.
-        self._rpcs: deque[tuple[asyncio.Future[Any], Callable[[Any], None] | None]] = deque()
-        self._consumers: dict[str, Consumer] = {}
-        # Confirm mode: the publishes awaiting their ack or nack, settled by settle.
-        self._confirms: ConfirmTracker[Settleable] = ConfirmTracker(settle)
-        protocol.use_confirms(self._confirms)
-        # The method frame and content header of confirm-mode publishes whose waiter
-        # does not keep its frames: what tells which publish a refusal names (see
-        # _fail_pending). Pruned every _HEADS_PRUNE publishes, not per confirm.
-        self._heads: dict[int, tuple[bytes, bytes]] = {}
-        # Told when the confirm table becomes empty (the pipe's wait_settled waits here).
-        self._settled_waiters: Waiters[None] = Waiters()
-        self._return_callbacks: list[ReturnCallback] = []
-        self._closed: asyncio.Future[AMQPError] = loop.create_future()
         self.close_exc: AMQPError | None = None
-        # Recovery: the connection died under the channel and will bring it back with a
-        # new protocol object. Delivery tags keep growing across recoveries (see
-        # rabbitry.protocol.tags): settling a tag of a dead connection is dropped.
-        self._tags = DeliveryTags()
-        self._suspended = False
-        # Set by recovery when it could not restore this channel; calls name it.
-        self._lost_reason: AMQPError | None = None
-        self._records = records
-        self._internal = internal
-        self._forget = forget
-        #: Unconfirmed publishes to send again after recovery, and how many were. The
-        #: pipe shares the list: it is changed in place.
-        self._resend: list[Settleable] = []
+        #: Unconfirmed publishes sent again after recoveries.
         self.republished = 0
-        # What publishing code uses of this channel (see pipe_of).
-        self._pipe = PublishPipe(
-            protocol,
-            self._confirms,
+        # The collaborators: the state they share, the requests awaiting replies, the
+        # confirm-mode bookkeeping, the consumers, and what drives them all through
+        # the connection's events (the connection keeps the driver).
+        link = ChannelLink(protocol, loop.create_future())
+        book = ConfirmBook(self.channel_id)
+        protocol.use_confirms(book.tracker)
+        requests = Requests(
+            link,
+            self,
+            loop=loop,
+            read_flow=connection.read_flow,
+            kick=writes.kick,
+            await_recovery=writes.await_recovery,
+        )
+        consumers = ConsumerRegistry(link, self, connection, requests, loop=loop)
+        self._driver: ChannelDriver[AsyncChannel] = ChannelDriver(
+            self,
+            link,
+            requests,
+            book,
+            consumers,
             writes,
-            self._resend,
-            self._keep_head,
-            self._settled_waiters,
-            self._fail_pending,
+            internal=internal,
+            forget=forget,
         )
-        self._qos: tuple[int, int, bool] | None = None
-        self._register_rpc(None)  # channel.open, already queued by the protocol
-        self._hooks: ChannelHooks[AsyncChannel] = ChannelHooks(
-            channel=self,
-            on_delivery=self._on_delivery,
-            on_confirm=self._on_confirm,
-            on_rpc_reply=self._on_rpc_reply,
-            on_return=self._on_return,
-            on_consumer_cancelled=self._on_consumer_cancelled,
-            on_flow=self._on_flow,
-            suspend=self._suspend,
-            on_closed=self._on_closed,
-            wait_open=lambda timeout: self._await_rpc(spec.ChannelOpen.NAME, timeout),
-            resume=self._resume,
-            consumer_specs=self._consumer_specs,
-            resubscribe_one=self._resubscribe_one,
-            lose_consumer=self._lose_consumer,
-            mark_lost=self._mark_lost,
-            republish=self._republish,
-            awaits_reply=self._awaits_reply,
-        )
+        DeclareMethods.__init__(self, requests, connection.topology_record if records else None)
+        ConsumerMethods.__init__(self, consumers)
+        FrameMethods.__init__(self, link, self._driver.pipe, book, loop)
+        requests.register(None)  # channel.open, already queued by the protocol
 
     def __repr__(self) -> str:
-        return f"<AsyncChannel {self.channel_id} {self._proto.state.value}>"
+        return f"<AsyncChannel {self.channel_id} {self._link.protocol.state.value}>"
 
     async def __aenter__(self) -> AsyncChannel:
         return self
@@ -164,33 +126,33 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
     @property
     def is_open(self) -> bool:
         """The channel is open (or opening) and usable."""
-        return self._proto.state is ChannelState.OPEN
+        return self._link.protocol.state is ChannelState.OPEN
 
     @property
     def is_closed(self) -> bool:
         """The channel is closed, by us or by the broker (see :attr:`close_exc`)."""
-        return self._closed.done()
+        return self._link.closed.done()
 
     @property
     def confirm_mode(self) -> bool:
         """confirm.select was requested on this channel."""
-        return self._proto.confirm_mode
+        return self._link.protocol.confirm_mode
 
     @property
     def flow_active(self) -> bool:
         """The broker's channel.flow allows publishing."""
-        return self._proto.flow_active
+        return self._link.protocol.flow_active
 
     @property
     def epoch(self) -> int:
         """The channel's recovery epoch: 0, then one more each time the connection
         recovers (a :class:`Message` of an older epoch can no longer be settled)."""
-        return self._tags.epoch
+        return self._link.tags.epoch
 
     @property
     def stale_settlements(self) -> int:
         """Acks, nacks and rejects dropped because their delivery tag was stale."""
-        return self._tags.stale
+        return self._link.tags.stale
 
     @property
     def connection(self) -> Connection:
@@ -203,7 +165,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         Args:
             callback: called on the event loop with each returned :class:`Message`.
         """
-        self._return_callbacks.append(callback)
+        self._driver.return_callbacks.append(callback)
 
     async def wait_closed(self, timeout: float | None = None) -> AMQPError:
         """Wait until the channel closes.
@@ -219,51 +181,34 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         """
         try:
             async with asyncio.timeout(timeout):
-                return await asyncio.shield(self._closed)
+                return await asyncio.shield(self._link.closed)
         except TimeoutError:
             raise Timeout(f"channel still open after {timeout} s") from None
 
-    # ------------------------------------------------------------------ requests
+    # Kept for tests and debugging: the collaborators' state under the old names.
 
-    def _register_rpc(self, hook: Callable[[Any], None] | None) -> asyncio.Future[Any]:
-        future: asyncio.Future[Any] = self._loop.create_future()
-        self._rpcs.append((future, hook))
-        self._read_flow.recheck()  # a full consumer queue must not hold the reply back
-        return future
+    @property
+    def _proto(self) -> ChannelProtocol:
+        return self._link.protocol
 
-    def _awaits_reply(self) -> bool:
-        return bool(self._rpcs) or bool(self._confirms)
+    @property
+    def _suspended(self) -> bool:
+        return self._link.suspended
 
-    async def _await_rpc(
-        self, name: str, timeout: float | None, future: asyncio.Future[Any] | None = None
-    ) -> Any:
-        """Wait for the reply to ``future`` (by default the last request registered)."""
-        if future is None:
-            future = self._rpcs[-1][0]
-        self._pipe.kick()
-        if timeout is None:
-            return await future
-        try:
-            async with asyncio.timeout(timeout):
-                return await future
-        except TimeoutError:
-            raise Timeout(f"{name} got no answer within {timeout} s") from None
+    @property
+    def _qos(self) -> tuple[int, int, bool] | None:
+        return self._link.qos
 
-    async def _rpc(
-        self,
-        method: Method,
-        timeout: float | None,
-        hook: Callable[[Any], None] | None = None,
-    ) -> Any:
-        if self._suspended:
-            await self._pipe.await_recovery(timeout, method.NAME)
-        self._proto.send_method(method)
-        self._register_rpc(hook)
-        return await self._await_rpc(method.NAME, timeout)
+    @property
+    def _consumers(self) -> dict[str, Consumer]:
+        return self._consumer_registry.consumers
 
-    def _send(self, method: Method) -> None:
-        self._proto.send_method(method)
-        self._pipe.kick()
+    @property
+    def _confirms(self) -> ConfirmTracker[Settleable]:
+        return self._book.tracker
+
+    def _consumer_specs(self) -> list[spec.BasicConsume]:
+        return self._consumer_registry.specs()
 
     # -- basic
 
@@ -292,67 +237,9 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         method = spec.BasicQos(
             prefetch_size=prefetch_size, prefetch_count=prefetch_count, global_=global_
         )
-        result: spec.BasicQosOk = await self._rpc(method, timeout)
-        self._qos = (prefetch_count, prefetch_size, global_)  # replayed by recovery
+        result: spec.BasicQosOk = await self._requests.call(method, timeout)
+        self._link.qos = (prefetch_count, prefetch_size, global_)  # replayed by recovery
         return result
-
-    async def basic_publish(
-        self,
-        exchange: str,
-        routing_key: str,
-        body: bytes | bytearray | memoryview | str,
-        *,
-        properties: spec.BasicProperties | None = None,
-        mandatory: bool = False,
-    ) -> asyncio.Future[None] | None:
-        """Publish a message.
-
-        Waits only while the socket's write buffer is full, and while the connection
-        recovers. Returned (unroutable mandatory) messages go to the return callbacks.
-
-        Args:
-            exchange: the exchange (``""``: the default exchange, routing by queue name).
-            routing_key: the routing key.
-            body: the body; a ``str`` is sent as UTF-8.
-            properties: the message's properties.
-            mandatory: an unroutable message comes back to the return callbacks.
-
-        Returns:
-            In confirm mode a future that resolves when the broker acks the message and
-            fails with :class:`Nacked`, :class:`PublishRefused` (the broker closed the
-            channel because of this message) or :class:`PublishOutcomeUnknown`;
-            otherwise ``None``.
-
-        Raises:
-            LocalProtocolError: a field, a property or the body is invalid; nothing sent.
-            InvalidStateError: the channel is closed, or the connection closed while
-                recovering.
-            ConnectionRecovering: the connection is recovering and the recovery policy
-                says to fail.
-        """
-        pipe = self._pipe
-        if self._suspended:
-            await pipe.await_recovery(None, "basic.publish")
-        if pipe.writes.paused:
-            await pipe.writes.wait_writable()
-        proto = self._proto
-        frames = proto.encode_publish(exchange, routing_key, body, properties, mandatory)  # type: ignore[arg-type]
-        future: asyncio.Future[None] | None = (
-            self._loop.create_future() if proto.confirm_mode else None
-        )
-        seq = proto.send_publish(frames, future)  # registers the future in confirm mode
-        pipe.kick()
-        if not seq:
-            return None
-        self._keep_head(seq, frames)
-        return future
-
-    def _keep_head(self, seq: int, frames: list[bytes]) -> None:
-        heads = self._heads
-        heads[seq] = (frames[0], frames[2])
-        if not seq % _HEADS_PRUNE:
-            unconfirmed = self._confirms.tags()
-            self._heads = {s: h for s, h in heads.items() if s in unconfirmed}
 
     async def basic_consume(
         self,
@@ -426,16 +313,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         Returns:
             The broker's cancel-ok.
         """
-
-        def unregister(reply: spec.BasicCancelOk) -> None:
-            consumer = self._drop_consumer(reply.consumer_tag)
-            if consumer is not None and consumer.spec is not None:
-                self._conn.consumer_cancelled(consumer.spec.queue)
-
-        result: spec.BasicCancelOk = await self._rpc(
-            spec.BasicCancel(consumer_tag=consumer_tag), timeout, unregister
-        )
-        return result
+        return await self._consumer_registry.cancel(consumer_tag, timeout)
 
     async def consume(
         self,
@@ -538,84 +416,8 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         Raises:
             NotFound: there is no such queue (the channel closes).
         """
-        reply = await self._rpc(spec.BasicGet(queue=queue, no_ack=no_ack), timeout)
+        reply = await self._requests.call(spec.BasicGet(queue=queue, no_ack=no_ack), timeout)
         return reply if isinstance(reply, Message) else None
-
-    def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
-        """Acknowledge a delivery (``multiple``: and every earlier one).
-
-        Contiguous acks made before the next write leave as one ``multiple`` ack: the
-        acks consumer callbacks make while one read of deliveries is handled, or the
-        acks after the first in one loop iteration. The broker settles the same
-        deliveries either way. A tag
-        handed out before the connection recovered is dropped with a warning (the
-        broker redelivers that message); ``multiple`` never reaches across a recovery.
-
-        Args:
-            delivery_tag: the delivery's tag (0 with ``multiple``: every delivery so far).
-            multiple: and every earlier unacknowledged delivery of this channel.
-
-        Raises:
-            InvalidStateError: the channel is closed.
-            LocalProtocolError: the tag is not an unsigned 64-bit integer.
-        """
-        wire = self._tags.wire_tag(delivery_tag, connected=not self._suspended)
-        if wire is None:
-            self._drop_stale("basic.ack", delivery_tag)
-            return
-        self._proto.send_ack(wire, multiple)
-        self._pipe.kick()
-
-    def basic_nack(
-        self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
-    ) -> None:
-        """Reject one or (``multiple``) many deliveries; requeue or dead-letter them.
-
-        A stale tag (from before a recovery) is dropped like in :meth:`basic_ack`.
-
-        Args:
-            delivery_tag: the delivery's tag (0 with ``multiple``: every delivery so far).
-            multiple: and every earlier unacknowledged delivery of this channel.
-            requeue: put them back in the queue; ``False`` dead-letters or drops them.
-
-        Raises:
-            InvalidStateError: the channel is closed.
-            LocalProtocolError: the tag is not an unsigned 64-bit integer.
-        """
-        wire = self._tags.wire_tag(delivery_tag, connected=not self._suspended)
-        if wire is None:
-            self._drop_stale("basic.nack", delivery_tag)
-            return
-        self._proto.send_nack(wire, multiple, requeue)
-        self._pipe.kick()
-
-    def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
-        """Reject one delivery; requeue or dead-letter it (a stale tag is dropped).
-
-        Args:
-            delivery_tag: the delivery's tag.
-            requeue: put it back in the queue; ``False`` dead-letters or drops it.
-
-        Raises:
-            InvalidStateError: the channel is closed.
-            LocalProtocolError: the tag is not an unsigned 64-bit integer.
-        """
-        wire = self._tags.wire_tag(delivery_tag, connected=not self._suspended)
-        if wire is None:
-            self._drop_stale("basic.reject", delivery_tag)
-            return
-        self._proto.send_reject(wire, requeue)
-        self._pipe.kick()
-
-    def _drop_stale(self, what: str, delivery_tag: int) -> None:
-        """Log a settlement of a delivery of a connection that died (not sent)."""
-        logger.warning(
-            "channel %s: not sending %s for delivery %s: it arrived before the connection "
-            "recovered, and the broker redelivers it",
-            self.channel_id,
-            what,
-            delivery_tag,
-        )
 
     async def basic_recover(
         self, requeue: bool = True, *, timeout: float | None = None
@@ -630,7 +432,9 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         Returns:
             The broker's recover-ok.
         """
-        result: spec.BasicRecoverOk = await self._rpc(spec.BasicRecover(requeue=requeue), timeout)
+        result: spec.BasicRecoverOk = await self._requests.call(
+            spec.BasicRecover(requeue=requeue), timeout
+        )
         return result
 
     # -- confirm, tx, flow
@@ -645,7 +449,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         Returns:
             The broker's select-ok.
         """
-        result: spec.ConfirmSelectOk = await self._rpc(spec.ConfirmSelect(), timeout)
+        result: spec.ConfirmSelectOk = await self._requests.call(spec.ConfirmSelect(), timeout)
         return result
 
     async def tx_select(self, *, timeout: float | None = None) -> spec.TxSelectOk:
@@ -658,7 +462,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         Returns:
             The broker's select-ok.
         """
-        result: spec.TxSelectOk = await self._rpc(spec.TxSelect(), timeout)
+        result: spec.TxSelectOk = await self._requests.call(spec.TxSelect(), timeout)
         return result
 
     async def tx_commit(self, *, timeout: float | None = None) -> spec.TxCommitOk:
@@ -674,7 +478,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         Raises:
             PreconditionFailed: the channel is not transactional (the channel closes).
         """
-        result: spec.TxCommitOk = await self._rpc(spec.TxCommit(), timeout)
+        result: spec.TxCommitOk = await self._requests.call(spec.TxCommit(), timeout)
         return result
 
     async def tx_rollback(self, *, timeout: float | None = None) -> spec.TxRollbackOk:
@@ -690,7 +494,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         Raises:
             PreconditionFailed: the channel is not transactional (the channel closes).
         """
-        result: spec.TxRollbackOk = await self._rpc(spec.TxRollback(), timeout)
+        result: spec.TxRollbackOk = await self._requests.call(spec.TxRollback(), timeout)
         return result
 
     async def flow(self, active: bool, *, timeout: float | None = None) -> bool:
@@ -704,7 +508,9 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         Returns:
             The state the broker answered (``True``: active).
         """
-        reply: spec.ChannelFlowOk = await self._rpc(spec.ChannelFlow(active=active), timeout)
+        reply: spec.ChannelFlowOk = await self._requests.call(
+            spec.ChannelFlow(active=active), timeout
+        )
         return reply.active
 
     async def close(
@@ -727,16 +533,17 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, ChannelLifecycle):
         Raises:
             Timeout: no close-ok within ``timeout`` seconds.
         """
-        if self._closed.done():
+        link = self._link
+        if link.closed.done():
             return
-        if self._suspended:
-            self._on_closed(ChannelClosedByClient(reply_code, reply_text))
+        if link.suspended:
+            self._driver.on_closed(ChannelClosedByClient(reply_code, reply_text))
             return
-        self._proto.close(reply_code, reply_text)
+        link.protocol.close(reply_code, reply_text)
         self._pipe.kick()
         try:
             async with asyncio.timeout(timeout):
-                await asyncio.shield(self._closed)
+                await asyncio.shield(link.closed)
         except TimeoutError:
             raise Timeout(f"channel.close got no answer within {timeout} s") from None
 
@@ -750,14 +557,14 @@ def create_channel(
     records: bool,
     internal: bool,
     forget: Callable[[int], object],
-) -> ChannelHooks[AsyncChannel]:
+) -> ChannelEvents[AsyncChannel]:
     """Create the :class:`AsyncChannel` of a channel its connection just opened.
 
     For the connection only (the arguments are :class:`AsyncChannel`'s).
 
     Returns:
-        The channel's hooks, which the connection keeps while the channel is open
-        (``hooks.channel`` is the channel).
+        What drives the channel, which the connection keeps while the channel is
+        open (``events.channel`` is the channel).
     """
     channel = AsyncChannel(
         connection,
@@ -768,11 +575,11 @@ def create_channel(
         internal=internal,
         forget=forget,
     )
-    return channel._hooks
+    return channel._driver
 
 
 def pipe_of(channel: AsyncChannel) -> PublishPipe:
     """What publishing code uses of ``channel`` (its protocol object, confirm table and
     write path), for the library's publishers, pool and thread-safe channel; not for
     applications."""
-    return channel._pipe
+    return channel._driver.pipe

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from ..publishing.pipe import WritePath
     from ._connect import CredentialsProvider as CredentialsProvider
     from ._dispatch import BlockedCallback
-    from ._lifecycle import ChannelHooks
+    from ._lifecycle import ChannelEvents
     from ._socket import ReadFlow
     from .channel import AsyncChannel
 
@@ -111,7 +111,7 @@ class AsyncConnection:
         self.topology_record = TopologyRecord()
         self.recovery = recovery
         # The hooks of every open channel (and of the suspended ones), by channel number.
-        self._channels: dict[int, ChannelHooks[AsyncChannel]] = {}
+        self._channels: dict[int, ChannelEvents[AsyncChannel]] = {}
         # The collaborators (see the module docstring), wired to each other.
         parts = assemble(self, self._channels, candidates, credentials_provider, max_message_size)
         self._io, _, self._dispatch, self._life, self._connector, self._opener = parts
