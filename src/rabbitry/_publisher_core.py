@@ -4,7 +4,7 @@ Waiting for the right to send (the window, a blocked connection, the channel), s
 encoded messages on the publisher's channel (or keeping them until one is open), and
 following the channel's and the connection's events. The records the channel's confirm
 table settles are in :mod:`rabbitry.publishing.records`; they report to the core's
-:class:`~rabbitry.publishing.confirms.ConfirmBook`, and the window of the async API is
+:class:`~rabbitry.publishing.confirms.SentMessages`, and the window of the async API is
 a :class:`~rabbitry.publishing.window.SendWindow`.
 """
 
@@ -26,7 +26,7 @@ from .exceptions import (
 )
 from .protocol.channel import ChannelState
 from .protocol.publish import retarget
-from .publishing.confirms import ConfirmBook
+from .publishing.confirms import SentMessages
 from .publishing.records import Pending, Slot
 from .publishing.window import SendWindow
 from .recovery import State
@@ -89,7 +89,7 @@ class PublisherCore:
         self.encoder = encoder
         self.confirm = confirm
         # The records sent and unsettled, and what becomes of them.
-        self.book = ConfirmBook(loop, self, republish=republish, nack_retry=nack_retry)
+        self.book = SentMessages(loop, self, republish=republish, nack_retry=nack_retry)
         self.channel: AsyncChannel | None = None
         # What the publisher uses of its channel (set with it), and of its connection.
         self.pipe: PublishPipe | None = None

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .pipe import Settleable
     from .records import Pending
 
-__all__ = ["ConfirmBook", "Resender"]
+__all__ = ["Resender", "SentMessages"]
 
 logger = logging.getLogger("rabbitry.publisher")
 
@@ -53,7 +53,7 @@ class Resender(Protocol):
         """Queue one encoded message (a nacked one, sent again)."""
 
 
-class ConfirmBook:
+class SentMessages:
     """Keeps account of the sent, unsettled messages of one publisher until settled.
 
     ``outstanding`` counts the records sent and unsettled; ``returnable`` maps the
