@@ -66,9 +66,6 @@ __all__ = [
     "BatchingStats",
 ]
 
-# The accumulator under its former name (tests build one directly).
-_Accumulator = Accumulator
-
 
 class AsyncBatchingPublisher:
     """Publishes records in batch envelopes through an :class:`~rabbitry.AsyncPublisher`.

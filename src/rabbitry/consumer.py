@@ -37,7 +37,7 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-from ._batch_consume import Handling, failed_items
+from ._batch_consume import Handling
 from ._consumer_core import ConsumerCore
 from ._consumer_flow import Flow, TaskRunner
 from ._consumer_options import check_options
@@ -121,9 +121,6 @@ class AsyncConsumer(ConsumerCore):
             error such as the delivery-acknowledgement timeout.
     """
 
-    #: What a batch handler returned, validated (see ``_batch_consume.failed_items``).
-    _failed_items = staticmethod(failed_items)
-
     def __init__(
         self,
         connection: AsyncConnection,
@@ -183,7 +180,6 @@ class AsyncConsumer(ConsumerCore):
             connection, self, bounded=not self._manual or not self.prefetch, prefetch=self.prefetch
         )
         #: The inbox of the flow (work waiting for a handler slot).
-        self._inbox = self._flow.inbox
         self._batch: list[Message] = []
         self._batch_timer: asyncio.TimerHandle | None = None
         # Set when the consumer has ended for good (see wait()), with why.

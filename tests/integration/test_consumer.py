@@ -1983,7 +1983,7 @@ async def test_auto_ack_consumer_buffers_at_most_prefetch_messages(
         # how much memory, the consumer holds." Once the inbox is full the connection
         # stops reading, so nothing more can arrive after this point.
         assert await eventually(lambda: reading_paused(conn)), "reading never paused"
-        held = len(consumer._inbox)
+        held = len(consumer._flow.inbox)
     finally:
         release.set()
         await consumer.stop(drain=False, timeout=WAIT)

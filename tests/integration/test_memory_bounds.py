@@ -127,7 +127,7 @@ async def test_auto_ack_consumer_holds_at_most_prefetch_or_its_byte_bound(
             await consumer.start(timeout=10)
             try:
                 assert await eventually(lambda: reading_paused(conn)), "reading never paused"
-                held = len(consumer._inbox)
+                held = len(consumer._flow.inbox)
                 growth = rss() - before
             finally:
                 release.set()

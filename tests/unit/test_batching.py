@@ -17,6 +17,7 @@ from rabbitry import (
     Properties,
     Reject,
 )
+from rabbitry._batch_envelopes import Accumulator
 from rabbitry.batching import (
     BATCH_FORMAT_HEADER,
     BATCH_SIZE_HEADER,
@@ -30,10 +31,7 @@ from rabbitry.batching import (
     iter_delivery,
     unpack,
 )
-from rabbitry.batching_publisher import (
-    MAX_BATCH_BYTES,
-    _Accumulator,
-)
+from rabbitry.batching_publisher import MAX_BATCH_BYTES
 from rabbitry.protocol.spec import BasicProperties
 
 
@@ -282,13 +280,13 @@ def test_no_ack_records_settle_nothing() -> None:
 
 
 def test_accumulator_seals_on_count_bytes_and_target() -> None:
-    acc = _Accumulator(batch_records=3, batch_bytes=4 * 4 + 12)  # 4 records of 3 bytes
+    acc = Accumulator(batch_records=3, batch_bytes=4 * 4 + 12)  # 4 records of 3 bytes
     target = ("", "q")
     for i in range(3):
         acc.add(target, b"%03d" % i, i)
     assert len(acc.sealed) == 1 and acc.open is None  # three records: full by count
     assert _split_by_hand(b"".join(acc.sealed[0].parts)) == [b"000", b"001", b"002"]
-    acc = _Accumulator(batch_records=100, batch_bytes=20)
+    acc = Accumulator(batch_records=100, batch_bytes=20)
     acc.add(target, b"0123456789", 0)  # 14 bytes
     acc.add(target, b"0123456789", 1)  # would be 28 > 20: the first batch is sealed
     assert [len(b.futures) for b in acc.sealed] == [1]

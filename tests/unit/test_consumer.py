@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import rabbitry
+from rabbitry._batch_consume import failed_items
 from rabbitry.consumer import (
     AsyncConsumer,
     ConsumerStats,
@@ -377,7 +378,7 @@ def test_signals_are_exported_at_top_level() -> None:
 
 def test_batch_result_lists_failed_messages_with_a_default_retry() -> None:
     batch = [message(tag) for tag in (1, 2, 3)]
-    failed = AsyncConsumer._failed_items(batch, [batch[1]])
+    failed = failed_items(batch, [batch[1]])
     assert len(failed) == 1
     failed_message, error = failed[0]
     assert failed_message is batch[1]
@@ -387,7 +388,7 @@ def test_batch_result_lists_failed_messages_with_a_default_retry() -> None:
 def test_batch_result_may_carry_the_exception_per_message() -> None:
     batch = [message(tag) for tag in (1, 2, 3)]
     reason = Reject("bad payload")
-    failed = AsyncConsumer._failed_items(batch, [(batch[0], reason), (batch[2], None)])
+    failed = failed_items(batch, [(batch[0], reason), (batch[2], None)])
     assert failed[0] == (batch[0], reason)
     assert failed[1][0] is batch[2]
     assert isinstance(failed[1][1], Retry)
@@ -395,22 +396,22 @@ def test_batch_result_may_carry_the_exception_per_message() -> None:
 
 def test_batch_result_empty_collection_means_none_failed() -> None:
     batch = [message(1)]
-    assert AsyncConsumer._failed_items(batch, []) == []
-    assert AsyncConsumer._failed_items(batch, ()) == []
-    assert AsyncConsumer._failed_items(batch, set()) == []
+    assert failed_items(batch, []) == []
+    assert failed_items(batch, ()) == []
+    assert failed_items(batch, set()) == []
 
 
 def test_batch_result_accepts_any_iterable() -> None:
     batch = [message(tag) for tag in (1, 2, 3)]
-    failed = AsyncConsumer._failed_items(batch, (m for m in batch if m.delivery_tag != 2))
+    failed = failed_items(batch, (m for m in batch if m.delivery_tag != 2))
     assert [m.delivery_tag for m, _ in failed] == [1, 3]
 
 
 def test_failed_messages_helper() -> None:
     batch = [message(tag) for tag in (1, 2)]
     result = failed_messages(batch[1])
-    assert [m for m, _ in AsyncConsumer._failed_items(batch, result)] == [batch[1]]
-    assert AsyncConsumer._failed_items(batch, failed_messages()) == []
+    assert [m for m, _ in failed_items(batch, result)] == [batch[1]]
+    assert failed_items(batch, failed_messages()) == []
 
 
 @pytest.mark.parametrize(
@@ -420,31 +421,31 @@ def test_failed_messages_helper() -> None:
 )
 def test_batch_result_must_be_a_collection(result: object) -> None:
     with pytest.raises(InvalidStateError, match="collection of the messages that failed"):
-        AsyncConsumer._failed_items([message(1)], result)
+        failed_items([message(1)], result)
 
 
 def test_batch_result_rejects_a_message_of_another_batch() -> None:
     batch = [message(1), message(2)]
     stranger = message(1)  # equal tag, different delivery object
     with pytest.raises(InvalidStateError, match="not in its batch"):
-        AsyncConsumer._failed_items(batch, [stranger])
+        failed_items(batch, [stranger])
 
 
 def test_batch_result_rejects_things_that_are_not_messages() -> None:
     batch = [message(1)]
     with pytest.raises(InvalidStateError, match="not in its batch"):
-        AsyncConsumer._failed_items(batch, [1])
+        failed_items(batch, [1])
     with pytest.raises(InvalidStateError, match="not in its batch"):
-        AsyncConsumer._failed_items(batch, [b"m1"])
+        failed_items(batch, [b"m1"])
 
 
 def test_batch_result_rejects_malformed_tuples() -> None:
     batch = [message(1)]
     with pytest.raises(InvalidStateError):
-        AsyncConsumer._failed_items(batch, [(batch[0], Retry(), "extra")])
+        failed_items(batch, [(batch[0], Retry(), "extra")])
 
 
 def test_batch_result_lists_each_failed_message_once() -> None:
     batch = [message(1), message(2)]
-    failed = AsyncConsumer._failed_items(batch, [batch[0], batch[0]])
+    failed = failed_items(batch, [batch[0], batch[0]])
     assert len(failed) == 1

@@ -185,7 +185,7 @@ class AsyncChannel(DeclareMethods, ConsumerMethods, FrameMethods):
         except TimeoutError:
             raise Timeout(f"channel still open after {timeout} s") from None
 
-    # Kept for tests and debugging: the collaborators' state under the old names.
+    # Read-only views of the collaborators' state, for tests and debugging.
 
     @property
     def _proto(self) -> ChannelProtocol:

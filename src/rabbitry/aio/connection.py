@@ -405,7 +405,7 @@ class AsyncConnection:
         logger.debug("auto-delete queue %r lost its last consumer: forgotten", queue)
         self.topology_record.forget_queue(queue)
 
-    # The state of the collaborators under the names it had before they were split off.
+    # Read-only views of the collaborators' state, for tests and debugging.
 
     @property
     def _proto(self) -> ConnectionProtocol | None:
