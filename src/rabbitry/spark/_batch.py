@@ -51,6 +51,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Final
 
+from .._errors_spark import DeliveryCountRefused, DeliveryLimitReached, QueueBusy, ReadInterrupted
 from ..exceptions import (
     AMQPError,
     ChannelClosedByBroker,
@@ -96,48 +97,6 @@ _RESTARTS: Final = 3
 _PROGRESS_EVERY: Final = 10.0
 #: How long a read waits for a recovering connection before it gives up.
 _RECOVERY_WAIT: Final = 60.0
-
-
-class QueueBusy(RuntimeError):
-    """A non-destructive batch read of a queue that another consumer uses.
-
-    Refused when planned (the queue has consumers), or raised during the read when a
-    consumer appeared: the read cannot return the queue's content while someone else
-    takes messages from it.
-    """
-
-
-class DeliveryCountRefused(ConfigurationError):
-    """A batch read of a quorum queue would raise every message's delivery count.
-
-    Each return counts toward the queue's delivery limit; once it is reached the broker
-    dead-letters or drops the message. Opt in with ``acceptDeliveryCount=true`` (and tell
-    the limit when the broker cannot: ``deliveryLimit`` or ``managementUrl``).
-    """
-
-
-class DeliveryLimitReached(RuntimeError):
-    """A read of a quorum queue stopped at messages close to its delivery limit.
-
-    A batch read raises it when it meets a message one return from the limit; the
-    streaming source raises its subclass :class:`DeliveryLimitRefused` before reading
-    anything. Catch this class for both.
-
-    Attributes:
-        queue: the queue.
-        limit: its delivery limit.
-    """
-
-    def __init__(self, message: str, queue: str = "", limit: int | None = None) -> None:
-        super().__init__(message)
-        self.queue = queue
-        self.limit = limit
-
-
-class ReadInterrupted(RuntimeError):
-    """The connection recovered in the middle of a read that had already handed rows to
-    Spark: the broker took back what the read held, so the task fails (Spark retries it)
-    rather than return a mix of two reads."""
 
 
 class QueueSnapshot:
@@ -571,9 +530,12 @@ def browse_share(
                 return
             except (_Recovered, AMQPError) as exc:
                 # A channel the broker closed (404: queue deleted, 403...) is not a
-                # recovery. Any other error of a call: the connection went away (the
-                # state-change callback may not have run yet).
-                if isinstance(exc, ChannelClosedByBroker):
+                # recovery, nor is the read's own verdict (a consumer appeared, a message
+                # is at its delivery limit). Any other error of a call: the connection
+                # went away (the state-change callback may not have run yet).
+                if isinstance(
+                    exc, ChannelClosedByBroker | QueueBusy | DeliveryLimitReached | ReadInterrupted
+                ):
                     raise
                 if attempt.yielded or options.num_partitions > 1 or restarts >= _RESTARTS:
                     raise ReadInterrupted(

@@ -14,6 +14,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from .._errors_spark import BrokerUnavailable, PublishFailed, ReplayUnavailable, SourceCancelled
 from ..exceptions import (
     AMQPError,
     ConfigurationError,
@@ -73,28 +74,6 @@ _ACK_APPLIED_TIMEOUT = 30.0
 #: Seconds between two attempts to connect again during an outage (the first, doubled up
 #: to the last).
 _RECONNECT_DELAYS = (0.5, 5.0)
-
-
-class SourceCancelled(RuntimeError):
-    """The broker cancelled the consumer of a streaming query (e.g. its queue was deleted)."""
-
-
-class BrokerUnavailable(RuntimeError):
-    """A streaming source lost its broker and could not get it back within
-    ``recoveryTimeoutMs`` (the query stops; its unacknowledged messages are back in the
-    queue, and a restart from the checkpoint goes on)."""
-
-
-class PublishFailed(RuntimeError):
-    """A write task could not get every message confirmed (Spark retries the task)."""
-
-
-class ReplayUnavailable(RuntimeError):
-    """A planned micro-batch of a classic/quorum queue cannot be replayed.
-
-    Its messages are still held (unacknowledged) by the source session that read them, so
-    an empty replay would let that session acknowledge them later: data loss.
-    """
 
 
 _MARKER_PREFIX = "rabbitry.spark.source."
