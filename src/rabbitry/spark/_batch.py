@@ -61,8 +61,8 @@ from ..exceptions import (
 )
 from ..recovery import State
 from ._arrow import MAX_BATCH_ROWS, ArrowRows
-from ._core import check_queue_type
 from ._limits import DeliveryLimit, delivery_count, effective_delivery_limit
+from ._queue_probe import check_queue_type
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

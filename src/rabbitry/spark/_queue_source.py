@@ -14,8 +14,9 @@ from pyspark.sql.datasource import SimpleDataSourceStreamReader
 
 from ._arrow import ArrowRows
 from ._compat import SupportsTriggerAvailableNow
-from ._core import QueueConsumer, replay_check
+from ._core import QueueConsumer
 from ._metrics import Counts, enable_otel
+from ._replay import replay_check
 from ._restart import restart_check
 
 if TYPE_CHECKING:
