@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._errors_spark import DeliveryLimitRefused
-from ._batch import lookup_limit
+from ._batch_plan import lookup_limit
 from ._limits import DeliveryLimit, broker_default_limit
 
 if TYPE_CHECKING:

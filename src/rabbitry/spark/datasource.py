@@ -39,7 +39,8 @@ from pyspark.sql.datasource import (
 )
 
 from ..exceptions import ConfigurationError
-from ._batch import browse_share, consume_share, plan_queue_read
+from ._batch import browse_share, consume_share
+from ._batch_plan import plan_queue_read
 from ._compat import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from ._core import (
     read_stream_range,
