@@ -2,30 +2,33 @@
 
 Everything here uses rabbitry's thread-safe sync API and is unit-testable with fakes.
 Connections are opened lazily in the process that uses them and never pickled.
+The replay check of a planned batch is in :mod:`rabbitry.spark._replay`, the probes of
+a queue's depth and type in :mod:`rabbitry.spark._queue_probe`.
 """
 
 from __future__ import annotations
 
 import logging
 import queue as queue_module
-import re
 import threading
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from .._errors_spark import BrokerUnavailable, PublishFailed, ReplayUnavailable, SourceCancelled
 from ..exceptions import (
     AMQPError,
-    ConfigurationError,
     ConsumerCancelled,
     InvalidStateError,
     NotFound,
-    PreconditionFailed,
     Timeout,
 )
 from ..recovery import State, is_permanent
 from ..sync._connection import portal_of
 from ._limits import delivery_count
+from ._queue_probe import broker_queue_type as broker_queue_type
+from ._queue_probe import check_queue_type
+from ._replay import session_marker
 from ._rows import TupleRows
 from ._streams import (
     DataLossError,
@@ -73,92 +76,6 @@ _ACK_APPLIED_TIMEOUT = 30.0
 #: Seconds between two attempts to connect again during an outage (the first, doubled up
 #: to the last).
 _RECONNECT_DELAYS = (0.5, 5.0)
-
-
-class SourceCancelled(RuntimeError):
-    """The broker cancelled the consumer of a streaming query (e.g. its queue was deleted)."""
-
-
-class BrokerUnavailable(RuntimeError):
-    """A streaming source lost its broker and could not get it back within
-    ``recoveryTimeoutMs`` (the query stops; its unacknowledged messages are back in the
-    queue, and a restart from the checkpoint goes on)."""
-
-
-class PublishFailed(RuntimeError):
-    """A write task could not get every message confirmed (Spark retries the task)."""
-
-
-class ReplayUnavailable(RuntimeError):
-    """A planned micro-batch of a classic/quorum queue cannot be replayed.
-
-    Its messages are still held (unacknowledged) by the source session that read them, so
-    an empty replay would let that session acknowledge them later: data loss.
-    """
-
-
-_MARKER_PREFIX = "rabbitry.spark.source."
-
-
-def session_marker(session: str) -> str:
-    """The exclusive queue that exists while the source session ``session`` is connected."""
-    return f"{_MARKER_PREFIX}{session}"
-
-
-def replay_check(options: ReadOptions, start: int, end: int, session: str | None) -> None:
-    """Allow the empty replay of batch ``[start, end)`` only if its messages are requeued.
-
-    Spark replays a planned but uncommitted batch after the source restarted. The
-    messages of that batch were held unacknowledged by the session that read them; once
-    that session's connection is gone the broker has requeued them and they arrive again
-    in later batches (``redelivered``), so the replay is rightly empty. If the session
-    still exists, they are not back in the queue: raise instead of committing an empty
-    batch over them.
-
-    Raises:
-        ReplayUnavailable: the session still holds the messages, or it cannot be checked.
-    """
-    queue = options.queue
-    if session is None:
-        logger.warning(
-            "rabbitmq source %r: replaying batch [%d, %d) as empty (offsets without a "
-            "session, written by an older version); its messages were requeued when the "
-            "previous source stopped",
-            queue,
-            start,
-            end,
-        )
-        return
-    try:
-        conn = options.connect.connect(" [spark replay check]")
-    except AMQPError as exc:
-        raise ReplayUnavailable(
-            f"rabbitmq source {queue!r}: cannot check whether batch [{start}, {end}) was "
-            f"returned to the queue ({exc}); refusing to replay it as empty"
-        ) from exc
-    try:
-        channel = conn.channel()
-        try:
-            channel.queue_declare(session_marker(session), passive=True)
-        except NotFound:
-            logger.warning(
-                "rabbitmq source %r: batch [%d, %d) is replayed empty: the source that read "
-                "it is gone, so the broker requeued its messages; they arrive in later "
-                "batches flagged redelivered",
-                queue,
-                start,
-                end,
-            )
-            return
-        except AMQPError:  # 405 RESOURCE_LOCKED: the session's exclusive queue exists
-            pass
-        raise ReplayUnavailable(
-            f"rabbitmq source {queue!r}: batch [{start}, {end}) is planned but its messages "
-            f"are still held by the live source session {session}; an empty replay would "
-            "let that session acknowledge them later (data loss)"
-        )
-    finally:
-        conn.close(timeout=5)
 
 
 # ---------------------------------------------------------------- classic / quorum queues
@@ -636,77 +553,3 @@ def _dispatched(conn: Connection, timeout: float) -> None:
     portal = portal_of(conn)
     portal.submit(portal.post_callback, done.set)
     done.wait(timeout)
-
-
-def queue_depth(options: ReadOptions) -> int:
-    """Ready messages in the queue now (``queue.declare`` passive)."""
-    conn = options.connect.connect(" [spark planner]")
-    try:
-        channel = conn.channel()
-        try:
-            return channel.queue_declare(options.queue, passive=True).message_count
-        except NotFound:
-            raise ConfigurationError(
-                f"option queue: queue {options.queue!r} does not exist"
-            ) from None
-    finally:
-        conn.close(timeout=5)
-
-
-_REFUSED_TYPE = re.compile(r"of queue type rabbit_([a-z]+)_queue")
-
-
-def broker_queue_type(conn: Connection, queue: str) -> str | None:
-    """The type of ``queue`` as the broker states it: ``classic``, ``quorum``, ``stream``.
-
-    AMQP 0-9-1 has no call that returns it, but a consumer with the ``x-stream-offset``
-    argument is accepted by a stream only; classic and quorum queues refuse it with a
-    406 naming their type (RabbitMQ 3.10 to 4.x). The probe runs on a channel of its
-    own, closed afterwards (closing, not cancelling: nothing is rejected). None when the
-    answer names no known type.
-    """
-    channel = conn.channel()
-    try:
-        channel.basic_qos(1)
-        try:
-            channel.basic_consume(
-                queue, lambda message: None, arguments={"x-stream-offset": "next"}
-            )
-        except PreconditionFailed as exc:
-            match = _REFUSED_TYPE.search(str(exc))
-            return match.group(1) if match else None
-        except ConfigurationError:
-            # This connection declared the queue as a non-stream itself and refused the
-            # argument before sending it: no answer from the broker.
-            return None
-        return "stream"
-    finally:
-        if channel.is_open:
-            channel.close()
-
-
-def check_queue_type(conn: Connection, options: ReadOptions) -> None:
-    """Refuse a read whose ``queueType`` is not the queue's type.
-
-    Raises:
-        ConfigurationError: the queue does not exist, or the broker says it is of
-            another type. A stream read as a queue would deliver only what is published
-            after the read started; a quorum queue read as classic would skip the
-            delivery-count refusal.
-    """
-    try:
-        actual = broker_queue_type(conn, options.queue)
-    except NotFound:
-        raise ConfigurationError(f"option queue: queue {options.queue!r} does not exist") from None
-    if actual is None or actual == options.queue_type:
-        return
-    why = {
-        "stream": "read as a queue, a stream delivers only the messages published after "
-        "the read started, so the rows would miss what it holds",
-        "quorum": "every return raises a quorum queue's delivery count, which the read "
-        "handles only when it knows (see acceptDeliveryCount)",
-    }.get(actual, "the read depends on it")
-    raise ConfigurationError(
-        f"option queueType: queue {options.queue!r} is a {actual} queue (the broker says "
-        f"so), got {options.queue_type!r}: {why}; set queueType={actual}"
-    )

@@ -1,5 +1,8 @@
 """Options of the ``rabbitmq`` data source: parsing, validation and connecting.
 
+The option names and the reader of the raw option map are in
+:mod:`rabbitry.spark._option_map`.
+
 Pure Python (no pyspark import), so it is unit-tested without Spark. Spark hands options
 over as strings with lower-cased keys; every lookup here is case-insensitive and every
 error names the option as documented (``maxMessagesPerBatch``, not ``maxmessagesperbatch``).
@@ -10,7 +13,6 @@ without sockets, and connections are opened from them per task (:meth:`ConnectOp
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import os
 import re
@@ -21,6 +23,8 @@ from urllib.parse import quote
 from ..config import default_url, parse_urls
 from ..exceptions import ConfigurationError, TopologyValidationError
 from ..topology import SuperStream
+from ._option_map import OPTION_NAMES as OPTION_NAMES
+from ._option_map import OptionMap
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -38,240 +42,6 @@ __all__ = [
 
 QueueType = Literal["classic", "quorum", "stream"]
 ConsumeMode = Literal["requeue", "destructive"]
-
-# Documented spelling of every option, keyed by its lower-cased form.
-_CONNECT_KEYS = (
-    "url",
-    "otel",
-    "connectionName",
-    "heartbeat",
-    "tlsCaFile",
-    "tlsCertFile",
-    "tlsKeyFile",
-    "tlsVerify",
-    "tlsServerName",
-)
-# A super stream's layout (reads and writes).
-_SUPER_STREAM_KEYS = ("superStream", "superStreamPartitions", "superStreamBindingKeys")
-_READ_KEYS = (
-    "queue",
-    "queueType",
-    "prefetch",
-    "maxMessagesPerBatch",
-    "maxRecordsPerTrigger",
-    "startingOffsets",
-    "endingOffsets",
-    "numPartitions",
-    "pollTimeoutMs",
-    "idleTimeoutMs",
-    "failOnDataLoss",
-    "maxMessages",
-    "consume",
-    "acceptDeliveryCount",
-    "exclusiveWaitMs",
-    "deliveryLimit",
-    "managementUrl",
-    "maxBatchWaitMs",
-    "recoveryTimeoutMs",
-)
-_WRITE_KEYS = (
-    "exchange",
-    "routingKey",
-    "maxInFlight",
-    "confirmTimeoutMs",
-    "mandatory",
-    "jobId",
-    "persistent",
-    "checkExchange",
-    "batchRecords",
-    "traceparent",
-    "tracestate",
-    "partitionKeyColumn",
-)
-# Read options given to a write (and the reverse) are ignored rather than refused: the
-# same option map is often reused for both directions.
-KNOWN_OPTIONS = {
-    key.lower(): key for key in (*_CONNECT_KEYS, *_SUPER_STREAM_KEYS, *_READ_KEYS, *_WRITE_KEYS)
-}
-
-
-#: Every option of format ``rabbitmq`` (reads and writes), as docs/spark.md spells them.
-OPTION_NAMES: frozenset[str] = frozenset(KNOWN_OPTIONS.values())
-
-#: Options of Spark's Kafka source that mean what an option of this source means: taken
-#: as that option (Kafka name → option).
-ALIASES: dict[str, str] = {"maxOffsetsPerTrigger": "maxRecordsPerTrigger"}
-
-_URL_PART = "part of option url (amqp://user:password@host:port/vhost)"
-_STREAM_TIMESTAMP = (
-    "startingOffsets=timestamp:<epoch seconds> (the first chunk published at or after that time)"
-)
-
-#: Names that users of Spark's Kafka source and sink, and of other RabbitMQ connectors,
-#: type, which this source has no option for: each is refused, naming what to use.
-FOREIGN_OPTIONS: dict[str, str] = {
-    # Spark's Kafka source and sink.
-    "subscribe": "use option queue (one queue or stream) or superStream (a super stream's "
-    "partitions)",
-    "subscribePattern": "no pattern subscriptions; use option queue or superStream",
-    "assign": "use option superStream with superStreamPartitions or superStreamBindingKeys",
-    "topic": "writes take option exchange and routingKey (or the columns exchange and "
-    "routing_key), or superStream",
-    "startingTimestamp": f"use {_STREAM_TIMESTAMP}",
-    "startingOffsetsByTimestamp": f"use {_STREAM_TIMESTAMP}, or a JSON object of such "
-    "values per partition queue in startingOffsets",
-    "startingOffsetsByTimestampStrategy": f"no strategy; {_STREAM_TIMESTAMP} starts at the "
-    "tail when nothing was published after the time",
-    "endingTimestamp": "reads end at endingOffsets (an offset or latest); there is no "
-    "ending by time",
-    "endingOffsetsByTimestamp": "reads end at endingOffsets (an offset or latest); there "
-    "is no ending by time",
-    "minOffsetsPerTrigger": "no lower bound: a micro-batch takes what there is up to "
-    "maxRecordsPerTrigger (streams) or maxMessagesPerBatch (queues)",
-    "maxTriggerDelay": "no lower bound to wait for (see minOffsetsPerTrigger); a queue's "
-    "micro-batch closes maxBatchWaitMs after its first message",
-    "minPartitions": "use option numPartitions (offset ranges per micro-batch, per "
-    "partition of a super stream)",
-    "maxRecordsPerPartition": "use option numPartitions (offset ranges per micro-batch)",
-    "groupIdPrefix": "there are no consumer groups: streams are read by offset, and the "
-    "checkpoint holds the offsets",
-    "kafkaConsumer.pollTimeoutMs": "use option pollTimeoutMs (how long a queue's "
-    "micro-batch waits for its first message)",
-    "fetchOffset.numRetries": "no offset fetch to retry: a stream's tail is read with a "
-    "probe when each micro-batch is planned",
-    "fetchOffset.retryIntervalMs": "no offset fetch to retry: a stream's tail is read with "
-    "a probe when each micro-batch is planned",
-    "includeHeaders": "the headers column is always read (drop it with df.drop('headers')) "
-    "and written when given",
-    # Other connectors' names of this source's options.
-    "queueName": "use option queue",
-    "exchangeName": "use option exchange",
-    "streamName": "use option queue with queueType=stream",
-    "superStreamName": "use option superStream",
-    "routingKeys": "use option routingKey (one key), or a routing_key column",
-    "exchangeType": "the exchange must exist (declare it with rabbitry.topology); a write "
-    "only publishes to it",
-    "host": _URL_PART,
-    "hostname": _URL_PART,
-    "port": _URL_PART,
-    "username": _URL_PART,
-    "user": _URL_PART,
-    "password": _URL_PART,
-    "vhost": _URL_PART,
-    "virtualHost": _URL_PART,
-    "uri": "use option url",
-    "prefetchCount": "use option prefetch",
-    "qos": "use option prefetch",
-    "autoAck": "use option consume=destructive (batch reads); streaming reads acknowledge "
-    "when Spark commits",
-    "batchSize": "use option maxMessagesPerBatch (queue reads), maxRecordsPerTrigger "
-    "(stream reads) or batchRecords (writes)",
-    "maxMessagesPerTrigger": "use option maxMessagesPerBatch (queues) or "
-    "maxRecordsPerTrigger (streams)",
-    "deliveryMode": "use option persistent, or properties.delivery_mode per row",
-    "publisherConfirms": "writes always wait for publisher confirms (maxInFlight, "
-    "confirmTimeoutMs)",
-    "ssl": "use an amqps:// URL in option url (and the tls* options)",
-    "useSsl": "use an amqps:// URL in option url (and the tls* options)",
-}
-
-#: Spark's Kafka client settings (``kafka.bootstrap.servers``, ``kafka.group.id``, ...).
-_KAFKA_PREFIX = "kafka."
-_KAFKA_HINT = (
-    "a Kafka client setting has no meaning here; the connection is option url (and the "
-    "tls* options)"
-)
-
-_FOREIGN = {key.lower(): (key, hint) for key, hint in FOREIGN_OPTIONS.items()}
-_ALIASES = {key.lower(): (key, target) for key, target in ALIASES.items()}
-_TYPO_TARGETS = [*KNOWN_OPTIONS, *_ALIASES, *_FOREIGN]
-
-
-def _refuse_foreign(key: str) -> None:
-    """Refuse a Kafka (or other connector's) option name this source has no option for."""
-    if key in _FOREIGN:
-        name, hint = _FOREIGN[key]
-        raise ConfigurationError(f"option {name}: not an option of format rabbitmq; {hint}")
-    if key.startswith(_KAFKA_PREFIX):
-        raise ConfigurationError(f"option {key}: not an option of format rabbitmq; {_KAFKA_HINT}")
-
-
-class _Opts:
-    """Case-insensitive access to the raw string options, with errors naming the option."""
-
-    def __init__(self, options: Mapping[str, str]) -> None:
-        # Unknown keys are ignored, not refused: Spark adds its own (path,
-        # checkpointLocation, ...) to the options of sources and sinks. Names of Spark's
-        # Kafka source and of other connectors are taken as the option they mean
-        # (ALIASES) or refused naming what to use (FOREIGN_OPTIONS, kafka.*). A key one
-        # letter or so away from any of these is a typo, refused: a misspelt
-        # startingOffsets would read from the default offset without a word.
-        self._raw = {str(key).lower(): value for key, value in options.items()}
-        for key in list(self._raw):
-            if key in KNOWN_OPTIONS:
-                continue
-            _refuse_foreign(key)
-            if key in _ALIASES:
-                name, target = _ALIASES[key]
-                if target.lower() in self._raw:
-                    raise ConfigurationError(
-                        f"option {name}: Spark's Kafka name of option {target}, which is "
-                        "given too; give one of them"
-                    )
-                self._raw[target.lower()] = self._raw.pop(key)
-                continue
-            close = difflib.get_close_matches(key, _TYPO_TARGETS, n=1, cutoff=0.85)
-            if not close:
-                continue
-            if close[0] in _FOREIGN:
-                name, hint = _FOREIGN[close[0]]
-                raise ConfigurationError(
-                    f"option {key}: not an option of format rabbitmq (nor is {name}); {hint}"
-                )
-            meant = KNOWN_OPTIONS.get(close[0]) or _ALIASES[close[0]][0]
-            raise ConfigurationError(
-                f"option {key}: not an option of format rabbitmq; did you mean {meant}?"
-            )
-
-    def text(self, name: str, default: str | None = None) -> str | None:
-        value = self._raw.get(name.lower())
-        if value is None:
-            return default
-        return str(value)
-
-    def required(self, name: str) -> str:
-        value = self.text(name)
-        if value is None or not value.strip():
-            raise ConfigurationError(f"option {name}: required")
-        return value.strip()
-
-    def integer(self, name: str, default: int, low: int, high: int = 2**31 - 1) -> int:
-        text = self.text(name)
-        if text is None:
-            return default
-        try:
-            value = int(text.strip())
-        except ValueError:
-            raise ConfigurationError(f"option {name}: not an integer: {text!r}") from None
-        if not low <= value <= high:
-            raise ConfigurationError(f"option {name}: must be in {low}..{high}, got {value}")
-        return value
-
-    def opt_int(self, name: str, low: int, high: int = 2**63 - 1) -> int | None:
-        if self.text(name) is None:
-            return None
-        return self.integer(name, 0, low, high)
-
-    def flag(self, name: str, default: bool) -> bool:
-        text = self.text(name)
-        if text is None:
-            return default
-        lowered = text.strip().lower()
-        if lowered in ("true", "1", "yes"):
-            return True
-        if lowered in ("false", "0", "no"):
-            return False
-        raise ConfigurationError(f"option {name}: must be true or false, got {text!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,7 +105,7 @@ class ConnectOptions:
         return conn
 
 
-def _parse_connect(opts: _Opts) -> ConnectOptions:
+def _parse_connect(opts: OptionMap) -> ConnectOptions:
     # Without option url: $RABBITMQ_URL (read where the options are parsed, i.e. on the
     # driver; the parsed URL is what the executors use), else the local default.
     text = opts.text("url") or default_url()
@@ -386,7 +156,7 @@ def _parse_connect(opts: _Opts) -> ConnectOptions:
 _LAYOUT_OPTIONS = {"partitions": "superStreamPartitions", "binding_keys": "superStreamBindingKeys"}
 
 
-def _parse_super_stream(opts: _Opts) -> SuperStream | None:
+def _parse_super_stream(opts: OptionMap) -> SuperStream | None:
     """Options ``superStream``, ``superStreamPartitions``, ``superStreamBindingKeys``."""
     name = opts.text("superStream")
     count = opts.opt_int("superStreamPartitions", 1, 100_000)
@@ -531,7 +301,7 @@ def _partition_offsets(text: str, layout: SuperStream | None) -> tuple[tuple[str
 
 def parse_read_options(options: Mapping[str, str]) -> ReadOptions:
     """Validate the options of a read; raises ``ConfigurationError`` naming the option."""
-    opts = _Opts(options)
+    opts = OptionMap(options)
     connect = _parse_connect(opts)
     layout = _parse_super_stream(opts)
     if layout is None:
@@ -676,7 +446,7 @@ def trace_options() -> dict[str, str]:
 _TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
 
 
-def _trace_context(opts: _Opts) -> tuple[str | None, str | None]:
+def _trace_context(opts: OptionMap) -> tuple[str | None, str | None]:
     """The ``traceparent`` and ``tracestate`` options, checked (W3C trace context)."""
     traceparent = opts.text("traceparent")
     tracestate = opts.text("tracestate")
@@ -698,7 +468,7 @@ def _trace_context(opts: _Opts) -> tuple[str | None, str | None]:
 
 def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     """Validate the options of a write; raises ``ConfigurationError`` naming the option."""
-    opts = _Opts(options)
+    opts = OptionMap(options)
     connect = _parse_connect(opts)
     exchange = opts.text("exchange", "") or ""
     if len(exchange.encode()) > 255:

@@ -11,19 +11,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._batch import DeliveryLimitReached, lookup_limit
+from .._errors_spark import DeliveryLimitRefused
+from ._batch_plan import lookup_limit
 from ._limits import DeliveryLimit, broker_default_limit
 
 if TYPE_CHECKING:
     from ._options import ReadOptions
 
 __all__ = ["DeliveryLimitRefused", "queue_delivery_limit", "restart_check"]
-
-
-class DeliveryLimitRefused(DeliveryLimitReached):
-    """A restarted streaming query of a quorum queue would read messages that one more
-    failed run could push to the queue's delivery limit (where the broker dead-letters or
-    drops them); nothing was read."""
 
 
 def queue_delivery_limit(options: ReadOptions) -> DeliveryLimit:

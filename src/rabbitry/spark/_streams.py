@@ -14,6 +14,7 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from .._errors_spark import DataLossError
 from ..exceptions import ConfigurationError, NotFound
 from ._arrow import ArrowRows
 
@@ -36,10 +37,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("rabbitry.spark")
-
-
-class DataLossError(RuntimeError):
-    """Offsets of a stream queue were asked for that retention already removed."""
 
 
 def split_range(start: int, end: int, parts: int) -> list[tuple[int, int]]:

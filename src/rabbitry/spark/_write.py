@@ -14,6 +14,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from .._errors_spark import PublishFailed, UnroutableRows
 from ..batching import encode_records, envelope_headers
 from ..batching_publisher import DEFAULT_BATCH_BYTES
 from ..exceptions import (
@@ -26,7 +27,6 @@ from ..exceptions import (
 )
 from ..protocol.spec import BasicProperties
 from ._arrow import batch_fields
-from ._core import PublishFailed
 from ._rows import fields_to_message, row_fields
 from ._super import routed_batch_fields, routed_row_fields
 
@@ -52,20 +52,6 @@ logger = logging.getLogger("rabbitry.spark")
 
 # Distinct (exchange, routing key) pairs named in an UnroutableRows message.
 _MAX_NAMED_ROUTES = 5
-
-
-class UnroutableRows(PublishFailed):
-    """Rows were returned by the broker as unroutable (``mandatory=true``, the default).
-
-    Attributes:
-        returned: how many rows were returned.
-        routes: returned rows per ``(exchange, routing_key)`` (the first few pairs).
-    """
-
-    def __init__(self, message: str, returned: int, routes: dict[tuple[str, str], int]) -> None:
-        super().__init__(message)
-        self.returned = returned
-        self.routes = routes
 
 
 @dataclasses.dataclass
@@ -297,6 +283,8 @@ def _publish_rows(
                     1,
                     len(body),
                 )
+        except PublishFailed:
+            raise  # already says what failed (e.g. a row an envelope cannot carry)
         except AMQPError as exc:
             raise PublishFailed(
                 f"rabbitmq write (partition {partition_id}): publishing failed after "

@@ -1,4 +1,7 @@
-"""The PySpark classes of format ``rabbitmq`` (the only module that imports pyspark).
+"""The PySpark classes of format ``rabbitmq``.
+
+With the modules it takes its classes from (``_queue_source``, ``_writers`` and the
+version stand-ins of ``_compat``), the only modules of the package that import pyspark.
 
 Where each piece runs (Spark's Python Data Source API, 4.x):
 
@@ -23,36 +26,32 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pyspark.errors import PySparkNotImplementedError
 from pyspark.sql.datasource import (
     DataSource,
-    DataSourceArrowWriter,
     DataSourceReader,
     DataSourceStreamReader,
     DataSourceStreamWriter,
     InputPartition,
     SimpleDataSourceStreamReader,
-    WriterCommitMessage,
 )
 
 from ..exceptions import ConfigurationError
-from ._arrow import ArrowRows
-from ._batch import browse_share, consume_share, plan_queue_read
+from ._batch import browse_share, consume_share
+from ._batch_plan import plan_queue_read
+from ._compat import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from ._core import (
-    QueueConsumer,
     read_stream_range,
-    replay_check,
     resolve_start,
     split_range,
     stream_bounds,
     stream_first,
     stream_tail,
 )
-from ._metrics import Counts, enable_otel
-from ._options import ReadOptions, WriteOptions, parse_read_options, parse_write_options
-from ._restart import restart_check
+from ._options import ReadOptions, parse_read_options, parse_write_options
+from ._queue_source import Offset, QueueStreamReader
 from ._rows import READ_SCHEMA
 from ._super import (
     check_partition_count,
@@ -61,36 +60,14 @@ from ._super import (
     per_stream,
     share_limit,
 )
-from ._write import PublishResult, check_batch_columns, publish_batches, publish_rows
-
-try:  # Spark 4.2+: admission control and AvailableNow for Python sources
-    from pyspark.sql.streaming.datasource import (
-        ReadAllAvailable,
-        ReadLimit,
-        ReadMaxRows,
-        SupportsTriggerAvailableNow,
-    )
-except ImportError:  # pragma: no cover - Spark 4.0/4.1
-    ReadLimit = object  # type: ignore[assignment,misc]
-    ReadAllAvailable = ReadMaxRows = None  # type: ignore[assignment,misc]
-
-    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
-        """Stand-in: Spark < 4.2 runs AvailableNow as a single batch."""
-
-
-try:  # Spark 4.1+
-    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
-
-    _STREAM_ARROW = True
-except ImportError:  # pragma: no cover - Spark 4.0
-    _StreamWriterBase = DataSourceStreamWriter  # type: ignore[assignment,misc]
-    _STREAM_ARROW = False
+from ._write import check_batch_columns
+from ._writers import BatchWriter, PublishCommit, StreamWriter
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
     from pyarrow import RecordBatch
-    from pyspark.sql import Row, SparkSession
+    from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
     from ._limits import DeliveryLimit
@@ -104,8 +81,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("rabbitry.spark")
-
-Offset = dict[str, Any]
 
 
 class RabbitMQDataSource(DataSource):
@@ -336,125 +311,6 @@ class BatchReader(DataSourceReader):
         return consume_share(self.options, partition.quota, partition.first_offset)
 
 
-# ---------------------------------------------------------------- streaming: queues
-
-
-class QueueStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Classic/quorum queues: one driver-side consumer, manual acks, at-least-once.
-
-    Offsets are ``{"seq": n}`` (rows handed to Spark so far). ``read(start)`` first acks
-    every batch ending at or before ``start``: Spark asks for the next batch only after the
-    previous one is in its commit log. ``commit(end)`` acks too (idempotent). Acking only
-    in ``commit`` would deadlock when prefetch ≤ batch size, because Spark commits batch N
-    to the source only after planning a non-empty batch N+1, and it never commits the
-    last batch of an AvailableNow run.
-    """
-
-    def __init__(self, options: ReadOptions) -> None:
-        self.options = options
-        self.consumer = QueueConsumer(options)
-        #: What this source did (see :mod:`rabbitry.spark._metrics`).
-        self.counts = Counts("source", options.queue)
-        self._acked = 0
-        if options.otel:
-            enable_otel()
-
-    def initialOffset(self) -> Offset:
-        return {"seq": 0}
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        target = self.consumer.prepare_available_now()
-        logger.info(
-            "rabbitmq source %r: AvailableNow reads %d message(s)", self.options.queue, target
-        )
-
-    def read(self, start: Offset) -> tuple[Iterator[RecordBatch], Offset]:
-        """The next micro-batch, consumed in the driver; Spark calls it.
-
-        Args:
-            start: where the previous batch ended.
-
-        Returns:
-            The rows (record batches) and the offset after them (``start`` itself when
-            nothing is new).
-        """
-        begin = int(start["seq"])
-        rows = ArrowRows(self.options.queue)
-        end = self.consumer.read_into(begin, rows)
-        batches = rows.finish()
-        self._count(rows, begin, end)
-        if end == begin:
-            return iter([]), start  # unchanged, so Spark sees that nothing is new
-        # A list iterator: Spark copies cached iterators (a generator cannot be copied).
-        # The session names the connection holding these deliveries (see replay_check);
-        # on a quorum queue, count is their highest delivery count (see restart_check).
-        offset: Offset = {"seq": end, "session": self.consumer.session}
-        if self.consumer.batch_count is not None:
-            offset["count"] = self.consumer.batch_count
-        return iter(batches), offset
-
-    def readBetweenOffsets(self, start: Offset, end: Offset) -> Iterator[RecordBatch]:
-        """Replay a planned, uncommitted batch after a restart; Spark calls it.
-
-        Args:
-            start: the batch's first offset.
-            end: the offset after it.
-
-        Returns:
-            No rows: the broker redelivers those messages through :meth:`read`.
-        """
-        # Called for a batch that was planned but not committed when the source has no
-        # copy of it (after a restart), on an executor. Its messages are not readable
-        # again here: they were held unacknowledged by the session that read them. Once
-        # that session is gone the broker has requeued them (they come back through
-        # read(), flagged redelivered) and the replay is rightly empty; if it is alive,
-        # replay_check raises rather than commit an empty batch over them.
-        first, last = int(start["seq"]), int(end["seq"])
-        # A quorum queue's failed batch went back to the queue with its delivery counts
-        # raised: refuse, before reading anything, a restart that could lose it.
-        restart_check(self.options, first, last, end.get("count"))
-        replay_check(self.options, first, last, end.get("session"))
-        return iter([])
-
-    def commit(self, end: Offset) -> None:
-        """Acknowledge every message up to ``end``; Spark calls it once a batch is written.
-
-        Args:
-            end: the offset after the committed batch.
-        """
-        seq = int(end["seq"])
-        self.consumer.ack_through(seq)
-        self._count(None, seq, seq)
-
-    def _count(self, rows: ArrowRows | None, begin: int, end: int) -> None:
-        acks = self.consumer.acked - self._acked
-        self._acked = self.consumer.acked
-        count = rows.rows if rows is not None else 0
-        if not count and not acks:
-            return
-        size = rows.bytes if rows is not None else 0
-        redelivered = rows.redelivered if rows is not None else 0
-        self.counts.add(rows=count, bytes=size, acks=acks, redelivered=redelivered)
-        if not count:
-            logger.info(
-                "rabbitmq source %r commit through %d: %d ack(s)", self.options.queue, end, acks
-            )
-            return
-        logger.info(
-            "rabbitmq source %r batch [%d, %d): %d row(s), %d byte(s), %d ack(s), %d redelivered",
-            self.options.queue,
-            begin,
-            end,
-            count,
-            size,
-            acks,
-            redelivered,
-        )
-
-    def stop(self) -> None:
-        self.consumer.close()
-
-
 # ---------------------------------------------------------------- streaming: streams
 
 
@@ -598,150 +454,3 @@ class StreamQueueReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 def _start(options: ReadOptions) -> int:
     return resolve_start(options, options.starting_offsets)
-
-
-# ---------------------------------------------------------------- writes
-
-
-@dataclasses.dataclass
-class PublishCommit(WriterCommitMessage):
-    """Sent from a write task to the driver: what the task published (all confirmed)."""
-
-    partition_id: int
-    attempt: int
-    published: int
-    confirmed: int
-    first_message_id: str | None
-    last_message_id: str | None
-    bytes: int = 0
-
-    @classmethod
-    def of(cls, result: PublishResult) -> PublishCommit:
-        """The commit message of a task's publish result.
-
-        Args:
-            result: what the task published.
-
-        Returns:
-            The same counts and message ids.
-        """
-        return cls(**dataclasses.asdict(result))
-
-
-def _task() -> tuple[int, int, Any]:
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    if context is None:  # pragma: no cover - only outside a Spark task
-        return 0, 0, None
-    return context.partitionId(), context.attemptNumber(), context
-
-
-def _summary(messages: Sequence[WriterCommitMessage | None]) -> tuple[int, int]:
-    done = [m for m in messages if isinstance(m, PublishCommit)]
-    return len(done), sum(m.confirmed for m in done)
-
-
-def _sink_counts(options: WriteOptions) -> Counts:
-    if options.otel:
-        enable_otel()
-    return Counts("sink", options.exchange)
-
-
-def _commit_totals(
-    counts: Counts, messages: Sequence[WriterCommitMessage | None]
-) -> tuple[int, int, int]:
-    """Rows, bytes and confirmed rows of the successful tasks, added to ``counts.totals``
-    (the executors' tasks report them to OTel, not the driver)."""
-    done = [m for m in messages if isinstance(m, PublishCommit)]
-    rows = sum(m.published for m in done)
-    size = sum(m.bytes for m in done)
-    confirmed = sum(m.confirmed for m in done)
-    for name, value in (("rows", rows), ("bytes", size), ("confirmed", confirmed)):
-        counts.totals[name] += value
-    return rows, size, confirmed
-
-
-class BatchWriter(DataSourceArrowWriter):
-    """Batch write; message ids ``{jobId}:{partition}:{index}`` unless a column gives them."""
-
-    def __init__(self, options: WriteOptions, job_id: str) -> None:
-        self.options = options
-        self.job_id = job_id
-        #: What this sink did (see :mod:`rabbitry.spark._metrics`).
-        self.counts = Counts("sink", options.exchange)
-
-    def write(self, iterator: Iterator[RecordBatch]) -> PublishCommit:
-        partition, attempt, _ = _task()
-        prefix = f"{self.job_id}:{partition}"
-        counts = _sink_counts(self.options)
-        result = publish_batches(self.options, iterator, prefix, partition, attempt, counts)
-        return PublishCommit.of(result)
-
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        tasks = _summary(messages)[0]
-        rows, size, confirmed = _commit_totals(self.counts, messages)
-        logger.info(
-            "rabbitmq write %s: %d task(s), %d row(s), %d byte(s), %d confirmed",
-            self.job_id,
-            tasks,
-            rows,
-            size,
-            confirmed,
-        )
-
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        tasks, confirmed = _summary(messages)
-        logger.warning(
-            "rabbitmq write %s aborted: %d message(s) of %d successful task(s) were already "
-            "confirmed and stay in RabbitMQ",
-            self.job_id,
-            confirmed,
-            tasks,
-        )
-
-
-class StreamWriter(_StreamWriterBase):
-    """Streaming write; message ids ``{queryId}:{batchId}:{partition}:{index}``."""
-
-    def __init__(self, options: WriteOptions) -> None:
-        self.options = options
-        #: What this sink did (see :mod:`rabbitry.spark._metrics`).
-        self.counts = Counts("sink", options.exchange)
-
-    def write(self, iterator: Iterator[Any]) -> PublishCommit:
-        partition, attempt, context = _task()
-        query_id = context.getLocalProperty("sql.streaming.queryId") if context else None
-        batch_id = context.getLocalProperty("streaming.sql.batchId") if context else None
-        prefix = f"{query_id or self.options.job_id or 'query'}:{batch_id or 0}:{partition}"
-        counts = _sink_counts(self.options)
-        if _STREAM_ARROW:
-            result = publish_batches(self.options, iterator, prefix, partition, attempt, counts)
-        else:  # pragma: no cover - Spark 4.0 hands the stream writer Rows
-            rows = _row_dicts(iterator)
-            result = publish_rows(self.options, rows, prefix, partition, attempt, counts)
-        return PublishCommit.of(result)
-
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        rows, size, confirmed = _commit_totals(self.counts, messages)
-        logger.info(
-            "rabbitmq stream write batch %d: %d row(s), %d byte(s), %d confirmed, 0 nacked",
-            batchId,
-            rows,
-            size,
-            confirmed,
-        )
-
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        _tasks, confirmed = _summary(messages)
-        logger.warning(
-            "rabbitmq stream write batch %d aborted: %d message(s) already confirmed stay in "
-            "RabbitMQ (the batch is re-run on restart with the same message ids)",
-            batchId,
-            confirmed,
-        )
-
-
-def _row_dicts(rows: Iterator[Row]) -> Iterator[dict[str, Any]]:  # pragma: no cover - 4.0
-    for row in rows:
-        yield row.asDict()
