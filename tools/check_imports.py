@@ -44,7 +44,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "rabbitry._version",
             "rabbitry.exceptions.*",
-            "rabbitry._errors_spark",
             "rabbitry.broker",
             "rabbitry.record",
             "rabbitry._failure_log",

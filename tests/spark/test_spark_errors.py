@@ -1,4 +1,4 @@
-"""The Spark data source's errors: in rabbitry's tree, with their old bases, picklable."""
+"""The Spark data source's errors: in rabbitry's tree, builtins too, picklable."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import rabbitry.spark as spark_module
-from rabbitry import _errors_spark
+from rabbitry import exceptions as rabbitry_exceptions
 from rabbitry.exceptions import (
     AMQPConnectionError,
     AMQPError,
@@ -16,42 +16,43 @@ from rabbitry.exceptions import (
     InvalidStateError,
     PublishError,
 )
+from rabbitry.exceptions import _spark as spark_errors
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-# Each error, the bases it must keep (builtin ones from before it joined the tree
-# included), and an instance as the data source raises it.
+# Each error, the bases it has (builtin ones included, so ``except RuntimeError`` and
+# ``except ValueError`` catch it), and an instance as the data source raises it.
 CASES: list[tuple[BaseException, tuple[type[BaseException], ...]]] = [
-    (_errors_spark.SourceCancelled("cancelled"), (AMQPError, RuntimeError)),
-    (_errors_spark.BrokerUnavailable("gone"), (AMQPConnectionError, RuntimeError)),
-    (_errors_spark.ReplayUnavailable("held"), (InvalidStateError, RuntimeError)),
-    (_errors_spark.DataLossError("retention"), (AMQPError, RuntimeError)),
-    (_errors_spark.QueueBusy("consumer"), (InvalidStateError, RuntimeError)),
-    (_errors_spark.DeliveryCountRefused("opt in"), (ConfigurationError, ValueError)),
+    (rabbitry_exceptions.SourceCancelled("cancelled"), (AMQPError, RuntimeError)),
+    (rabbitry_exceptions.BrokerUnavailable("gone"), (AMQPConnectionError, RuntimeError)),
+    (rabbitry_exceptions.ReplayUnavailable("held"), (InvalidStateError, RuntimeError)),
+    (rabbitry_exceptions.DataLossError("retention"), (AMQPError, RuntimeError)),
+    (rabbitry_exceptions.QueueBusy("consumer"), (InvalidStateError, RuntimeError)),
+    (rabbitry_exceptions.DeliveryCountRefused("opt in"), (ConfigurationError, ValueError)),
     (
-        _errors_spark.DeliveryLimitReached("limit", queue="q", limit=20),
+        rabbitry_exceptions.DeliveryLimitReached("limit", queue="q", limit=20),
         (AMQPError, RuntimeError),
     ),
     (
-        _errors_spark.DeliveryLimitRefused("refused", queue="q", limit=5),
-        (_errors_spark.DeliveryLimitReached, AMQPError, RuntimeError),
+        rabbitry_exceptions.DeliveryLimitRefused("refused", queue="q", limit=5),
+        (rabbitry_exceptions.DeliveryLimitReached, AMQPError, RuntimeError),
     ),
-    (_errors_spark.ReadInterrupted("recovered"), (AMQPError, RuntimeError)),
-    (_errors_spark.PublishFailed("not confirmed"), (PublishError, RuntimeError)),
+    (rabbitry_exceptions.ReadInterrupted("recovered"), (AMQPError, RuntimeError)),
+    (rabbitry_exceptions.PublishFailed("not confirmed"), (PublishError, RuntimeError)),
     (
-        _errors_spark.UnroutableRows("returned", 3, {("ex", "key"): 3}),
-        (_errors_spark.PublishFailed, PublishError, RuntimeError),
+        rabbitry_exceptions.UnroutableRows("returned", 3, {("ex", "key"): 3}),
+        (rabbitry_exceptions.PublishFailed, PublishError, RuntimeError),
     ),
 ]
 
 
 def test_every_error_of_the_module_is_covered() -> None:
-    assert sorted(type(error).__name__ for error, _ in CASES) == sorted(_errors_spark.__all__)
+    assert sorted(type(error).__name__ for error, _ in CASES) == sorted(spark_errors.__all__)
 
 
 @pytest.mark.parametrize(("error", "bases"), CASES, ids=lambda c: type(c).__name__)
-def test_error_keeps_its_bases_and_survives_pickling(
+def test_error_has_its_bases_and_survives_pickling(
     error: BaseException, bases: tuple[type[BaseException], ...]
 ) -> None:
     for base in bases:
@@ -62,7 +63,7 @@ def test_error_keeps_its_bases_and_survives_pickling(
     assert vars(copy) == vars(error)
 
 
-def test_errors_are_importable_where_they_were() -> None:
+def test_errors_are_importable_from_the_spark_modules_that_raise_them() -> None:
     from rabbitry.spark import _batch, _core, _restart, _streams, _write
 
     modules = {
@@ -79,7 +80,7 @@ def test_errors_are_importable_where_they_were() -> None:
         "UnroutableRows": _write,
     }
     for name, module in modules.items():
-        cls = getattr(_errors_spark, name)
+        cls = getattr(rabbitry_exceptions, name)
         assert getattr(module, name) is cls
         assert getattr(spark_module, name) is cls
 
@@ -94,7 +95,7 @@ def test_a_refused_envelope_row_is_not_reported_as_a_publishing_failure(
     from rabbitry.spark._write import publish_rows
 
     options = parse_write_options({"url": url, "routingKey": make_queue(), "batchRecords": "4"})
-    with pytest.raises(_errors_spark.PublishFailed) as caught:
+    with pytest.raises(rabbitry_exceptions.PublishFailed) as caught:
         publish_rows(options, [{"body": b"x", "headers": {"a": "b"}}], "job:4", 4, 0)
     assert str(caught.value).startswith("option batchRecords: row 0 has a 'headers'")
     assert caught.value.__cause__ is None

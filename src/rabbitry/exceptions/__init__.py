@@ -78,6 +78,26 @@ consumer's handler raises them to say what becomes of its message::
     │   └── BatchFormatError               (also an AMQPError, above)
     └── Requeue                            put it back on its queue
 
+The Spark data source's errors (:mod:`rabbitry.spark`) are in the tree too, each also a
+builtin ``RuntimeError`` (``DeliveryCountRefused`` a ``ValueError``)::
+
+    AMQPError
+    ├── SourceCancelled                    the broker cancelled a streaming query's consumer
+    ├── DataLossError                      offsets asked for that retention removed
+    ├── DeliveryLimitReached               a quorum read stopped near the delivery limit
+    │   └── DeliveryLimitRefused           a restart would push messages past the limit
+    ├── ReadInterrupted                    recovery in a read that had handed out rows
+    ├── InvalidStateError
+    │   ├── QueueBusy                      a browsing read of a queue another consumer uses
+    │   └── ReplayUnavailable              a planned micro-batch cannot be replayed
+    ├── ConfigurationError
+    │   └── DeliveryCountRefused           a quorum read would raise delivery counts
+    ├── AMQPConnectionError
+    │   └── BrokerUnavailable              a streaming source lost its broker for good
+    └── PublishError
+        └── PublishFailed                  a write task's messages were not all confirmed
+            └── UnroutableRows             rows came back unroutable (mandatory)
+
 Outside the tree, a ``BaseException`` like ``KeyboardInterrupt``: ``ServiceStopped``,
 raised by a stop signal in the main thread of a service run with ``rabbitry.run``.
 
@@ -168,6 +188,19 @@ from ._rpc import (
     RpcUnroutable,
     ServiceStopped,
 )
+from ._spark import (
+    BrokerUnavailable,
+    DataLossError,
+    DeliveryCountRefused,
+    DeliveryLimitReached,
+    DeliveryLimitRefused,
+    PublishFailed,
+    QueueBusy,
+    ReadInterrupted,
+    ReplayUnavailable,
+    SourceCancelled,
+    UnroutableRows,
+)
 from ._topology import (
     ManagementError,
     ManagementNotFound,
@@ -185,6 +218,7 @@ __all__ = [
     "AccessRefused",
     "AuthenticationError",
     "BatchFormatError",
+    "BrokerUnavailable",
     "ChannelClosed",
     "ChannelClosedByBroker",
     "ChannelClosedByClient",
@@ -202,6 +236,10 @@ __all__ = [
     "ConsumerCancelled",
     "ContentTooLarge",
     "CredentialsError",
+    "DataLossError",
+    "DeliveryCountRefused",
+    "DeliveryLimitReached",
+    "DeliveryLimitRefused",
     "FrameError",
     "HandlerSignal",
     "HeartbeatTimeout",
@@ -226,11 +264,15 @@ __all__ = [
     "PreconditionFailed",
     "ProtocolError",
     "PublishError",
+    "PublishFailed",
     "PublishOutcomeUnknown",
     "PublishRefused",
     "PublishTimeout",
+    "QueueBusy",
+    "ReadInterrupted",
     "Reject",
     "RemoteProtocolError",
+    "ReplayUnavailable",
     "Requeue",
     "ResourceError",
     "ResourceLocked",
@@ -241,6 +283,7 @@ __all__ = [
     "RpcTimeout",
     "RpcUnroutable",
     "ServiceStopped",
+    "SourceCancelled",
     "TLSError",
     "Timeout",
     "TopologyConflict",
@@ -250,6 +293,7 @@ __all__ = [
     "UnexpectedFrame",
     "UnobservedPublishFailures",
     "Unroutable",
+    "UnroutableRows",
     "VirtualHostAccessRefused",
     "VirtualHostNotFound",
     "channel_error_for",

@@ -53,10 +53,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Final
 
-from .._errors_spark import DeliveryCountRefused, DeliveryLimitReached, QueueBusy, ReadInterrupted
 from ..exceptions import (
     AMQPError,
     ChannelClosedByBroker,
+    DeliveryCountRefused,
+    DeliveryLimitReached,
+    QueueBusy,
+    ReadInterrupted,
     ResourceLocked,
 )
 from ..recovery import State

@@ -13,8 +13,13 @@ import hashlib
 import logging
 from typing import TYPE_CHECKING
 
-from .._errors_spark import DeliveryCountRefused, DeliveryLimitReached, QueueBusy
-from ..exceptions import ConfigurationError, NotFound
+from ..exceptions import (
+    ConfigurationError,
+    DeliveryCountRefused,
+    DeliveryLimitReached,
+    NotFound,
+    QueueBusy,
+)
 from ._limits import DeliveryLimit, effective_delivery_limit
 from ._queue_probe import check_queue_type
 

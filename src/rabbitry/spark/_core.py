@@ -15,12 +15,15 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from .._errors_spark import BrokerUnavailable, PublishFailed, ReplayUnavailable, SourceCancelled
 from ..exceptions import (
     AMQPError,
+    BrokerUnavailable,
     ConsumerCancelled,
     InvalidStateError,
     NotFound,
+    PublishFailed,
+    ReplayUnavailable,
+    SourceCancelled,
     Timeout,
 )
 from ..recovery import State, is_permanent

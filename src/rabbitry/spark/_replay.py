@@ -10,8 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from .._errors_spark import ReplayUnavailable
-from ..exceptions import AMQPError, NotFound
+from ..exceptions import AMQPError, NotFound, ReplayUnavailable
 
 if TYPE_CHECKING:
     from ._options import ReadOptions

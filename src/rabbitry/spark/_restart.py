@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._errors_spark import DeliveryLimitRefused
+from ..exceptions import DeliveryLimitRefused
 from ._batch_plan import lookup_limit
 from ._limits import DeliveryLimit, broker_default_limit
 

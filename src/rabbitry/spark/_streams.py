@@ -14,8 +14,7 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from .._errors_spark import DataLossError
-from ..exceptions import ConfigurationError, NotFound
+from ..exceptions import ConfigurationError, DataLossError, NotFound
 from ._arrow import ArrowRows
 
 if TYPE_CHECKING:

@@ -14,7 +14,6 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from .._errors_spark import PublishFailed, UnroutableRows
 from ..batching import encode_records, envelope_headers
 from ..batching_publisher import DEFAULT_BATCH_BYTES
 from ..exceptions import (
@@ -23,7 +22,9 @@ from ..exceptions import (
     ConfigurationError,
     ConnectionClosed,
     NotFound,
+    PublishFailed,
     Unroutable,
+    UnroutableRows,
 )
 from ..protocol.spec import BasicProperties
 from ._arrow import batch_fields

@@ -1,25 +1,21 @@
 """The errors of the Spark data source (:mod:`rabbitry.spark`), in rabbitry's tree.
 
 Each is an :class:`~rabbitry.exceptions.AMQPError` under the branch that fits it, and
-keeps the builtin base it had before it joined the tree (``RuntimeError``,
-``ValueError``), so ``except RuntimeError`` clauses still catch it. They cross Spark's
+also derives from a builtin (``RuntimeError``, or ``ValueError`` through
+:class:`ConfigurationError`), so ``except RuntimeError`` clauses catch it. They cross Spark's
 process boundary (executor to driver), so each survives a pickle round trip.
 
-A leaf: it imports only :mod:`rabbitry.exceptions`. :mod:`rabbitry.spark` and the spark
-modules that raise these re-export them.
+Part of the :mod:`rabbitry.exceptions` package, whose ``__init__`` is its only face;
+:mod:`rabbitry.spark` exports them too.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .exceptions import (
-    AMQPConnectionError,
-    AMQPError,
-    ConfigurationError,
-    InvalidStateError,
-    PublishError,
-)
+from ._base import AMQPError, ConfigurationError, InvalidStateError
+from ._closes import AMQPConnectionError
+from ._publish import PublishError
 
 __all__ = [
     "BrokerUnavailable",
