@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from ._failure_log import RateLimitedLog
+from ._support.failure_log import RateLimitedLog
 from .batching import envelope_headers
 from .exceptions import ConfigurationError, InvalidStateError, LocalProtocolError
 from .protocol import spec

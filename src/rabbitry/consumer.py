@@ -37,13 +37,13 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-from ._batch_consume import Handling
-from ._consumer_core import ConsumerCore
-from ._consumer_flow import Flow, TaskRunner
-from ._consumer_options import check_options
-from ._consumer_settle import FailurePath, Settler, check_failure_path
-from ._consumer_stores import ConsumerStats, DedupStore, MemoryDedupStore
-from ._consumer_subscribe import Subscriber
+from ._consumer.batches import Handling
+from ._consumer.core import ConsumerCore
+from ._consumer.flow import Flow, TaskRunner
+from ._consumer.options import check_options
+from ._consumer.settle import FailurePath, Settler, check_failure_path
+from ._consumer.stores import ConsumerStats, DedupStore, MemoryDedupStore
+from ._consumer.subscribe import Subscriber
 from .exceptions import (
     AMQPError,
     InvalidStateError,

@@ -36,9 +36,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._outbox_file import APPLICATION_ID as APPLICATION_ID
-from ._outbox_file import COLUMNS, OutboxFile, OutboxLock
-from ._outbox_file import SCHEMA_VERSION as SCHEMA_VERSION
+from ._outbox.file import APPLICATION_ID as APPLICATION_ID
+from ._outbox.file import COLUMNS, OutboxFile, OutboxLock
+from ._outbox.file import SCHEMA_VERSION as SCHEMA_VERSION
 from .exceptions import ConfigurationError, OutboxError
 
 if TYPE_CHECKING:

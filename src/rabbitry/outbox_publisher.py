@@ -37,9 +37,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._outbox_commits import CommitQueue
-from ._outbox_room import OutboxRoom
-from ._outbox_rows import (
+from ._outbox.commits import CommitQueue
+from ._outbox.room import OutboxRoom
+from ._outbox.rows import (
     IN_FLIGHT,
     READY,
     Entry,
@@ -48,7 +48,7 @@ from ._outbox_rows import (
     Send,
     open_store,
 )
-from ._outbox_sends import InFlight, RetrySchedule
+from ._outbox.sends import InFlight, RetrySchedule
 from .exceptions import (
     AMQPError,
     ConfigurationError,

@@ -33,7 +33,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
-from ._waiters import Waiters
+from ._support.waiters import Waiters
 from .aio.channel import pipe_of
 from .exceptions import AMQPError, ConfigurationError, InvalidStateError, PoolTimeout, Timeout
 from .observability import _state as _obs

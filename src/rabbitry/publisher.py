@@ -44,8 +44,8 @@ import copy
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ._publisher_core import PublisherCore
-from ._publisher_port import PublisherPort
+from ._publisher.core import PublisherCore
+from ._publisher.port import PublisherPort
 from .aio.connection import loop_of
 from .exceptions import AMQPError, ConfigurationError, InvalidStateError, PublishTimeout
 from .observability import _state as _obs

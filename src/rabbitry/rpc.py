@@ -60,7 +60,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from ._failure_log import RateLimitedLog
+from ._support.failure_log import RateLimitedLog
 from .aio.channel import Subscription
 from .aio.connection import remove_callback
 from .consumer import AsyncConsumer

@@ -60,8 +60,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ._shovel_endpoints import Endpoint, parse_destination, parse_source
-from ._shovel_ledger import ShovelLedger, key_of
+from ._shovel.endpoints import Endpoint, parse_destination, parse_source
+from ._shovel.ledger import ShovelLedger, key_of
 from .exceptions import (
     AMQPError,
     ConfigurationError,

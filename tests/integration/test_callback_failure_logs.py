@@ -1,5 +1,5 @@
 """A callback that raises on every message costs a bounded number of ERROR records,
-and the rest are counted in a summary line (``rabbitry._failure_log.RateLimitedLog``)."""
+and the rest are counted in a summary line (``rabbitry._support.failure_log.RateLimitedLog``)."""
 
 from __future__ import annotations
 

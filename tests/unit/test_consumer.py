@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import rabbitry
-from rabbitry._batch_consume import failed_items
+from rabbitry._consumer.batches import failed_items
 from rabbitry.consumer import (
     AsyncConsumer,
     ConsumerStats,

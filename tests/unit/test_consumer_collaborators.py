@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from rabbitry._batch_consume import Handling
-from rabbitry._consumer_flow import INBOX_BYTES, Flow, TaskRunner
-from rabbitry._consumer_settle import UNKNOWN, FailurePath, Settler
-from rabbitry._consumer_stores import ConsumerStats, MemoryDedupStore
+from rabbitry._consumer.batches import Handling
+from rabbitry._consumer.flow import INBOX_BYTES, Flow, TaskRunner
+from rabbitry._consumer.settle import UNKNOWN, FailurePath, Settler
+from rabbitry._consumer.stores import ConsumerStats, MemoryDedupStore
 from rabbitry.exceptions import Requeue
 from rabbitry.protocol.message import Message, Properties
 

@@ -1,4 +1,4 @@
-"""The rate-limited ERROR log (``rabbitry._failure_log.RateLimitedLog``): a bounded
+"""The rate-limited ERROR log (``rabbitry._support.failure_log.RateLimitedLog``): a bounded
 number of records per interval whatever the rate of events, and the counts of the rest."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from rabbitry._failure_log import RateLimitedLog
+from rabbitry._support.failure_log import RateLimitedLog
 
 if TYPE_CHECKING:
     import pytest

@@ -10,10 +10,10 @@ import pytest
 
 from rabbitry import OutboxFull, OutboxLocked, SQLiteOutbox
 from rabbitry._batch_envelopes import Accumulator, EnvelopeOutcomes
-from rabbitry._outbox_file import OutboxLock
-from rabbitry._outbox_room import OutboxRoom
-from rabbitry._outbox_rows import READY, Entry, ReadyRows
-from rabbitry._shovel_ledger import ShovelLedger
+from rabbitry._outbox.file import OutboxLock
+from rabbitry._outbox.room import OutboxRoom
+from rabbitry._outbox.rows import READY, Entry, ReadyRows
+from rabbitry._shovel.ledger import ShovelLedger
 from rabbitry.exceptions import InvalidStateError, LocalProtocolError
 from rabbitry.outbox import OutboxRecord
 from rabbitry.publishing.unobserved import UnobservedLedger

@@ -1,4 +1,4 @@
-"""rabbitry._waiters.Waiters: a FIFO of asyncio futures with a cancellation-safe hand-off.
+"""rabbitry._support.waiters.Waiters: a FIFO of asyncio futures with a cancellation-safe hand-off.
 
 Every test drives the event loop step by step (``_yield_to_loop``); the races are made
 by cancelling a task and handing it an item within one loop pass, before it resumes.
@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from rabbitry._waiters import Waiters
+from rabbitry._support.waiters import Waiters
 
 pytestmark = pytest.mark.timeout(30)
 

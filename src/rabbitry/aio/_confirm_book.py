@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from .._waiters import Waiters
+from .._support.waiters import Waiters
 from ..exceptions import ChannelClosedByBroker, Nacked, PublishOutcomeUnknown, PublishRefused
 from ..protocol._refusal import PublishSummary, is_publish_refusal, refused_index, summarize
 from ..protocol.publish import ConfirmTracker

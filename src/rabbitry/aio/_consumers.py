@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._failure_log import RateLimitedLog
+from .._support.failure_log import RateLimitedLog
 from ..exceptions import AMQPError
 from ..protocol import spec
 from ..protocol.channel import ChannelState

@@ -11,7 +11,7 @@ import logging
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from .._failure_log import RateLimitedLog
+from .._support.failure_log import RateLimitedLog
 from ..exceptions import AMQPError, ChannelClosedByClient
 from ..protocol import spec
 from ..protocol.channel import ChannelState

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._waiters import Waiters
+from .._support.waiters import Waiters
 from ..exceptions import Unroutable
 from .unobserved import UnobservedLedger
 

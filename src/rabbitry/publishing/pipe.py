@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from .._waiters import Waiters
+from .._support.waiters import Waiters
 from ..exceptions import AMQPError
 from ..protocol.channel import ChannelState
 

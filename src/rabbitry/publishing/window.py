@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._waiters import Waiters
+from .._support.waiters import Waiters
 
 __all__ = ["SendWindow"]
 

@@ -61,9 +61,9 @@ from ..observability import _state as _obs
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .._batch_consume import Handling
-    from .._consumer_flow import Flow
-    from .._consumer_settle import FailurePath, Settler
+    from .._consumer.batches import Handling
+    from .._consumer.flow import Flow
+    from .._consumer.settle import FailurePath, Settler
     from ..consumer import AsyncConsumer
     from ..protocol.message import Message
     from ._portal import Portal

@@ -13,7 +13,7 @@ import threading
 from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._failure_log import RateLimitedLog
+from .._support.failure_log import RateLimitedLog
 from ..exceptions import InvalidStateError
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from .._consumer_core import run_handlers_with
+from .._consumer.core import run_handlers_with
 from ..consumer import AsyncConsumer, ConsumerStats, DedupStore, SyncHandler, is_async_callable
 from ..exceptions import ConfigurationError, InvalidStateError
 from ._connection import engine_of, portal_of, post_callback

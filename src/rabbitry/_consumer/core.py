@@ -2,10 +2,10 @@
 
 Taking deliveries in (to the inbox, in batches with ``batch_size``) and the broker's
 and the channel's events (cancel, close). Its collaborators: the
-:class:`~rabbitry._consumer_flow.Flow` of work and its runner (who runs the handler),
-:class:`~rabbitry._batch_consume.Handling` (hands work to the handler), the
-:class:`~rabbitry._consumer_settle.Settler` (settling, the failure path) and the
-:class:`~rabbitry._consumer_subscribe.Subscriber` (subscribing, resubscribing).
+:class:`~rabbitry._consumer.flow.Flow` of work and its runner (who runs the handler),
+:class:`~rabbitry._consumer.batches.Handling` (hands work to the handler), the
+:class:`~rabbitry._consumer.settle.Settler` (settling, the failure path) and the
+:class:`~rabbitry._consumer.subscribe.Subscriber` (subscribing, resubscribing).
 :class:`AsyncConsumer` derives from :class:`ConsumerCore`, which declares the
 attributes ``AsyncConsumer.__init__`` sets and this half uses.
 """
@@ -17,24 +17,24 @@ import inspect
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._consumer_flow import INBOX_BYTES, Runner
-from .exceptions import (
+from ..exceptions import (
     AMQPConnectionError,
     AMQPError,
     ConsumerCancelled,
     PreconditionFailed,
 )
+from .flow import INBOX_BYTES, Runner
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from ._batch_consume import Handling
-    from ._consumer_flow import Flow
-    from ._consumer_settle import Settler
-    from ._consumer_stores import ConsumerStats
-    from ._consumer_subscribe import Subscriber
-    from .aio.connection import AsyncConnection
-    from .protocol.message import Message
+    from ..aio.connection import AsyncConnection
+    from ..protocol.message import Message
+    from .batches import Handling
+    from .flow import Flow
+    from .settle import Settler
+    from .stores import ConsumerStats
+    from .subscribe import Subscriber
 
 logger = logging.getLogger("rabbitry.consumer")
 
@@ -44,7 +44,7 @@ _ACK_TIMEOUT_TEXT = "delivery acknowledgement"
 class ConsumerCore:
     """A consumer's deliveries and the broker's events: the machinery under AsyncConsumer.
 
-    Deliveries go to the :class:`~rabbitry._consumer_flow.Flow`'s inbox (as batches
+    Deliveries go to the :class:`~rabbitry._consumer.flow.Flow`'s inbox (as batches
     with ``batch_size``) and its runner starts handling them: asyncio tasks, or the
     sync ``Consumer``'s handler threads (see :func:`run_handlers_with`). A broker cancel
     or a channel error hands back what waits and resubscribes (or ends the consumer).
@@ -189,7 +189,7 @@ class ConsumerCore:
 
 
 class HandlerRunner(Runner, Protocol):
-    """A :class:`~rabbitry._consumer_flow.Runner` that runs a consumer's handler
+    """A :class:`~rabbitry._consumer.flow.Runner` that runs a consumer's handler
     somewhere else than in its tasks (the sync ``Consumer``'s threads)."""
 
     def attach(self, flow: Flow, handling: Handling) -> None:

@@ -8,7 +8,7 @@ import sqlite3
 import time
 from typing import Any, Protocol
 
-from .exceptions import OutboxCorrupt, OutboxError, OutboxLocked
+from ..exceptions import OutboxCorrupt, OutboxError, OutboxLocked
 
 try:  # POSIX; elsewhere the lock is taken by SQLite's own exclusive mode only
     import fcntl

@@ -16,31 +16,31 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .aio.channel import pipe_of
-from .aio.connection import remove_callback, writes_of
-from .exceptions import (
+from ..aio.channel import pipe_of
+from ..aio.connection import remove_callback, writes_of
+from ..exceptions import (
     AMQPError,
     InvalidStateError,
     PublishOutcomeUnknown,
     PublishTimeout,
 )
-from .protocol.channel import ChannelState
-from .protocol.publish import retarget
-from .publishing.confirms import SentMessages
-from .publishing.records import Pending, Slot
-from .publishing.window import SendWindow
-from .recovery import State
+from ..protocol.channel import ChannelState
+from ..protocol.publish import retarget
+from ..publishing.confirms import SentMessages
+from ..publishing.records import Pending, Slot
+from ..publishing.window import SendWindow
+from ..recovery import State
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .aio.channel import AsyncChannel, Settleable
-    from .aio.connection import AsyncConnection
-    from .publishing.encoding import Encoded, MessageEncoder
-    from .publishing.pipe import PublishPipe, WritePath
-    from .publishing.records import Batch
-    from .publishing.unobserved import UnobservedLedger
-    from .recovery import NackRetry
+    from ..aio.channel import AsyncChannel, Settleable
+    from ..aio.connection import AsyncConnection
+    from ..publishing.encoding import Encoded, MessageEncoder
+    from ..publishing.pipe import PublishPipe, WritePath
+    from ..publishing.records import Batch
+    from ..publishing.unobserved import UnobservedLedger
+    from ..recovery import NackRetry
 
 logger = logging.getLogger("rabbitry.publisher")
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from ._waiters import Waiters
-from .exceptions import InvalidStateError, LocalProtocolError, OutboxFull
+from .._support.waiters import Waiters
+from ..exceptions import InvalidStateError, LocalProtocolError, OutboxFull
 
 if TYPE_CHECKING:
-    from .outbox import Outbox
+    from ..outbox import Outbox
 
 __all__ = ["OutboxRoom"]
 

@@ -15,14 +15,14 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
-from .observability import _state as _obs
+from ..observability import _state as _obs
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
-    from ._batch_consume import Handling
-    from .aio.connection import AsyncConnection
-    from .protocol.message import Message
+    from ..aio.connection import AsyncConnection
+    from ..protocol.message import Message
+    from .batches import Handling
 
 __all__ = ["INBOX_BYTES", "Flow", "Runner", "TaskRunner"]
 

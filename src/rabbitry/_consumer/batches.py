@@ -35,15 +35,15 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .batching import BATCH_FORMAT_HEADER, is_envelope, settler_of, unpack
-from .exceptions import BatchFormatError, InvalidStateError, Retry
-from .protocol.message import Message
+from ..batching import BATCH_FORMAT_HEADER, is_envelope, settler_of, unpack
+from ..exceptions import BatchFormatError, InvalidStateError, Retry
+from ..protocol.message import Message
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ._consumer_settle import FailurePath, Settler
-    from ._consumer_stores import DedupStore
+    from .settle import FailurePath, Settler
+    from .stores import DedupStore
 
 __all__ = ["Handling", "failed_items"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .exceptions import ConfigurationError
+from ..exceptions import ConfigurationError
 
 __all__ = ["check_options"]
 
@@ -61,7 +61,7 @@ def check_options(
 
 
 def _check_retry(retry: object) -> None:
-    from .topology._retry import RetryPolicy
+    from ..topology._retry import RetryPolicy
 
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise ConfigurationError(

@@ -13,17 +13,17 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from ._failure_log import FailureLog
-from .exceptions import AMQPError, ConfigurationError, Reject, Requeue
-from .observability import _state as _obs
+from .._support.failure_log import FailureLog
+from ..exceptions import AMQPError, ConfigurationError, Reject, Requeue
+from ..observability import _state as _obs
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ._consumer_stores import ConsumerStats
-    from .aio.connection import AsyncConnection
-    from .protocol.message import Message
-    from .topology._retry import RetryDecision, RetryPolicy
+    from ..aio.connection import AsyncConnection
+    from ..protocol.message import Message
+    from ..topology._retry import RetryDecision, RetryPolicy
+    from .stores import ConsumerStats
 
 __all__ = ["UNKNOWN", "FailurePath", "Settler", "check_failure_path"]
 
@@ -164,7 +164,7 @@ class FailurePath:
         """The handler failed on ``message``: retry, park, requeue or dead-letter it.
 
         Whatever happens is logged at ERROR with the handler's traceback (rate-limited,
-        see :class:`~rabbitry._failure_log.FailureLog`), in words.
+        see :class:`~rabbitry._support.failure_log.FailureLog`), in words.
 
         Args:
             message: the delivery the handler failed on.
@@ -214,7 +214,7 @@ class FailurePath:
                 kind = "dead-lettered"
             self.failures.failure(tag, exc, action, kind)
             return
-        from .topology._retry import handle_failure
+        from ..topology._retry import handle_failure
 
         retryable = False if isinstance(exc, Reject) else None
         try:
@@ -303,7 +303,7 @@ async def check_failure_path(
     Raises:
         ConfigurationError: something is missing (the message names what).
     """
-    from .topology._session import missing_entities
+    from ..topology._session import missing_entities
 
     record = getattr(connection, "topology_record", None)
     recorded = record.queue(queue) if record is not None else None

@@ -12,17 +12,17 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .aio._recovery import redeclare_queue
-from .aio.channel import Subscription
-from .exceptions import AMQPError, NotFound
+from ..aio._recovery import redeclare_queue
+from ..aio.channel import Subscription
+from ..exceptions import AMQPError, NotFound
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ._consumer_stores import ConsumerStats
-    from .aio.channel import AsyncChannel
-    from .aio.connection import AsyncConnection
-    from .protocol.message import Message
+    from ..aio.channel import AsyncChannel
+    from ..aio.connection import AsyncConnection
+    from ..protocol.message import Message
+    from .stores import ConsumerStats
 
 __all__ = ["Subscriber"]
 

@@ -7,7 +7,7 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Protocol
 
-from .exceptions import ConfigurationError
+from ..exceptions import ConfigurationError
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
 
-    from ._publisher_core import PublisherCore
-    from .publishing.encoding import MessageEncoder
+    from ..publishing.encoding import MessageEncoder
+    from .core import PublisherCore
 
 __all__ = ["PublisherPort"]
 
@@ -25,7 +25,7 @@ class PublisherPort:
 
     Its members are plain attributes (public methods of the publisher's
     :class:`~rabbitry.publishing.encoding.MessageEncoder` and
-    :class:`~rabbitry._publisher_core.PublisherCore`, and a flag), so using one costs
+    :class:`~rabbitry._publisher.core.PublisherCore`, and a flag), so using one costs
     the same calls as calling the collaborator would. ``closing`` is set together with
     the publisher's own flag: the publisher is closing or closed, and nothing may be
     handed over any more.

@@ -7,7 +7,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .protocol.message import Message
+    from ..protocol.message import Message
 
 __all__ = ["REMEMBERED", "ShovelLedger", "key_of"]
 

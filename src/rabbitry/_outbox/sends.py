@@ -1,7 +1,7 @@
 """The sends of an outbox publisher's rows that are not settled yet: confirms, failures,
 the confirm timeout, and the resends after a backoff.
 
-The confirm of a row is a small :class:`~rabbitry._outbox_rows.Send` object in the
+The confirm of a row is a small :class:`~rabbitry._outbox.rows.Send` object in the
 channel's confirm table (no asyncio future per message), which reports to
 :class:`InFlight`. An ack queues the row's delete. A nack, a lost channel or no confirm
 within ``confirm_timeout`` (a sweep over the rows in flight, oldest first) schedules a
@@ -19,13 +19,13 @@ import heapq
 import random
 from typing import TYPE_CHECKING
 
-from ._outbox_rows import ACKED, DEAD, IN_FLIGHT, READY, STORING, WAITING
-from .exceptions import PublishRefused, PublishTimeout, Unroutable
+from ..exceptions import PublishRefused, PublishTimeout, Unroutable
+from .rows import ACKED, DEAD, IN_FLIGHT, READY, STORING, WAITING
 
 if TYPE_CHECKING:
-    from ._outbox_commits import CommitQueue
-    from ._outbox_rows import Entry, ExchangeCheck, ReadyRows
-    from .outbox import Outbox
+    from ..outbox import Outbox
+    from .commits import CommitQueue
+    from .rows import Entry, ExchangeCheck, ReadyRows
 
 __all__ = ["InFlight", "RetrySchedule"]
 

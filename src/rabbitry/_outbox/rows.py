@@ -11,14 +11,14 @@ import threading
 from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .exceptions import AMQPError, NotFound
-from .outbox import Outbox, OutboxBatch, OutboxRecord, OutboxStatus
+from ..exceptions import AMQPError, NotFound
+from ..outbox import Outbox, OutboxBatch, OutboxRecord, OutboxStatus
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .aio.channel import AsyncChannel
-    from .aio.connection import AsyncConnection
+    from ..aio.channel import AsyncChannel
+    from ..aio.connection import AsyncConnection
 
 logger = logging.getLogger("rabbitry.outbox")
 

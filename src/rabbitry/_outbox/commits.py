@@ -16,15 +16,15 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from ._failure_log import RateLimitedLog
-from ._outbox_rows import DEAD, READY, RETRY_WRITE_DELAY, STORING, Writer
-from .exceptions import InvalidStateError, OutboxError
-from .outbox import OutboxBatch
+from .._support.failure_log import RateLimitedLog
+from ..exceptions import InvalidStateError, OutboxError
+from ..outbox import OutboxBatch
+from .rows import DEAD, READY, RETRY_WRITE_DELAY, STORING, Writer
 
 if TYPE_CHECKING:
-    from ._outbox_room import OutboxRoom
-    from ._outbox_rows import Entry, ReadyRows
-    from .outbox import Outbox
+    from ..outbox import Outbox
+    from .room import OutboxRoom
+    from .rows import Entry, ReadyRows
 
 __all__ = ["CommitQueue"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import SplitResult, quote, unquote, urlsplit, urlunsplit
 
-from .exceptions import ConfigurationError
+from ..exceptions import ConfigurationError
 
 __all__ = ["Endpoint", "parse_destination", "parse_source"]
 

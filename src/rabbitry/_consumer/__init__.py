@@ -1,0 +1,1 @@
+"""The collaborators of :class:`rabbitry.consumer.AsyncConsumer` and its sync twin."""

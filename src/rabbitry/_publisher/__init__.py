@@ -1,0 +1,1 @@
+"""The machinery of :class:`rabbitry.publisher.AsyncPublisher`: its core and its port."""

@@ -1,0 +1,1 @@
+"""The parts of :mod:`rabbitry.shovel`: endpoint parsing and the ledger of moved messages."""
